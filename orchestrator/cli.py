@@ -1,0 +1,77 @@
+"""``orchestrator`` command line: a thin, lazy dispatcher.
+
+Each subcommand lives in ``orchestrator.commands.<name>`` with ``add_arguments``
+and ``run``. Only the chosen one is imported, and nothing here imports torch or
+accelerate, so commands that do not train start in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from orchestrator.errors import EXIT_USAGE, OrchestratorError
+
+#: name -> one-line help. Order is the order shown in --help.
+COMMANDS: dict[str, str] = {
+    "submit": "submit a training job (Slurm or local) and print its id and run directory",
+    "render": "print or write the sbatch script and each node's Accelerate config, submitting nothing",
+    "status": "scheduler state and training progress of jobs (one batched scheduler query)",
+    "list": "jobs in the registry",
+    "logs": "show or follow a job's logs",
+    "cancel": "cancel a job or send it a signal",
+    "resume": "submit a new attempt of a job from its last complete checkpoint",
+    "plot": "plot loss and throughput of a job to a PNG",
+    "profiles": "list, show or validate cluster profiles",
+    "strategies": "table of parallelism strategies",
+}
+
+MODULES = {"list": "list_jobs"}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orchestrator",
+        description="Take an Accelerate training script from one machine to many Slurm nodes.",
+        epilog="Exit codes: 0 ok, 1 job or run-time failure, 2 usage or configuration error.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:  # import only the module that will run
+            _module(name).add_arguments(sub_parser)
+    return parser
+
+
+def _module(name: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(f"orchestrator.commands.{MODULES.get(name, name)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    if command not in COMMANDS:
+        command = None
+    parser = build_parser(command)
+    if not args_list:
+        parser.print_help()
+        return EXIT_USAGE
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(_module(args.command).run(args) or 0)
+    except OrchestratorError as exc:
+        print(f"orchestrator {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

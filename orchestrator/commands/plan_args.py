@@ -1,0 +1,91 @@
+"""Options shared by ``render``, ``submit`` and ``resume``: they all build a LaunchPlan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from orchestrator.errors import UserError
+from orchestrator.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.profiles import load_profile
+from orchestrator.strategies import STRATEGIES
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = True) -> None:
+    parser.add_argument(
+        "--profile",
+        default=os.environ.get("ORCHESTRATOR_PROFILE", "local"),
+        help="cluster profile name or YAML path (default: local, or $ORCHESTRATOR_PROFILE)",
+    )
+    parser.add_argument(
+        "--profiles-dir",
+        default=None,
+        help="folder of your own profiles; overrides built-ins by name (also $ORCHESTRATOR_PROFILES, ./cluster_profiles)",
+    )
+    parser.add_argument("--strategy", choices=list(STRATEGIES), default=None, help="default: the profile's")
+    parser.add_argument("--nodes", type=positive_int, default=None, help="default: the profile's nodes.default")
+    parser.add_argument("--procs-per-node", type=positive_int, default=None, help="default: GPUs per node (1 on CPU)")
+    parser.add_argument("--fsdp-version", type=int, choices=[1, 2], default=None, help="default: 2")
+    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=None)
+    parser.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None, help="FSDP CPU offload")
+    parser.add_argument("--wrap-cls", default=None, metavar="NAME", help="layer class wrapped as one FSDP unit")
+    parser.add_argument("--state-dict", choices=["sharded", "full"], default=None, help="default: sharded")
+    parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--name", default=None, help="job name (default: <strategy>-<nodes>n)")
+    parser.add_argument("--time", default=None, help="time limit, Slurm format (default: the profile's)")
+    parser.add_argument(
+        "script_and_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- SCRIPT [ARGS...]",
+        help="training script and its arguments, after --",
+    )
+    parser.set_defaults(script_required=script_required)
+
+
+def split_script(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    rest = list(args.script_and_args or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest:
+        if args.script_required:
+            raise UserError("no training script: add `-- SCRIPT [ARGS...]` at the end")
+        return None, []
+    return rest[0], rest[1:]
+
+
+def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.py") -> LaunchPlan:
+    script, script_args = split_script(args)
+    name, _path, profile = load_profile(args.profile, args.profiles_dir)
+    if args.name is not None and (not args.name or any(c in args.name for c in "\n\r\0")):
+        raise UserError(f"--name: expected a non-empty single-line name, got {args.name!r}")
+    options = merge_options(
+        profile,
+        strategy=args.strategy,
+        fsdp_version=args.fsdp_version,
+        mixed_precision=args.mixed_precision,
+        offload=args.offload,
+        wrap_cls=args.wrap_cls,
+        state_dict=args.state_dict,
+        activation_checkpointing=args.activation_checkpointing,
+    )
+    return build_plan(
+        name,
+        profile,
+        options,
+        script=script or default_script,
+        script_args=script_args,
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        job_name=args.name,
+        time_limit=args.time,
+    )

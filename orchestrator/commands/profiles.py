@@ -1,0 +1,70 @@
+"""``orchestrator profiles list|show|validate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import yaml
+
+from orchestrator.errors import OrchestratorError, UserError
+from orchestrator.profiles import available_profiles, display_path, load_profile, parse_profile
+from orchestrator.table import format_table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profiles-dir", default=None, help="folder of your own profiles (overrides built-ins)")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    lst = sub.add_parser("list", help="profiles found, user folders first")
+    lst.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="a profile with every default filled in")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true")
+    validate = sub.add_parser("validate", help="check profile files; exit 2 on the first bad one")
+    validate.add_argument("targets", nargs="*", help="names or YAML paths (default: all found)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        rows = []
+        for name, path in sorted(available_profiles(args.profiles_dir).items()):
+            try:
+                _, _, profile = load_profile(str(path), args.profiles_dir)
+                rows.append(
+                    {
+                        "name": name,
+                        "scheduler": profile.scheduler,
+                        "partition": profile.partition or "-",
+                        "nodes": f"{profile.nodes.default}..{profile.nodes.max}",
+                        "gpus": f"{profile.gpus_per_node}x{profile.gpu_type}" if profile.gpus_per_node else "cpu",
+                        "path": display_path(path),
+                        "description": profile.description,
+                    }
+                )
+            except OrchestratorError as exc:
+                rows.append({"name": name, "scheduler": "INVALID", "path": display_path(path), "description": str(exc)})
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(format_table(rows, ["name", "scheduler", "partition", "nodes", "gpus", "path", "description"]))
+        return 0
+    if args.action == "show":
+        name, path, profile = load_profile(args.name, args.profiles_dir)
+        data = profile.model_dump(mode="json")
+        if args.json:
+            print(json.dumps({"name": name, "path": str(path), "profile": data}, indent=2))
+        else:
+            print(f"# {name}: {display_path(path)}")
+            print(yaml.safe_dump(data, sort_keys=False).rstrip())
+        return 0
+    targets = args.targets or [str(p) for p in available_profiles(args.profiles_dir).values()]
+    if not targets:
+        raise UserError("no profiles found to validate")
+    for target in targets:
+        path_name = target
+        _, path, _ = load_profile(path_name, args.profiles_dir)
+        print(f"ok  {display_path(path)}")
+    return 0
+
+
+__all__ = ["add_arguments", "run", "parse_profile"]

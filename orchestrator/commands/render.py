@@ -1,0 +1,60 @@
+"""``orchestrator render``: show exactly what would run, submitting nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from orchestrator.commands.plan_args import add_plan_arguments, plan_from_args
+from orchestrator.errors import UserError
+from orchestrator.plan import LaunchPlan
+from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime, submitit_command
+
+SAMPLE_RUN_DIR = "/SAMPLE/run_dir"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-rank", type=int, default=None, help="render only this node's Accelerate config")
+    parser.add_argument("--out", default=None, metavar="DIR", help="write the files into DIR instead of printing")
+    add_plan_arguments(parser, script_required=False)
+
+
+def render_files(plan: LaunchPlan, node_rank: int | None, python: str) -> dict[str, str]:
+    """File name -> text, in the order a reader wants them."""
+    files: dict[str, str] = {}
+    if plan.profile.scheduler == "slurm":
+        folder = f"{SAMPLE_RUN_DIR}/submitit"
+        sbatch = render_sbatch(plan, submitit_command(python, folder), SAMPLE_RUN_DIR, folder)
+        shebang, _, body = sbatch.partition("\n")
+        files["sbatch.sh"] = f"{shebang}\n# SAMPLE run directory: each job gets its own.\n{body}"
+    ranks = range(plan.nodes) if node_rank is None else [node_rank]
+    for rank in ranks:
+        files[f"accelerate_config.node{rank}.yaml"] = render_accelerate_config(plan, sample_runtime(plan, rank))
+    return files
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
+    if args.node_rank is not None and not 0 <= args.node_rank < plan.nodes:
+        raise UserError(f"--node-rank: expected 0..{plan.nodes - 1} for {plan.nodes} node(s), got {args.node_rank}")
+    files = render_files(plan, args.node_rank, sys.executable)
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out: {out} exists and is not a directory")
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text)
+            print(out / name)
+        return 0
+    for name, text in files.items():
+        print(f"==> {name} <==")
+        print(text.rstrip("\n"))
+        print()
+    print(
+        f"# plan: profile={plan.profile_name} strategy={plan.options.strategy} nodes={plan.nodes} "
+        f"procs_per_node={plan.procs_per_node} world_size={plan.world_size} "
+        f"command=accelerate launch --config_file <node config> {plan.script} {' '.join(plan.script_args)}".rstrip()
+    )
+    return 0

@@ -1,0 +1,157 @@
+"""Rendering: a plan in, text out (the sbatch script and each node's Accelerate config).
+
+Jinja2 with StrictUndefined, so a missing value is an error rather than an empty
+string in a shell line. Every value that reaches a shell line goes through
+``shq`` (shlex.quote); YAML values go through ``yaml`` (a JSON-style quoted
+scalar), so a profile cannot inject code or keys.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from orchestrator.errors import UserError
+from orchestrator.plan import LaunchPlan
+
+#: Size-based auto-wrap threshold when no layer class is named (Accelerate's default is 1e8,
+#: which leaves small models as one unit; 1e6 gives a model of a few million parameters
+#: several FSDP units, so sharding is real even for small runs).
+DEFAULT_MIN_NUM_PARAMS = 1_000_000
+
+SAMPLE_MAIN_IP = "10.0.0.1"
+SAMPLE_JOB_ID = "12345"
+
+
+def templates_dir() -> Path:
+    spec = find_spec("orchestrator.job_templates")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parent.parent / "job_templates"
+
+
+def shell_quote(value: Any) -> str:
+    """Quote any value for a POSIX shell; bools become 1/0 (what env-style flags expect)."""
+    if isinstance(value, bool):
+        value = "1" if value else "0"
+    return shlex.quote(str(value))
+
+
+def yaml_scalar(value: Any) -> str:
+    """A YAML scalar that reads back as exactly this value (JSON is valid YAML)."""
+    return json.dumps(value)
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["shq"] = shell_quote
+    env.filters["yaml"] = yaml_scalar
+    return env
+
+
+def port_for_job(job_id: str, start: int, end: int) -> int:
+    """A port inside [start, end] that depends only on the job id.
+
+    Two jobs sharing a node get different ports unless their ids collide modulo the
+    range size; Slurm ids are consecutive, so that takes range-size jobs at once.
+    """
+    span = end - start + 1
+    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+    return start + number % span
+
+
+@dataclass(frozen=True)
+class NodeRuntime:
+    """Values that exist only on the node, at run time."""
+
+    machine_rank: int
+    main_process_ip: str
+    main_process_port: int
+    sample: bool = False
+
+
+def sample_runtime(plan: LaunchPlan, machine_rank: int = 0) -> NodeRuntime:
+    start, end = plan.profile.port_range.start, plan.profile.port_range.end
+    ip = "127.0.0.1" if plan.profile.scheduler == "local" else SAMPLE_MAIN_IP
+    return NodeRuntime(machine_rank, ip, port_for_job(SAMPLE_JOB_ID, start, end), sample=True)
+
+
+def rdzv_backend_for(plan: LaunchPlan) -> str:
+    # Local simulated nodes share one host: c10d there races for the port (FIELD_NOTES), so static.
+    return "static" if plan.profile.scheduler == "local" else plan.profile.rdzv_backend
+
+
+def render_accelerate_config(plan: LaunchPlan, runtime: NodeRuntime) -> str:
+    if not 0 <= runtime.machine_rank < plan.nodes:
+        raise UserError(f"--node-rank: expected 0..{plan.nodes - 1}, got {runtime.machine_rank}")
+    template = _environment().get_template("accelerate_config.yaml.j2")
+    return template.render(
+        profile_name=plan.profile_name,
+        strategy=plan.strategy,
+        options=plan.options,
+        node_label=f"{runtime.machine_rank} of {plan.nodes}",
+        sample=runtime.sample,
+        cpu=plan.uses_cpu,
+        machine_rank=runtime.machine_rank,
+        main_process_ip=runtime.main_process_ip,
+        main_process_port=runtime.main_process_port,
+        nodes=plan.nodes,
+        procs_per_node=plan.procs_per_node,
+        world_size=plan.world_size,
+        rdzv_backend=rdzv_backend_for(plan),
+        min_num_params=DEFAULT_MIN_NUM_PARAMS,
+    )
+
+
+def gres_for(plan: LaunchPlan) -> str:
+    gpu = plan.profile.gpu_type
+    return f"gpu:{gpu}:{plan.profile.gpus_per_node}" if gpu else f"gpu:{plan.profile.gpus_per_node}"
+
+
+def render_sbatch(plan: LaunchPlan, command: str, run_dir: str, submitit_folder: str) -> str:
+    """The sbatch script; ``command`` is submitit's per-task command, already shell-safe."""
+    if plan.profile.scheduler != "slurm":
+        raise UserError(f"profile '{plan.profile_name}' runs locally: there is no sbatch script")
+    template = _environment().get_template("sbatch.sh.j2")
+    folder = submitit_folder.rstrip("/")
+    return template.render(
+        profile_name=plan.profile_name,
+        profile=plan.profile,
+        strategy=plan.strategy,
+        nodes=plan.nodes,
+        procs_per_node=plan.procs_per_node,
+        world_size=plan.world_size,
+        job_name=plan.job_name,
+        time_limit=plan.time_limit,
+        gres=gres_for(plan),
+        run_dir=run_dir,
+        stdout=f"{folder}/%j_0_log.out",
+        stderr=f"{folder}/%j_0_log.err",
+        task_stdout=f"{folder}/%j_%t_log.out",
+        task_stderr=f"{folder}/%j_%t_log.err",
+        command=command,
+    )
+
+
+def submitit_command(python: str, submitit_folder: str) -> str:
+    """What submitit runs in each task (its own module reads the pickled job)."""
+    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(submitit_folder)])
+
+
+def accelerate_launch_command(config_path: str, script: str, script_args: list[str]) -> list[str]:
+    """argv that runs the training script on one node."""
+    return ["accelerate", "launch", "--config_file", config_path, script, *script_args]
