@@ -25,10 +25,12 @@ from orchestrator.errors import UserError
 
 #: Slurm accepts these time formats for --time; we accept the same, minus the
 #: rarely used "minutes:seconds" (ambiguous with hours:minutes to a human).
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})$|^(?:(\d+)-)(\d+)(?::(\d{2}))?$|^(\d+)$")
-_MEM_RE = re.compile(r"^\d+[KMGT]?$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SBATCH_KEY_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+#: ``\Z``, not ``$``: ``$`` also matches before a trailing newline, which would let
+#: "480G\n" through onto an #SBATCH line and end the #SBATCH block there.
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})\Z|^(?:(\d+)-)(\d+)(?::(\d{2}))?\Z|^(\d+)\Z")
+_MEM_RE = re.compile(r"^\d+[KMGT]?\Z")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_SBATCH_KEY_RE = re.compile(r"^[a-z][a-z0-9-]*\Z")
 _SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 #: GPU families without bf16 tensor cores (pre-Ampere); bf16 is refused there.
 GPUS_WITHOUT_BF16 = frozenset({"v100", "p100", "t4", "k80", "p40", "p4"})
@@ -272,8 +274,14 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     for error in exc.errors(include_url=False):
         loc = tuple(error["loc"])
         # Unions ("str | int | bool") report one error per member: merge them into one line.
-        branch = bool(loc) and isinstance(loc[-1], str) and (loc[-1] in _UNION_TAGS or loc[-1].startswith("function-"))
-        while loc and isinstance(loc[-1], str) and (loc[-1] in _UNION_TAGS or loc[-1].startswith("function-")):
+        # (Only one tag, and never on an unknown key: a user's key may be spelt "int" or "str".)
+        branch = (
+            error["type"] != "extra_forbidden"
+            and bool(loc)
+            and isinstance(loc[-1], str)
+            and (loc[-1] in _UNION_TAGS or loc[-1].startswith("function-"))
+        )
+        if branch:
             loc = loc[:-1]
         key = _format_loc(loc)
         if branch:
