@@ -1,0 +1,46 @@
+"""``orchestrator submit``: validate, submit, print the job id and run directory at once."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from orchestrator.commands.plan_args import add_plan_arguments, plan_from_args
+from orchestrator.commands.render import render_files
+from orchestrator.errors import EXIT_OK, EXIT_RUN_FAILURE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
+    parser.add_argument("--wait", action="store_true", help="follow progress to the end; exit code = outcome")
+    parser.add_argument("--snapshot", action="store_true", help="copy the script's folder into the run directory")
+    parser.add_argument("--poll", type=float, default=2.0, help="seconds between progress updates with --wait")
+    add_plan_arguments(parser, script_required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.submission import check_cluster, check_script, submit
+
+    plan = plan_from_args(args)
+    if args.dry_run:
+        check_script(plan)
+        check_cluster(plan)
+        for name, text in render_files(plan, None, sys.executable).items():
+            print(f"==> {name} <==")
+            print(text.rstrip("\n"))
+            print()
+        print(f"# dry run: nothing submitted ({plan.nodes} node(s) x {plan.procs_per_node} = {plan.world_size} ranks)")
+        return EXIT_OK
+    from orchestrator.registry import Registry
+
+    registry = Registry.open()
+    submitted = submit(plan, snapshot=args.snapshot, registry=registry)
+    print(f"submitted job {submitted.job_id}")
+    print(f"run directory {submitted.run_dir}")
+    sys.stdout.flush()
+    if not args.wait:
+        return EXIT_OK
+    from orchestrator.progress import wait_for_job
+
+    state = wait_for_job(registry, submitted.job_id, poll_s=args.poll)
+    return EXIT_OK if state.is_success() else EXIT_RUN_FAILURE

@@ -1,0 +1,329 @@
+"""The per-node entry point: runs inside the allocation, once per node.
+
+submitit starts one task per node (Slurm) or one per simulated node (local) and
+calls ``NodeTask()``. Everything that is known only on the node is decided
+here, at run time: this node's rank, the main process IP, the port, and from
+those the node's Accelerate config. Then it runs ``accelerate launch`` and
+stays in the middle as a signal relay: torchrun forwards only INT/TERM/HUP/QUIT
+to its workers, so a pre-timeout USR2 would otherwise never reach training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from orchestrator.errors import RunFailure
+from orchestrator.plan import LaunchPlan
+from orchestrator.render import NodeRuntime, accelerate_launch_command, port_for_job, render_accelerate_config
+
+#: Exit code of a training run that checkpointed on request and wants to be requeued (EX_TEMPFAIL).
+EXIT_REQUEUE = 75
+#: Signals relayed to every training process.
+FORWARDED_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+#: How long non-zero nodes wait for node 0 to publish its address.
+MAIN_IP_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """Where this node stands in the job, read from the scheduler's environment."""
+
+    node_rank: int
+    num_nodes: int
+    hostnames: list[str]
+    job_id: str
+    attempt: int
+    scheduler: str
+
+
+def read_node_context(plan: LaunchPlan, job_key: str) -> NodeContext:
+    """Node rank and host list from submitit's JobEnvironment (Slurm or local alike)."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    if plan.profile.scheduler == "slurm":
+        hostnames = list(env.hostnames)
+        job_id = os.environ.get("SLURM_JOB_ID", str(env.job_id))
+        attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    else:
+        hostnames = ["127.0.0.1"] * env.num_tasks
+        job_id = job_key
+        attempt = int(os.environ.get("ORCHESTRATOR_ATTEMPT", "0"))
+    return NodeContext(
+        node_rank=env.global_rank,
+        num_nodes=env.num_tasks,
+        hostnames=hostnames,
+        job_id=job_id,
+        attempt=attempt,
+        scheduler=plan.profile.scheduler,
+    )
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of a network interface on this host (e.g. ib0)."""
+    import psutil
+
+    addrs = psutil.net_if_addrs().get(name)
+    if not addrs:
+        raise RunFailure(f"network_interface '{name}' does not exist on {socket.gethostname()}")
+    for addr in addrs:
+        if addr.family == socket.AF_INET:
+            return str(addr.address)
+    raise RunFailure(f"network_interface '{name}' on {socket.gethostname()} has no IPv4 address")
+
+
+def resolve_main_ip(plan: LaunchPlan, ctx: NodeContext, attempt_dir: Path) -> str:
+    """The address every node uses to reach node 0.
+
+    Without a named interface, every node resolves node 0's hostname itself. With
+    one (ib0, eth0 in a namespace), only node 0 can read that interface's address:
+    it publishes it in the shared run directory and the others wait for it.
+    """
+    if ctx.scheduler == "local":
+        return "127.0.0.1"
+    interface = plan.profile.network_interface
+    if not interface:
+        return socket.gethostbyname(ctx.hostnames[0])
+    published = attempt_dir / "main_ip"
+    if ctx.node_rank == 0:
+        ip = interface_address(interface)
+        tmp = published.with_suffix(".tmp")
+        tmp.write_text(ip)
+        os.replace(tmp, published)
+        return ip
+    deadline = time.monotonic() + MAIN_IP_WAIT_S
+    while time.monotonic() < deadline:
+        if published.exists():
+            return published.read_text().strip()
+        time.sleep(0.2)
+    raise RunFailure(f"node 0 ({ctx.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s")
+
+
+def training_environment(plan: LaunchPlan, ctx: NodeContext, run_dir: Path) -> dict[str, str]:
+    """Environment for ``accelerate launch`` and, through it, every rank."""
+    env = dict(os.environ)
+    for name, value in plan.profile.env.items():
+        env[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    if plan.uses_cpu:
+        # Scripts written for GPUs call plain Accelerator(); without this each rank trains alone.
+        env["ACCELERATE_USE_CPU"] = "1"
+    env.update(
+        {
+            "ORCHESTRATOR_RUN_DIR": str(run_dir),
+            "ORCHESTRATOR_JOB_ID": ctx.job_id,
+            "ORCHESTRATOR_ATTEMPT": str(ctx.attempt),
+            "ORCHESTRATOR_NODE_RANK": str(ctx.node_rank),
+            "ORCHESTRATOR_EXPECTED_WORLD_SIZE": str(plan.world_size),
+            "ORCHESTRATOR_EXPECTED_NUM_NODES": str(plan.nodes),
+            "ORCHESTRATOR_PROCS_PER_NODE": str(plan.procs_per_node),
+            "ORCHESTRATOR_STRATEGY": plan.options.strategy,
+            "ORCHESTRATOR_FSDP_VERSION": str(plan.options.fsdp_version),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+class SignalRelay:
+    """Sends the signals this process receives to every process under the launcher.
+
+    The workers are torchrun's children in sessions of their own; signalling the
+    launcher's process group would miss them, so walk the tree each time.
+    """
+
+    def __init__(self, launcher: subprocess.Popen[bytes], log: Any) -> None:
+        self.launcher = launcher
+        self.log = log
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in FORWARDED_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        import psutil
+
+        self.received.append(signum)
+        try:
+            children = psutil.Process(self.launcher.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        # Workers get the signal itself (their handlers checkpoint); the launcher is
+        # left alone so it does not SIGKILL them 30 s later (torchrun on TERM).
+        targets = [c for c in children] or [psutil.Process(self.launcher.pid)]
+        for proc in targets:
+            try:
+                proc.send_signal(signum)
+            except psutil.NoSuchProcess:
+                pass
+        print(
+            f"[orchestrator node] relayed {signal.Signals(signum).name} to {len(targets)} process(es)",
+            file=self.log,
+            flush=True,
+        )
+
+
+def requeue_requested(run_dir: Path, attempt: int) -> bool:
+    """Did training checkpoint on request in this attempt? (written by rank 0 before exit 75).
+
+    The exit code itself does not survive torchrun (a failed worker makes it exit 1),
+    so training leaves this marker in the shared run directory.
+    """
+    marker = run_dir / "requeue_request.json"
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return int(data.get("attempt", -1)) == attempt
+
+
+def run_node(plan: LaunchPlan, run_dir: Path, job_key: str) -> int:
+    """Render this node's config, launch training, relay signals; return the exit code."""
+    ctx = read_node_context(plan, job_key)
+    if ctx.num_nodes != plan.nodes:
+        raise RunFailure(f"allocation has {ctx.num_nodes} task(s) but the plan asks for {plan.nodes} node(s)")
+    attempt_dir = run_dir / "logs" / f"attempt_{ctx.attempt}"
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    node_log_path = attempt_dir / f"node_{ctx.node_rank}.log"
+    with open(node_log_path, "ab", buffering=0) as node_log_bin:
+        log = open(node_log_bin.fileno(), "w", closefd=False, buffering=1)  # noqa: SIM115 (shares the fd)
+        host = socket.gethostname()
+        main_ip = resolve_main_ip(plan, ctx, attempt_dir)
+        port = port_for_job(ctx.job_id, plan.profile.port_range.start, plan.profile.port_range.end)
+        runtime = NodeRuntime(machine_rank=ctx.node_rank, main_process_ip=main_ip, main_process_port=port)
+        config_path = attempt_dir / f"accelerate_config.node{ctx.node_rank}.yaml"
+        config_path.write_text(render_accelerate_config(plan, runtime))
+        argv = accelerate_launch_command(str(config_path), plan.script, plan.script_args)
+        # Per-rank logs from torchrun, next to the node log.
+        argv[2:2] = ["--log_dir", str(attempt_dir / f"node_{ctx.node_rank}_ranks"), "--tee", "3"]
+        print(
+            f"[orchestrator node] host={host} node_rank={ctx.node_rank}/{ctx.num_nodes} job={ctx.job_id} "
+            f"attempt={ctx.attempt} main={main_ip}:{port} world_size={plan.world_size} "
+            f"strategy={plan.options.strategy}",
+            file=log,
+            flush=True,
+        )
+        print(f"[orchestrator node] exec: {' '.join(argv)}", file=log, flush=True)
+        env = training_environment(plan, ctx, run_dir)
+        started = time.monotonic()
+        launcher = subprocess.Popen(
+            argv, env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        (attempt_dir / f"node_{ctx.node_rank}.pid").write_text(str(launcher.pid))
+        relay = SignalRelay(launcher, log)
+        relay.install()
+        try:
+            code = launcher.wait()
+        finally:
+            relay.restore()
+            _kill_tree(launcher.pid)
+        elapsed = time.monotonic() - started
+        if code != 0 and requeue_requested(run_dir, ctx.attempt):
+            code = EXIT_REQUEUE
+        print(
+            f"[orchestrator node] host={host} node_rank={ctx.node_rank} exit={code} after {elapsed:.1f} s",
+            file=log,
+            flush=True,
+        )
+        (attempt_dir / f"node_{ctx.node_rank}.exit").write_text(str(code))
+        log.close()
+    return code
+
+
+def _kill_tree(pid: int) -> None:
+    """Leave no worker behind (torchrun's workers live in their own sessions)."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+@dataclass
+class NodeTask:
+    """What submitit pickles and calls on each node (must be importable there)."""
+
+    plan_json: dict[str, Any]
+    run_dir: str
+    job_key: str = ""
+
+    def __call__(self) -> int:
+        plan = LaunchPlan.from_json(self.plan_json)
+        run_dir = Path(self.run_dir)
+        code = run_node(plan, run_dir, self.job_key)
+        if plan.profile.scheduler == "local" and os.environ.get("SUBMITIT_LOCAL_GLOBALID", "0") == "0":
+            write_local_final_state(plan, run_dir)
+        if code == EXIT_REQUEUE:
+            maybe_requeue(plan, run_dir)
+        if code != 0:
+            # A raised error makes the Slurm task exit non-zero, so sacct says FAILED.
+            raise RunFailure(f"training exited with code {code} on node {socket.gethostname()}")
+        return code
+
+
+#: How long node 0 of a local job waits for the other simulated nodes' exit codes.
+LOCAL_PEER_WAIT_S = 60.0
+
+
+def write_local_final_state(plan: LaunchPlan, run_dir: Path) -> None:
+    """Local jobs have no scheduler to remember their outcome: node 0 records it
+    (``local_state.json``) once every simulated node has written its exit code."""
+    attempt_dir = run_dir / "logs" / f"attempt_{os.environ.get('ORCHESTRATOR_ATTEMPT', '0')}"
+    deadline = time.monotonic() + LOCAL_PEER_WAIT_S
+    codes: dict[int, int] = {}
+    while time.monotonic() < deadline:
+        for rank in range(plan.nodes):
+            exit_file = attempt_dir / f"node_{rank}.exit"
+            if rank not in codes and exit_file.exists():
+                codes[rank] = int(exit_file.read_text().strip() or 1)
+        if len(codes) == plan.nodes:
+            break
+        time.sleep(0.2)
+    missing = [r for r in range(plan.nodes) if r not in codes]
+    if missing:
+        state, code, reason = "FAILED", 1, f"node(s) {missing} did not finish"
+    elif all(c == 0 for c in codes.values()):
+        state, code, reason = "COMPLETED", 0, None
+    elif any(c == EXIT_REQUEUE for c in codes.values()):
+        state, code, reason = "PREEMPTED", EXIT_REQUEUE, "checkpointed on a signal and stopped"
+    else:
+        bad = {r: c for r, c in codes.items() if c != 0}
+        state, code, reason = "FAILED", next(iter(bad.values())), f"non-zero exit on node(s) {bad}"
+    tmp = run_dir / "local_state.json.tmp"
+    tmp.write_text(json.dumps({"state": state, "exit_code": code, "reason": reason, "nodes": codes}))
+    os.replace(tmp, run_dir / "local_state.json")
+
+
+def maybe_requeue(plan: LaunchPlan, run_dir: Path) -> None:
+    """Requeue the Slurm job from node 0 when training asked for it and requeues remain."""
+    if plan.profile.scheduler != "slurm" or os.environ.get("SLURM_NODEID", "0") != "0":
+        return
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if restarts >= plan.max_requeues:
+        print(f"[orchestrator node] not requeued: {restarts} requeues reached max_requeues", file=sys.stderr)
+        return
+    job_id = os.environ["SLURM_JOB_ID"]
+    print(f"[orchestrator node] requeueing job {job_id} (requeue {restarts + 1}/{plan.max_requeues})", flush=True)
+    subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)

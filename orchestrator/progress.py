@@ -1,0 +1,49 @@
+"""Following one job to its end (``submit --wait``): state plus training progress."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from orchestrator.job_states import JobState
+
+
+def progress_line(job_id: str, state: JobState, summary: Any) -> str:
+    parts = [f"[{time.strftime('%H:%M:%S')}] job {job_id} {state.value}"]
+    if summary is not None and summary.step is not None:
+        total = f"/{summary.max_steps}" if summary.max_steps else ""
+        parts.append(f"step {summary.step}{total}")
+        if summary.loss is not None:
+            parts.append(f"loss {summary.loss:.4f}")
+        if summary.tokens_per_s:
+            parts.append(f"{summary.tokens_per_s:,.0f} tok/s")
+        if summary.eta_s is not None:
+            parts.append(f"eta {summary.eta_s:.0f}s")
+    return "  ".join(parts)
+
+
+def wait_for_job(registry: Any, job_id: str, poll_s: float = 2.0, out: TextIO = sys.stdout) -> JobState:
+    """Poll (one batched scheduler query per round) until the job is terminal."""
+    from orchestrator.run_dir import summarize
+    from orchestrator.scheduler_query import refresh_states
+
+    last = ""
+    while True:
+        job = registry.get(job_id)
+        result = refresh_states(registry, [job])
+        st = result.states.get(job_id)
+        state = st.state if st is not None else job.last_state
+        try:
+            summary = summarize(job.run_dir)
+        except Exception:  # a run directory being written: show the state alone
+            summary = None
+        line = progress_line(job_id, state, summary)
+        if line.split("]", 1)[1] != last:
+            print(line, file=out, flush=True)
+            last = line.split("]", 1)[1]
+        if state.is_terminal():
+            reason = f" ({st.reason})" if st is not None and st.reason else ""
+            print(f"job {job_id} ended {state.value}{reason}; run directory {job.run_dir}", file=out, flush=True)
+            return state
+        time.sleep(poll_s)

@@ -1,0 +1,189 @@
+"""Submission: the side-effecting half of ``submit`` (run directory, scheduler, registry).
+
+Order matters: everything is validated (plan, script, partition size via sinfo)
+before the run directory is created or the scheduler is touched, so a refused
+request leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import RunFailure, UserError
+from orchestrator.plan import LaunchPlan
+from orchestrator.render import render_sbatch, submitit_command
+
+SINFO_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    run_dir: Path
+    scheduler: str
+    submitit_job: Any = None
+
+
+def runs_root() -> Path:
+    """Where run directories go: $ORCHESTRATOR_RUNS or ./runs (must be on a shared filesystem for Slurm)."""
+    return Path(os.environ.get("ORCHESTRATOR_RUNS", "runs")).absolute()
+
+
+def check_script(plan: LaunchPlan) -> None:
+    script = Path(plan.script)
+    if not script.is_file():
+        raise UserError(f"training script not found: {plan.script}")
+
+
+def partition_nodes(partition: str) -> int:
+    """How many nodes a partition has, asking sinfo (bounded)."""
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-p", partition, "-o", "%D"],
+            capture_output=True,
+            text=True,
+            timeout=SINFO_TIMEOUT_S,
+        )
+    except FileNotFoundError:
+        raise UserError("sinfo not found: this profile needs a Slurm cluster (or use --profile local)") from None
+    except subprocess.TimeoutExpired:
+        raise RunFailure(f"sinfo did not answer within {SINFO_TIMEOUT_S:.0f} s: is slurmctld up?") from None
+    if proc.returncode != 0:
+        raise RunFailure(f"sinfo failed: {proc.stderr.strip() or proc.returncode}")
+    counts = [int(x) for x in proc.stdout.split() if x.isdigit()]
+    if not counts:
+        raise UserError(f"--profile: partition '{partition}' does not exist on this cluster (sinfo knows nothing of it)")
+    return sum(counts)
+
+
+def check_cluster(plan: LaunchPlan) -> None:
+    if plan.profile.scheduler != "slurm":
+        return
+    assert plan.profile.partition is not None
+    available = partition_nodes(plan.profile.partition)
+    if plan.nodes > available:
+        raise UserError(
+            f"--nodes: {plan.nodes} nodes requested but partition '{plan.profile.partition}' has {available}"
+        )
+
+
+def new_run_dir(plan: LaunchPlan) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", plan.job_name)[:40]
+    run_dir = runs_root() / f"{stamp}-{safe_name}-{uuid.uuid4().hex[:6]}"
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def snapshot_script(plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
+    """Copy the script's folder so later edits do not change a queued job."""
+    source = Path(plan.script).resolve().parent
+    target = run_dir / "snapshot"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "runs", ".git", "*.pyc"))
+    from dataclasses import replace
+
+    return replace(plan, script=str(target / Path(plan.script).name))
+
+
+def absolute_script(plan: LaunchPlan) -> LaunchPlan:
+    from dataclasses import replace
+
+    return replace(plan, script=str(Path(plan.script).resolve()))
+
+
+def _slurm_executor_class() -> Any:
+    """A submitit SlurmExecutor whose sbatch text is our Jinja template (golden-tested)."""
+    import submitit
+
+    class TemplateSlurmExecutor(submitit.SlurmExecutor):  # type: ignore[misc]
+        plan: LaunchPlan
+        run_dir: Path
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            text = render_sbatch(self.plan, command, str(self.run_dir), str(self.folder))
+            (self.run_dir / "sbatch.sh").write_text(text)
+            return text
+
+    return TemplateSlurmExecutor
+
+
+def _time_minutes(limit: str) -> int:
+    days = 0
+    if "-" in limit:
+        d, limit = limit.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in limit.split(":")]
+    if len(parts) == 1 and days == 0:
+        return parts[0]
+    while len(parts) < 3:
+        parts.append(0)
+    hours, minutes, seconds = parts[:3]
+    return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def submit(plan: LaunchPlan, *, snapshot: bool = False, registry: Any = None) -> Submitted:
+    """Validate, create the run directory, submit through submitit, record the job."""
+    from orchestrator.node_entry import NodeTask
+
+    check_script(plan)
+    check_cluster(plan)
+    run_dir = new_run_dir(plan)
+    plan = snapshot_script(plan, run_dir) if snapshot else absolute_script(plan)
+    folder = run_dir / "submitit"
+    job_key = registry.allocate_local_id() if (registry is not None and plan.profile.scheduler == "local") else ""
+    job_json = {
+        **plan.to_json(),
+        "run_dir": str(run_dir),
+        "python": sys.executable,
+        "cwd": os.getcwd(),
+        "submitted_at": time.time(),
+        "command": ["accelerate", "launch", "--config_file", "<node config>", plan.script, *plan.script_args],
+    }
+    (run_dir / "job.json").write_text(json.dumps(job_json, indent=2))
+    task = NodeTask(plan_json=plan.to_json(), run_dir=str(run_dir), job_key=job_key)
+    minutes = max(1, _time_minutes(plan.time_limit))
+    import submitit
+
+    if plan.profile.scheduler == "slurm":
+        executor = _slurm_executor_class()(folder=folder, max_num_timeout=plan.max_requeues)
+        executor.plan = plan
+        executor.run_dir = run_dir
+        executor.update_parameters(nodes=plan.nodes, ntasks_per_node=1, time=minutes)
+        try:
+            job = executor.submit(task)
+        except subprocess.CalledProcessError as exc:
+            output = (exc.output or b"").decode(errors="replace").strip() if isinstance(exc.output, bytes) else exc.output
+            raise RunFailure(f"sbatch refused the job: {output or exc}") from None
+        job_id = str(job.job_id)
+    else:
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(tasks_per_node=plan.nodes, timeout_min=minutes, signal_delay_s=plan.profile.signal.seconds_before)
+        job = executor.submit(task)
+        job_id = job_key or f"local-{job.job_id}"
+        (run_dir / "local_pids.json").write_text(json.dumps({"controller": int(job.job_id)}))
+    (run_dir / "job_id").write_text(job_id)
+    if registry is not None:
+        registry.add_job(
+            job_id=job_id,
+            name=plan.job_name,
+            profile=plan.profile_name,
+            scheduler=plan.profile.scheduler,
+            strategy=plan.options.strategy,
+            nodes=plan.nodes,
+            procs_per_node=plan.procs_per_node,
+            command=[plan.script, *plan.script_args],
+            run_dir=run_dir,
+            max_requeues=plan.max_requeues,
+        )
+        registry.add_attempt(job_id, attempt=0, scheduler_job_id=str(job.job_id))
+    return Submitted(job_id=job_id, run_dir=run_dir, scheduler=plan.profile.scheduler, submitit_job=job)
