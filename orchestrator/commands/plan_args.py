@@ -7,7 +7,7 @@ import os
 
 from orchestrator.errors import UserError
 from orchestrator.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.profiles import load_profile
+from orchestrator.profiles import display_path, load_profile
 from orchestrator.strategies import STRATEGIES
 
 
@@ -78,14 +78,40 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
         state_dict=args.state_dict,
         activation_checkpointing=args.activation_checkpointing,
     )
-    return build_plan(
-        name,
-        profile,
-        options,
-        script=script or default_script,
-        script_args=script_args,
-        nodes=args.nodes,
-        procs_per_node=args.procs_per_node,
-        job_name=args.name,
-        time_limit=args.time,
-    )
+    try:
+        return build_plan(
+            name,
+            profile,
+            options,
+            script=script or default_script,
+            script_args=script_args,
+            nodes=args.nodes,
+            procs_per_node=args.procs_per_node,
+            job_name=args.name,
+            time_limit=args.time,
+        )
+    except UserError as exc:
+        raise UserError(_blame_profile(str(exc), args, display_path(_path))) from None
+
+
+#: flag -> (argparse dest, the profile key that supplies it when the flag is not given)
+_PROFILE_KEYS = {
+    "--strategy": ("strategy", "defaults.strategy"),
+    "--fsdp-version": ("fsdp_version", "defaults.fsdp_version"),
+    "--mixed-precision": ("mixed_precision", "defaults.mixed_precision"),
+    "--state-dict": ("state_dict", "defaults.state_dict"),
+    "--offload": ("offload", "defaults.offload"),
+    "--activation-checkpointing": ("activation_checkpointing", "defaults.activation_checkpointing"),
+    "--wrap-cls": ("wrap_cls", "defaults.wrap_cls"),
+    "--nodes": ("nodes", "nodes.default"),
+    "--procs-per-node": ("procs_per_node", "procs_per_node"),
+}
+
+
+def _blame_profile(message: str, args: argparse.Namespace, source: str) -> str:
+    """A refused value the user did not type came from the profile: say which file and key."""
+    flag = message.split(":", 1)[0].split(" ", 1)[0]
+    entry = _PROFILE_KEYS.get(flag)
+    if entry is None or getattr(args, entry[0], None) is not None:
+        return message
+    return f"{message} ({flag} not given; set by {source}: {entry[1]})"
