@@ -1,0 +1,1 @@
+"""Reference training program for the orchestrator (see train/train.py)."""
