@@ -1,0 +1,151 @@
+"""``orchestrator logs JOB [-f] [--node N] [--rank R] [--tail K] [--attempt A]``.
+
+Without ``-f``: print the selected logs of the newest attempt (or ``--attempt A``), all of it or
+the last K lines per file. With ``-f``: print the last K lines (default 10) and keep printing new
+lines, across requeues (new ``attempt_<A>`` folders) until the scheduler reports a terminal state.
+
+:func:`follow_job_until_done` is the reusable core (``submit --wait`` calls it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from orchestrator.errors import UserError
+from orchestrator.job_states import JobState
+from orchestrator.log_follow import LogFollower, LogLine
+from orchestrator.registry import JobRecord, Registry
+from orchestrator.scheduler_query import refresh_states
+
+DEFAULT_FOLLOW_TAIL = 10
+
+
+def _printer(out: TextIO, prefixed: bool) -> Callable[[LogLine], None]:
+    """Lines from several files get an ``[aA nN]`` prefix so interleaved output stays readable."""
+
+    def emit(line: LogLine) -> None:
+        if prefixed:
+            out.write(f"[a{line.attempt} n{line.node}] {line.text}\n")
+        else:
+            out.write(line.text + "\n")
+
+    return emit
+
+
+def make_follower(
+    job: JobRecord, *, node: int | None = None, rank: int | None = None, attempt: int | None = None
+) -> LogFollower:
+    """Validate the selection against the job's shape (user errors, exit 2) and build a follower."""
+    if node is not None and not 0 <= node < job.nodes:
+        raise UserError(f"--node {node}: job {job.job_id} has nodes 0..{job.nodes - 1}")
+    if rank is not None and not 0 <= rank < job.world_size:
+        raise UserError(f"--rank {rank}: job {job.job_id} has ranks 0..{job.world_size - 1}")
+    if attempt is not None and attempt < 0:
+        raise UserError(f"--attempt {attempt}: attempts are numbered from 0")
+    try:
+        return LogFollower(job.run_dir, attempt=attempt, node=node, rank=rank, procs_per_node=job.procs_per_node)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def follow_job_until_done(
+    job_id: str,
+    *,
+    registry: Registry | None = None,
+    out: TextIO | None = None,
+    node: int | None = None,
+    rank: int | None = None,
+    attempt: int | None = None,
+    tail: int | None = DEFAULT_FOLLOW_TAIL,
+    interval: float = 0.25,
+    max_interval: float = 2.0,
+    state_every_s: float = 5.0,
+    query_timeout_s: float = 5.0,
+) -> JobState:
+    """Print the job's logs as they grow until it reaches a terminal state; return that state.
+
+    The state is refreshed (one scheduler query, recorded in the registry) at most every
+    ``state_every_s`` seconds, and only when the logs are quiet. A stale answer (scheduler
+    unreachable) never ends the follow on its own unless the registry already says terminal.
+    """
+    own = registry is None
+    reg = Registry.open() if registry is None else registry
+    stream = sys.stdout if out is None else out
+    try:
+        job = reg.get(job_id)
+        follower = make_follower(job, node=node, rank=rank, attempt=attempt)
+        emit = _printer(stream, prefixed=node is None and rank is None and job.nodes > 1)
+        final: list[JobState] = [job.last_state]
+
+        def is_done() -> bool:
+            current = reg.get(job_id)
+            result = refresh_states(reg, [current], timeout_s=query_timeout_s)
+            st = result.states.get(job_id)
+            state = st.state if st is not None else current.last_state
+            final[0] = state
+            return state.is_terminal()
+
+        if tail is not None:
+            for line in follower.tail(tail):
+                emit(line)
+        stream.flush()
+        for line in follower.follow(
+            is_done, interval=interval, max_interval=max_interval, done_check_s=state_every_s
+        ):
+            emit(line)
+            stream.flush()
+        stream.flush()
+        return final[0]
+    finally:
+        if own:
+            reg.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="job id")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    parser.add_argument("--node", type=int, metavar="N", help="only node N's log")
+    parser.add_argument("--rank", type=int, metavar="R", help="only lines of global rank R (on its node's log)")
+    parser.add_argument("--tail", type=int, metavar="K", help="last K lines of each log")
+    parser.add_argument("--attempt", type=int, metavar="A", help="attempt A (default: newest)")
+    parser.add_argument("--interval", type=float, default=0.25, metavar="S", help="fastest poll interval with -f")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.tail is not None and args.tail < 0:
+        raise UserError(f"--tail {args.tail}: must be >= 0")
+    if args.interval <= 0:
+        raise UserError(f"--interval must be positive, not {args.interval}")
+    with Registry.open() as registry:
+        job = registry.get(args.job)
+        if args.follow:
+            follow_job_until_done(
+                job.job_id,
+                registry=registry,
+                node=args.node,
+                rank=args.rank,
+                attempt=args.attempt,
+                tail=DEFAULT_FOLLOW_TAIL if args.tail is None else args.tail,
+                interval=args.interval,
+                max_interval=max(2.0, args.interval),
+            )
+            return 0
+        follower = make_follower(job, node=args.node, rank=args.rank, attempt=args.attempt)
+        sources = follower.sources()
+        if not sources:
+            where = Path(job.run_dir) / "logs"
+            print(f"no logs yet for job {job.job_id} (looked in {where}; state {job.last_state})", file=sys.stderr)
+            return 0
+        emit = _printer(sys.stdout, prefixed=len(sources) > 1)
+        if args.tail is not None:
+            for line in follower.tail(args.tail):
+                emit(line)
+        else:
+            for line in follower.stream(final=True):
+                emit(line)
+        sys.stdout.flush()
+    return 0

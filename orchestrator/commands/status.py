@@ -1,0 +1,260 @@
+"""``orchestrator status [JOB...] [--watch] [--interval S] [--json]``.
+
+Scheduler state and training progress for many jobs at once: one batched scheduler query for all
+Slurm jobs (see :mod:`orchestrator.scheduler_query`), local jobs read from their run directories,
+progress from the tail of each run's metrics.jsonl. When the scheduler cannot be asked, the
+registry's last known state is shown with a ``(stale)`` marker instead of failing or hanging.
+
+:func:`render_status_table` and :func:`collect_status` are reused by ``submit --wait``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import UserError
+from orchestrator.job_states import JobState, normalize_slurm_state
+from orchestrator.registry import JobRecord, Registry
+from orchestrator.run_dir import RunSummary, summarize
+from orchestrator.scheduler_query import QueryResult, refresh_states
+
+#: ``status`` with no ids shows every non-terminal job plus those active within this window.
+RECENT_S = 24 * 3600.0
+COLUMNS = ("JOB", "NAME", "STATE", "STRATEGY", "NODES", "STEP", "LOSS", "TOK/S", "ETA", "CKPT", "REQUEUES")
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    """One job's line in the status table (and one object in ``--json``)."""
+
+    job_id: str
+    name: str
+    scheduler: str
+    state: JobState
+    raw_state: str
+    stale: bool
+    source: str
+    strategy: str
+    nodes: int
+    procs_per_node: int
+    step: int | None
+    max_steps: int | None
+    loss: float | None
+    val_loss: float | None
+    tokens_per_s: float | None
+    eta_s: float | None
+    checkpoint_step: int | None
+    checkpoint_path: str | None
+    requeues: int
+    resumes: int
+    reason: str | None
+    node_list: str | None
+    exit_code: str | None
+    run_dir: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "name": self.name,
+            "scheduler": self.scheduler,
+            "state": self.state.value,
+            "raw_state": self.raw_state,
+            "terminal": self.state.is_terminal(),
+            "stale": self.stale,
+            "source": self.source,
+            "strategy": self.strategy,
+            "nodes": self.nodes,
+            "procs_per_node": self.procs_per_node,
+            "step": self.step,
+            "max_steps": self.max_steps,
+            "loss": self.loss,
+            "val_loss": self.val_loss,
+            "tokens_per_s": self.tokens_per_s,
+            "eta_s": self.eta_s,
+            "checkpoint_step": self.checkpoint_step,
+            "checkpoint_path": self.checkpoint_path,
+            "requeues": self.requeues,
+            "resumes": self.resumes,
+            "reason": self.reason,
+            "node_list": self.node_list,
+            "exit_code": self.exit_code,
+            "run_dir": self.run_dir,
+        }
+
+
+def _row(job: JobRecord, result: QueryResult, summary: RunSummary, attempts_recorded: int) -> StatusRow:
+    st = result.states.get(job.job_id)
+    requeues = max(attempts_recorded - 1, summary.attempts - 1, 0)
+    ckpt = summary.checkpoint
+    return StatusRow(
+        job_id=job.job_id,
+        name=job.name,
+        scheduler=job.scheduler,
+        state=st.state if st else job.last_state,
+        raw_state=st.raw_state if st else job.last_state.value,
+        stale=st.stale if st else True,
+        source=st.source if st else "registry",
+        strategy=summary.strategy or job.strategy,
+        nodes=job.nodes,
+        procs_per_node=job.procs_per_node,
+        step=summary.step,
+        max_steps=summary.max_steps,
+        loss=summary.loss,
+        val_loss=summary.val_loss,
+        tokens_per_s=summary.tokens_per_s,
+        eta_s=summary.eta_s if st is None or not st.state.is_terminal() else None,
+        checkpoint_step=ckpt.step if ckpt else None,
+        checkpoint_path=str(ckpt.path) if ckpt else None,
+        requeues=requeues,
+        resumes=summary.resumes,
+        reason=(st.reason if st and st.reason else job.reason),
+        node_list=(st.node_list if st and st.node_list else job.node_list),
+        exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
+        run_dir=str(job.run_dir),
+    )
+
+
+def collect_status(
+    registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0
+) -> tuple[list[StatusRow], QueryResult]:
+    """Refresh states (one batched scheduler query), summarise run dirs, build rows in job order."""
+    result = refresh_states(registry, jobs, timeout_s=timeout_s)
+    counts = registry.attempt_counts([j.job_id for j in jobs])
+    rows = [_row(j, result, summarize(j.run_dir), counts.get(j.job_id, 0)) for j in jobs]
+    return rows, result
+
+
+# ---------------------------------------------------------------------------- formatting
+def format_duration(seconds: float | None) -> str:
+    """``45s``, ``12m05s``, ``3h07m``, ``2d04h`` -- compact enough for a table column."""
+    if seconds is None:
+        return "-"
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def format_rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1e6:
+        return f"{value / 1e6:.1f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:.0f}"
+
+
+def format_loss(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _cells(row: StatusRow) -> list[str]:
+    state = row.state.value
+    if row.raw_state and normalize_slurm_state(row.raw_state) != row.state.value and row.source != "registry":
+        state += f" ({row.raw_state})"  # e.g. RUNNING (COMPLETING): the mapping hides detail
+    if row.stale:
+        state += " (stale)"
+    step = "-" if row.step is None else str(row.step)
+    if row.step is not None and row.max_steps:
+        step = f"{row.step}/{row.max_steps}"
+    return [
+        row.job_id,
+        row.name,
+        state,
+        row.strategy,
+        str(row.nodes),
+        step,
+        format_loss(row.loss),
+        format_rate(row.tokens_per_s),
+        format_duration(row.eta_s) if row.eta_s is not None else "-",
+        str(row.checkpoint_step) if row.checkpoint_step is not None else "-",
+        str(row.requeues),
+    ]
+
+
+def render_status_table(rows: Sequence[StatusRow]) -> str:
+    """Plain-text status table (no trailing newline); ``(stale)`` marks non-live states."""
+    cells = [_cells(r) for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(COLUMNS)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(COLUMNS, widths, strict=True)).rstrip()]
+    lines.extend("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip() for c in cells)
+    return "\n".join(lines)
+
+
+def stale_note(result: QueryResult) -> str | None:
+    """One line explaining a ``(stale)`` marker, or None when everything is live."""
+    if not result.stale:
+        return None
+    why = "; ".join(result.errors) if result.errors else "the scheduler no longer knows some jobs"
+    return f"(stale): showing the registry's last known state -- {why}"
+
+
+def status_json(rows: Sequence[StatusRow], result: QueryResult) -> dict[str, Any]:
+    return {
+        "source": result.source,
+        "stale": result.stale,
+        "errors": list(result.errors),
+        "scheduler_calls": dict(result.calls),
+        "jobs": [r.to_json() for r in rows],
+    }
+
+
+# ---------------------------------------------------------------------------- command
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("jobs", nargs="*", metavar="JOB", help="job ids (default: active and recent jobs)")
+    parser.add_argument("--watch", action="store_true", help="refresh until every shown job has ended")
+    parser.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between refreshes")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="bound on the scheduler query (default 5)"
+    )
+
+
+def _select(registry: Registry, ids: Sequence[str]) -> list[JobRecord]:
+    if ids:
+        return registry.get_many(dict.fromkeys(ids))
+    return registry.active_and_recent(RECENT_S)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise UserError(f"--interval must be positive, not {args.interval}")
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, not {args.timeout}")
+    with Registry.open() as registry:
+        while True:
+            jobs = _select(registry, args.jobs)
+            if not jobs:
+                if args.json:
+                    print(json.dumps({"source": "registry", "stale": False, "errors": [], "jobs": []}))
+                else:
+                    print("no active or recent jobs (see `orchestrator list`)")
+                return 0
+            rows, result = collect_status(registry, jobs, timeout_s=args.timeout)
+            if args.json:
+                print(json.dumps(status_json(rows, result), indent=None if args.watch else 2), flush=True)
+            else:
+                if args.watch and sys.stdout.isatty():
+                    sys.stdout.write("\x1b[H\x1b[2J")
+                if args.watch:
+                    print(time.strftime("%Y-%m-%d %H:%M:%S"))
+                print(render_status_table(rows))
+                note = stale_note(result)
+                if note:
+                    print(note, file=sys.stderr)
+                sys.stdout.flush()
+            if not args.watch or all(r.state.is_terminal() for r in rows):
+                return 0
+            time.sleep(args.interval)
+

@@ -1,0 +1,329 @@
+"""Ask the scheduler what state jobs are in: one batched call, bounded in time, never hanging.
+
+``status`` over 1,000 jobs must not run 1,000 ``squeue`` processes (each one is an RPC to
+slurmctld; a few hundred per second are enough to make a cluster admin unhappy). So:
+
+1. ONE ``squeue -h -j id1,id2,...`` for every id asked;
+2. at most ONE ``sacct -j ...`` for the ids squeue no longer knows (finished jobs age out of
+   slurmctld after MinJobAge, ~5 min), which also gives exit code, reason, node list and times;
+3. for whatever is still unknown -- or if squeue/sacct are missing, fail, or time out -- the
+   registry's last known state, and the result is marked ``stale``.
+
+Every subprocess runs in its own session with a deadline; on expiry the whole process group is
+killed, so a wrapper script that left a grandchild holding the pipe cannot hang us either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.job_states import JobState, from_slurm, normalize_slurm_state
+
+if TYPE_CHECKING:
+    from orchestrator.registry import JobRecord, Registry
+
+Source = Literal["squeue", "sacct", "registry", "run_dir"]
+
+SQUEUE_FORMAT = "%i|%T|%r|%N|%S|%M"
+SACCT_FIELDS = "JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed"
+#: Slurm job ids we pass to squeue/sacct: plain, array task (123_4) or het component (123+1).
+_SLURM_ID_RE = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
+#: Fraction of ``timeout_s`` squeue may use; sacct gets the rest.
+SQUEUE_SHARE = 0.6
+_SOURCE_RANK: dict[str, int] = {"squeue": 0, "run_dir": 0, "sacct": 1, "registry": 2}
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """What one source said about one job. Empty strings from Slurm become None."""
+
+    job_id: str
+    state: JobState
+    raw_state: str
+    source: Source
+    stale: bool = False
+    reason: str | None = None
+    node_list: str | None = None
+    exit_code: str | None = None
+    start: str | None = None
+    end: str | None = None
+    elapsed: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id,
+            "state": self.state.value,
+            "raw_state": self.raw_state,
+            "source": self.source,
+            "stale": self.stale,
+            "reason": self.reason,
+            "node_list": self.node_list,
+            "exit_code": self.exit_code,
+            "start": self.start,
+            "end": self.end,
+            "elapsed": self.elapsed,
+        }
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """States for the ids asked. ``source`` is the least authoritative source any answer came from
+    (squeue < sacct < registry); ``stale`` is True if any answer is not live scheduler data."""
+
+    states: dict[str, SchedulerState]
+    source: Source
+    stale: bool
+    errors: tuple[str, ...] = ()
+    calls: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """Outcome of one bounded subprocess. ``error`` is set when it did not run to a clean exit."""
+
+    argv: tuple[str, ...]
+    returncode: int | None
+    stdout: str
+    stderr: str
+    error: str | None = None
+
+
+def run_bounded(argv: Sequence[str], timeout_s: float) -> CommandResult:
+    """Run ``argv`` with a hard deadline and return what it printed; never raises for the usual
+    failures (missing binary, non-zero exit, timeout) -- they come back in ``error``.
+
+    The child gets its own session so that on timeout we can kill its whole process group
+    (``subprocess.run`` kills only the direct child and then waits on pipes a grandchild may hold).
+    """
+    argv_t = tuple(argv)
+    name = os.path.basename(argv_t[0])
+    timeout_s = max(0.05, timeout_s)
+    try:
+        proc = subprocess.Popen(
+            argv_t,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        return CommandResult(argv_t, None, "", "", f"{name} not found on PATH")
+    except OSError as exc:
+        return CommandResult(argv_t, None, "", "", f"{name} could not start: {exc.strerror or exc}")
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            # Something outside the group still holds the pipes; abandon them rather than hang.
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            proc.wait(timeout=1.0)
+            out, err = "", ""
+        return CommandResult(argv_t, proc.returncode, out or "", err or "", f"{name} timed out after {timeout_s:.1f}s")
+    if proc.returncode != 0:
+        first = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()), "")
+        return CommandResult(argv_t, proc.returncode, out, err, f"{name} exited {proc.returncode}: {first}".rstrip(": "))
+    return CommandResult(argv_t, 0, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+def _opt(text: str) -> str | None:
+    text = text.strip()
+    return None if text in ("", "(null)", "None", "Unknown", "N/A") else text
+
+
+def parse_squeue(output: str) -> dict[str, SchedulerState]:
+    """Parse ``squeue -h -o '%i|%T|%r|%N|%S|%M'`` output."""
+    states: dict[str, SchedulerState] = {}
+    for line in output.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 2 or not parts[0]:
+            continue
+        parts += [""] * (6 - len(parts))
+        job_id, raw, reason, nodes, start, elapsed = (p.strip() for p in parts[:6])
+        states[job_id] = SchedulerState(
+            job_id=job_id,
+            state=from_slurm(raw),
+            raw_state=normalize_slurm_state(raw),
+            source="squeue",
+            reason=_opt(reason),
+            node_list=_opt(nodes),
+            start=_opt(start),
+            elapsed=_opt(elapsed),
+        )
+    return states
+
+
+def parse_sacct(output: str) -> dict[str, SchedulerState]:
+    """Parse ``sacct -n -P -X -o JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed`` output.
+
+    With ``-X`` there is one line per allocation; if the same id appears twice the later line
+    (the most recent incarnation of a requeued job) wins.
+    """
+    states: dict[str, SchedulerState] = {}
+    for line in output.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 2 or not parts[0]:
+            continue
+        parts += [""] * (8 - len(parts))
+        job_id, raw, exit_code, reason, nodes, start, end, elapsed = (p.strip() for p in parts[:8])
+        if "." in job_id:  # a step (batch/extern/0) slipped through: the allocation line counts
+            continue
+        states[job_id] = SchedulerState(
+            job_id=job_id,
+            state=from_slurm(raw),
+            raw_state=raw.strip(),
+            source="sacct",
+            reason=_opt(reason),
+            node_list=_opt(nodes) if nodes.strip() != "None assigned" else None,
+            exit_code=_opt(exit_code),
+            start=_opt(start),
+            end=_opt(end),
+            elapsed=_opt(elapsed),
+        )
+    return states
+
+
+def _squeue_says_none_known(res: CommandResult) -> bool:
+    """``squeue -j <one finished id>`` exits 1 with "Invalid job id specified": not a failure,
+    just "I don't know this job" -- which sends it on to sacct like any other aged-out id."""
+    return res.returncode == 1 and "invalid job id" in res.stderr.lower()
+
+
+def query_states(
+    job_ids: Iterable[str],
+    timeout_s: float = 5.0,
+    registry: Registry | None = None,
+    fallback: Mapping[str, JobState] | None = None,
+) -> QueryResult:
+    """States of Slurm jobs ``job_ids`` with one squeue call and at most one sacct call.
+
+    ``timeout_s`` bounds the whole query (sacct gets what squeue left). Ids neither tool answers
+    fall back to ``fallback[id]``, else the registry's last state, else UNKNOWN -- all stale.
+    """
+    ids = list(dict.fromkeys(str(j) for j in job_ids))
+    deadline = time.monotonic() + timeout_s
+    errors: list[str] = []
+    calls = {"squeue": 0, "sacct": 0}
+    states: dict[str, SchedulerState] = {}
+    queryable = [j for j in ids if _SLURM_ID_RE.match(j)]
+
+    if queryable:
+        calls["squeue"] += 1
+        # squeue gets 60% of the budget so a hung slurmctld still leaves sacct (slurmdbd) a chance.
+        res = run_bounded(
+            ["squeue", "-h", "-j", ",".join(queryable), "-o", SQUEUE_FORMAT], timeout_s * SQUEUE_SHARE
+        )
+        if res.error is None:
+            found = parse_squeue(res.stdout)
+            states.update({j: s for j, s in found.items() if j in set(queryable)})
+        elif not _squeue_says_none_known(res):
+            errors.append(res.error)
+
+    missing = [j for j in queryable if j not in states]
+    remaining = deadline - time.monotonic()
+    if missing and remaining > 0.05:
+        calls["sacct"] += 1
+        res = run_bounded(
+            ["sacct", "-n", "-P", "-X", "-j", ",".join(missing), "-o", SACCT_FIELDS], remaining
+        )
+        if res.error is None:
+            found = parse_sacct(res.stdout)
+            states.update({j: s for j, s in found.items() if j in set(missing)})
+        else:
+            errors.append(res.error)
+    elif missing:
+        errors.append("no time left for sacct")
+
+    last_known: dict[str, JobState] = dict(fallback or {})
+    for job_id in ids:
+        if job_id in states:
+            continue
+        if job_id not in last_known and registry is not None:
+            # Unknown to the registry too: report UNKNOWN below.
+            with contextlib.suppress(OrchestratorError):
+                last_known[job_id] = registry.get(job_id).last_state
+        prev = last_known.get(job_id, JobState.UNKNOWN)
+        states[job_id] = SchedulerState(
+            job_id=job_id, state=prev, raw_state=prev.value, source="registry", stale=True
+        )
+
+    return _result(states, errors, calls)
+
+
+def _result(states: dict[str, SchedulerState], errors: list[str], calls: dict[str, int]) -> QueryResult:
+    worst: Source = max(states.values(), key=lambda s: _SOURCE_RANK[s.source]).source if states else "squeue"
+    stale = any(s.stale for s in states.values())
+    return QueryResult(states=states, source=worst, stale=stale, errors=tuple(errors), calls=calls)
+
+
+def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0) -> QueryResult:
+    """Current state of ``jobs`` (Slurm: one batched query; local: their run directories), written
+    back to the registry (history grows only on change, plus node list / exit code / reason).
+
+    This is what ``status``, ``logs -f`` and ``submit --wait`` poll.
+    """
+    from orchestrator.run_dir import local_state
+
+    slurm_ids = [j.job_id for j in jobs if j.scheduler == "slurm"]
+    fallback = {j.job_id: j.last_state for j in jobs}
+    if slurm_ids:
+        result = query_states(slurm_ids, timeout_s=timeout_s, fallback=fallback)
+        states = dict(result.states)
+        errors, calls = list(result.errors), dict(result.calls)
+    else:
+        states, errors, calls = {}, [], {"squeue": 0, "sacct": 0}
+    for job in jobs:
+        if job.scheduler == "local":
+            ls = local_state(job.run_dir)
+            states[job.job_id] = SchedulerState(
+                job_id=job.job_id,
+                state=ls.state,
+                raw_state=ls.state.value,
+                source="run_dir",
+                reason=ls.reason,
+                exit_code=str(ls.exit_code) if ls.exit_code is not None else None,
+                node_list="localhost",
+            )
+    by_source: dict[str, dict[str, JobState]] = {}
+    for job_id, st in states.items():
+        if not st.stale:  # a stale answer is the registry's own value: nothing new to record
+            by_source.setdefault(st.source, {})[job_id] = st.state
+    for source, batch in by_source.items():
+        registry.record_states(batch, source=source)
+    registry.set_scheduler_info(
+        {
+            j: (s.node_list, s.exit_code, s.reason)
+            for j, s in states.items()
+            if not s.stale and (s.node_list or s.exit_code or s.reason)
+        }
+    )
+    return _result(states, errors, calls)
+
+
+def slurm_available() -> bool:
+    """True if the Slurm client tools are on PATH (not whether a controller answers)."""
+    return shutil.which("squeue") is not None
