@@ -1,0 +1,72 @@
+"""Shared fixtures: an isolated registry and runs folder per test, and a bounded CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def orch_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Environment for CLI subprocesses: own registry and run folder, repo importable."""
+    home = tmp_path / "home"
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(home))
+    monkeypatch.setenv("ORCHESTRATOR_RUNS", str(runs))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """Run `python -m orchestrator ARGS` with a hard timeout; the whole process group dies on timeout."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"orchestrator {' '.join(args)} did not finish in {timeout} s\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+@pytest.fixture
+def reap_local_jobs(tmp_path: Path) -> Iterator[None]:
+    """Kill whatever local jobs a test started (their pids are in the run folders)."""
+    yield
+    import json
+
+    for pids in (tmp_path / "runs").glob("*/local_pids.json"):
+        for pid in json.loads(pids.read_text()).values():
+            kill_tree(int(pid))

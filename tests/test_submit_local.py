@@ -1,0 +1,89 @@
+"""`orchestrator submit --profile local`: the real entry point, submitit's LocalExecutor, accelerate launch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
+
+
+def _records(prefix: Path, world: int) -> list[dict]:
+    return [json.loads(Path(f"{prefix}.rank{r}").read_text()) for r in range(world)]
+
+
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_unmodified_script_gets_requested_world_size(orch_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "2", "--strategy", "ddp", "--wait", "--poll", "0.5",
+         "--", SCRIPT, "--expect-world-size", "4", "--out", str(out)],
+        orch_env,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "submitted job local-" in res.stdout and "COMPLETED" in res.stdout
+    records = _records(out, 4)
+    assert sorted(r["rank"] for r in records) == [0, 1, 2, 3]
+    assert all(r["world_size"] == 4 for r in records)
+    assert all(r["rank_sum"] == 6.0 for r in records)  # the all-reduce crossed every rank
+    run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
+    configs = sorted((run_dir / "logs" / "attempt_0").glob("accelerate_config.node*.yaml"))
+    assert [c.name for c in configs] == ["accelerate_config.node0.yaml", "accelerate_config.node1.yaml"]
+    assert "machine_rank: 1" in configs[1].read_text()  # rendered on the node, not on the submitter
+    assert json.loads((run_dir / "job.json").read_text())["world_size"] == 4
+    # state and registry agree
+    st = run_cli(["status", "--json", run_dir.name and res.stdout.split("submitted job ")[1].split()[0]], orch_env)
+    assert st.returncode == 0 and "COMPLETED" in st.stdout
+
+
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_two_jobs_at_once_do_not_clash(orch_env: dict[str, str], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    procs = []
+    for i in range(2):
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", "--nodes", "2", "--wait",
+                 "--poll", "0.5", "--", SCRIPT, "--expect-world-size", "4", "--out", str(tmp_path / f"o{i}")],
+                cwd=REPO, env=orch_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    ports = set()
+    for text in outputs:
+        run_dir = Path(text.split("run directory ")[1].split()[0])
+        cfg = (run_dir / "logs" / "attempt_0" / "accelerate_config.node0.yaml").read_text()
+        ports.add(next(line for line in cfg.splitlines() if line.startswith("main_process_port")))
+    assert len(ports) == 2
+
+
+def test_dry_run_submits_nothing(orch_env: dict[str, str], tmp_path: Path) -> None:
+    res = run_cli(["submit", "--profile", "local", "--nodes", "2", "--dry-run", "--", SCRIPT], orch_env)
+    assert res.returncode == 0, res.stderr
+    assert "accelerate_config.node1.yaml" in res.stdout and "nothing submitted" in res.stdout
+    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "home" / "registry.db").exists()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--strategy", "hybrid_shard", "--nodes", "1", "--", SCRIPT], "needs >= 2 nodes"),
+        (["--nodes", "9", "--", SCRIPT], "allows at most 4"),
+        (["--", "no/such/script.py"], "training script not found"),
+        ([], "no training script"),
+    ],
+)
+def test_bad_requests_exit_2_and_leave_nothing(orch_env: dict[str, str], tmp_path: Path, args: list[str], needle: str) -> None:
+    res = run_cli(["submit", "--profile", "local", *args], orch_env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert needle in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "runs").exists()
