@@ -1,0 +1,85 @@
+"""Parameter and optimizer-state checksums, comparable across strategies and world sizes.
+
+Every tensor is gathered to its full (unsharded) value on every rank
+(``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``), so
+the fully qualified names and values are the same whatever the wrapping (DDP,
+FSDP1, FSDP2, HSDP) and however many ranks there are. The checksum is a
+position-weighted sum in float64 over the names in sorted order: deterministic,
+and sensitive to swapped elements, not just to the total.
+
+Usage by hand: ``python -m train.checksum <checkpoint dir>`` prints the checksums
+stored in its ``COMPLETE.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+
+import torch
+
+#: Above this many parameters, gathering full state on every rank costs too much memory: skip.
+MAX_PARAMS_FOR_CHECKSUM = 200_000_000
+
+
+def _weights(n: int) -> torch.Tensor:
+    return 1.0 + (torch.arange(n, dtype=torch.float64) % 7) / 7.0
+
+
+def tensor_checksum(named: Mapping[str, torch.Tensor]) -> float:
+    total = torch.zeros((), dtype=torch.float64)
+    for name in sorted(named):
+        value = named[name]
+        if not isinstance(value, torch.Tensor):
+            value = torch.tensor(float(value))
+        if hasattr(value, "full_tensor"):  # a DTensor that escaped gathering
+            value = value.full_tensor()
+        flat = value.detach().to("cpu", torch.float64).reshape(-1)
+        total += (flat * _weights(flat.numel())).sum()
+    return float(total)
+
+
+def full_state(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(parameters, optimizer state) as full tensors keyed by clean names; a collective: all ranks call it."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    # cpu_offload=False on purpose: FSDP1's FULL_STATE_DICT with offload_to_cpu crashes on CPU (FIELD_NOTES).
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    params = get_model_state_dict(model, options=options)
+    optim = get_optimizer_state_dict(model, inner, options=options)
+    flat: dict[str, torch.Tensor] = {}
+    for fqn, state in optim.get("state", {}).items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) or isinstance(value, (int, float)):
+                flat[f"{fqn}/{key}"] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+    return params, flat
+
+
+def checksums(model, optimizer, num_params: int) -> dict[str, float | None]:
+    """{"param_checksum", "optim_checksum"} (None for models too big to gather); a collective.
+
+    ``num_params`` is the unsharded parameter count (sharded modules report local sizes)."""
+    if num_params > MAX_PARAMS_FOR_CHECKSUM:
+        return {"param_checksum": None, "optim_checksum": None}
+    params, optim = full_state(model, optimizer)
+    return {"param_checksum": tensor_checksum(params), "optim_checksum": tensor_checksum(optim)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m train.checksum <checkpoint dir>", file=sys.stderr)
+        return 2
+    marker = json.loads((__import__("pathlib").Path(args[0]) / "COMPLETE.json").read_text())
+    print(json.dumps({k: marker.get(k) for k in ("step", "param_checksum", "optim_checksum")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

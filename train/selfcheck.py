@@ -1,0 +1,380 @@
+"""Start-up self-check: the run is the run that was asked for, or it stops (exit 3) within seconds.
+
+Accelerate on CPU fails silently in several ways (FIELD_NOTES): a MULTI_CPU
+config starts one process, a GPU config without ``ACCELERATE_USE_CPU=1`` gives
+N processes that each train alone, FSDP is dropped for plain DDP, FSDP1 hybrids
+shard over one rank. Each of those passes every other test; the self-check
+makes them impossible.
+
+Expectations come from the launcher (``ORCHESTRATOR_EXPECTED_WORLD_SIZE``,
+``ORCHESTRATOR_EXPECTED_NUM_NODES``, ``ORCHESTRATOR_PROCS_PER_NODE``,
+``ORCHESTRATOR_STRATEGY``, ``ORCHESTRATOR_FSDP_VERSION``); when it did not set
+them (run by hand), from what ``accelerate launch`` left in the environment
+(``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` from torchrun, ``ACCELERATE_USE_FSDP``,
+``FSDP_*``, ``PARALLELISM_CONFIG_*``) and, for a single process, the
+``--num_processes`` / config file of the parent ``accelerate launch``.
+
+Two phases: ``check_launch`` right after ``Accelerator()`` (world size, nodes,
+distributed type), ``check_model`` right after ``prepare`` (wrapping applied,
+shard and replicate group sizes, local shard sizes), both before the first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXIT_SELFCHECK = 3
+
+FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
+STRATEGIES = ("ddp", *FSDP_STRATEGIES)
+HYBRID = ("hybrid_shard", "hybrid_shard_zero2")
+#: FSDP1 ShardingStrategy name per strategy.
+FSDP1_SHARDING = {
+    "full_shard": "FULL_SHARD",
+    "shard_grad_op": "SHARD_GRAD_OP",
+    "no_shard": "NO_SHARD",
+    "hybrid_shard": "HYBRID_SHARD",
+    "hybrid_shard_zero2": "_HYBRID_SHARD_ZERO2",
+}
+#: FSDP2 reshard_after_forward per strategy (no_shard has no FSDP2 form).
+FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False, "hybrid_shard": True, "hybrid_shard_zero2": False}
+
+
+class SelfCheckError(RuntimeError):
+    pass
+
+
+@dataclass
+class Expectation:
+    source: str
+    world_size: int | None = None
+    num_nodes: int | None = None
+    procs_per_node: int | None = None
+    strategy: str | None = None
+    fsdp_version: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        parts = []
+        if self.world_size is not None:
+            parts.append(f"world size {self.world_size}")
+        if self.num_nodes is not None:
+            parts.append(f"{self.num_nodes} node(s)")
+        if self.procs_per_node is not None:
+            parts.append(f"{self.procs_per_node} process(es)/node")
+        if self.strategy is not None:
+            version = f" (FSDP{self.fsdp_version})" if self.strategy != "ddp" and self.fsdp_version else ""
+            parts.append(f"strategy {self.strategy}{version}")
+        return ", ".join(parts) or "nothing"
+
+
+def _int_env(env: dict[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise SelfCheckError(f"{name}={value!r}: expected an integer") from None
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+def _strategy_from_accelerate_env(env: dict[str, str]) -> tuple[str | None, int | None]:
+    """What the FSDP_* / PARALLELISM_CONFIG_* variables written by ``accelerate launch`` ask for."""
+    if not _truthy(env.get("ACCELERATE_USE_FSDP")):
+        return None, None
+    version = int(env.get("FSDP_VERSION", "1") or 1)
+    replicate = int(env.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "1") or 1)
+    if version == 1:
+        raw = env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD").strip().upper()
+        names = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"]
+        if raw.isdigit() and 1 <= int(raw) <= 5:
+            raw = names[int(raw) - 1]
+        if raw == "HYBRID_SHARD_ZERO2":
+            raw = "_HYBRID_SHARD_ZERO2"
+        by_name = {v: k for k, v in FSDP1_SHARDING.items()}
+        return by_name.get(raw), 1
+    reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() != "false"
+    if replicate > 1:
+        return ("hybrid_shard" if reshard else "hybrid_shard_zero2"), 2
+    return ("full_shard" if reshard else "shard_grad_op"), 2
+
+
+def _parent_launch_request() -> tuple[int | None, str | None, str | None]:
+    """(num_processes, distributed_type, where) asked of a parent ``accelerate launch``, if any."""
+    try:
+        import psutil
+        import yaml
+    except ImportError:
+        return None, None, None
+    try:
+        proc = psutil.Process()
+        ancestors = proc.parents()[:3]
+    except (psutil.Error, OSError):
+        return None, None, None
+    for parent in ancestors:
+        try:
+            argv = parent.cmdline()
+        except (psutil.Error, OSError):
+            continue
+        if "launch" not in argv or not any("accelerate" in a for a in argv[:3]):
+            continue
+        num, dtype, config = None, None, None
+        for i, arg in enumerate(argv):
+            value = argv[i + 1] if i + 1 < len(argv) else None
+            if arg.startswith("--num_processes="):
+                num = int(arg.split("=", 1)[1])
+            elif arg == "--num_processes" and value:
+                num = int(value)
+            elif arg.startswith("--config_file="):
+                config = arg.split("=", 1)[1]
+            elif arg == "--config_file" and value:
+                config = value
+        if config is None:
+            default = Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "accelerate/default_config.yaml"
+            config = str(default) if default.is_file() else None
+        if config:
+            try:
+                path = Path(config) if os.path.isabs(config) else Path(parent.cwd()) / config
+                data = yaml.safe_load(path.read_text()) or {}
+                num = num if num is not None else data.get("num_processes")
+                dtype = data.get("distributed_type")
+            except (OSError, yaml.YAMLError, psutil.Error):
+                pass
+        return (int(num) if num is not None else None), dtype, f"the parent `accelerate launch` ({config or 'flags'})"
+    return None, None, None
+
+
+def expectations_from_env(env: dict[str, str] | None = None, look_at_parent: bool = True) -> Expectation:
+    env = dict(os.environ if env is None else env)
+    if any(k.startswith("ORCHESTRATOR_") and k != "ORCHESTRATOR_RUN_DIR" and k != "ORCHESTRATOR_DISABLE_WORKAROUNDS" for k in env):
+        exp = Expectation(source="the launcher (ORCHESTRATOR_* environment)")
+        exp.world_size = _int_env(env, "ORCHESTRATOR_EXPECTED_WORLD_SIZE")
+        exp.num_nodes = _int_env(env, "ORCHESTRATOR_EXPECTED_NUM_NODES")
+        exp.procs_per_node = _int_env(env, "ORCHESTRATOR_PROCS_PER_NODE")
+        strategy = env.get("ORCHESTRATOR_STRATEGY", "").strip() or None
+        if strategy is not None and strategy not in STRATEGIES:
+            raise SelfCheckError(f"ORCHESTRATOR_STRATEGY={strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        exp.strategy = strategy
+        exp.fsdp_version = _int_env(env, "ORCHESTRATOR_FSDP_VERSION")
+        if exp.world_size is None and exp.num_nodes and exp.procs_per_node:
+            exp.world_size = exp.num_nodes * exp.procs_per_node
+        return exp
+    exp = Expectation(source="the Accelerate launch environment (no ORCHESTRATOR_* variables: run by hand)")
+    exp.world_size = _int_env(env, "WORLD_SIZE")
+    exp.procs_per_node = _int_env(env, "LOCAL_WORLD_SIZE")
+    if exp.world_size and exp.procs_per_node:
+        exp.num_nodes = exp.world_size // exp.procs_per_node
+    exp.strategy, exp.fsdp_version = _strategy_from_accelerate_env(env)
+    if exp.strategy is None and exp.world_size and exp.world_size > 1:
+        exp.strategy = "ddp"
+    if exp.world_size is None and look_at_parent:
+        num, dtype, where = _parent_launch_request()
+        if num is not None and num > 1:
+            exp.world_size = num
+            exp.source = where or exp.source
+            if dtype == "MULTI_CPU":
+                exp.notes.append(
+                    "distributed_type MULTI_CPU makes `accelerate launch` start ONE process without mpirun; "
+                    "on CPU use a MULTI_GPU or FSDP config with ACCELERATE_USE_CPU=1"
+                )
+    return exp
+
+
+# ---------------------------------------------------------------------------
+
+
+def _found_launch(accelerator) -> str:
+    return f"world size {accelerator.num_processes}, distributed type {accelerator.distributed_type.value}"
+
+
+def check_launch(accelerator, exp: Expectation) -> list[str]:
+    """Phase 1, right after ``Accelerator()``: world size, node layout, distributed type."""
+    problems: list[str] = []
+    world = accelerator.num_processes
+    dtype = accelerator.distributed_type.value
+    if exp.world_size is not None and world != exp.world_size:
+        hint = ""
+        if world == 1 and exp.world_size > 1:
+            hint = (
+                " Each process is training alone: a GPU-style (MULTI_GPU/FSDP) config on a CPU machine needs "
+                "ACCELERATE_USE_CPU=1, and a MULTI_CPU config or `--cpu` starts only one process."
+            )
+        problems.append(f"expected world size {exp.world_size}, found {world}.{hint}")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+    if exp.procs_per_node is not None and world > 1 and local_world != exp.procs_per_node:
+        problems.append(f"expected {exp.procs_per_node} process(es) per node, found LOCAL_WORLD_SIZE={local_world}")
+    if exp.num_nodes is not None and world > 1 and local_world and world // local_world != exp.num_nodes:
+        problems.append(f"expected {exp.num_nodes} node(s), found {world // local_world} ({world} ranks / {local_world} per node)")
+    if exp.strategy is not None and (exp.world_size or world) > 1:
+        if exp.strategy == "ddp":
+            if dtype not in ("MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU"):
+                problems.append(f"expected DDP (distributed type MULTI_CPU/MULTI_GPU), found distributed type {dtype}")
+        elif dtype != "FSDP":
+            hint = (
+                " Accelerate silently drops FSDP on CPU and runs plain DDP unless the CPU shim "
+                "(train/accelerate_workarounds.py: enable_fsdp_on_cpu) is applied."
+                if dtype == "MULTI_CPU"
+                else ""
+            )
+            problems.append(f"expected FSDP ({exp.strategy}), found distributed type {dtype}.{hint}")
+        else:
+            plugin = accelerator.state.fsdp_plugin
+            if exp.fsdp_version is not None and plugin.fsdp_version != exp.fsdp_version:
+                problems.append(f"expected FSDP version {exp.fsdp_version}, found {plugin.fsdp_version}")
+    problems += [f"note: {n}" for n in exp.notes if problems]
+    return problems
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def expected_groups(exp: Expectation, world: int) -> tuple[int, int]:
+    """(shard group size, replicate group size) the strategy should produce."""
+    per_node = exp.procs_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+    if exp.strategy in HYBRID:
+        return per_node, world // per_node
+    if exp.strategy == "no_shard" or exp.strategy == "ddp":
+        return 1, world
+    return world, 1
+
+
+def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[list[str], str]:
+    """Phase 2, after ``prepare``: the wrapping really happened, with the expected groups.
+
+    Returns (problems, one-line description of what was found)."""
+    import torch.distributed as dist
+
+    problems: list[str] = []
+    world = accelerator.num_processes
+    strategy = exp.strategy
+    if strategy is None or world == 1:
+        return problems, f"{_found_launch(accelerator)}, no distributed wrapping checked"
+    shard, replicate = expected_groups(exp, world)
+    dtype = accelerator.distributed_type.value
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if not isinstance(model, DDP):
+            return [f"expected the model wrapped in DistributedDataParallel, found {type(model).__name__}"], ""
+        size = dist.get_world_size(model.process_group) if model.process_group is not None else dist.get_world_size()
+        if size != world:
+            problems.append(f"expected DDP over {world} ranks, found a process group of {size}")
+        return problems, f"DDP over {size} ranks"
+    if dtype != "FSDP":
+        return [f"expected FSDP ({strategy}), found distributed type {dtype}"], ""
+    version = accelerator.state.fsdp_plugin.fsdp_version
+    if version == 1:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        if not isinstance(model, FSDP):
+            return [f"expected the model wrapped in FSDP1 FullyShardedDataParallel, found {type(model).__name__}"], ""
+        found_strategy = model.sharding_strategy.name
+        if found_strategy != FSDP1_SHARDING[strategy]:
+            problems.append(f"expected FSDP1 sharding strategy {FSDP1_SHARDING[strategy]}, found {found_strategy}")
+        shard_size = model.process_group.size()
+        inter = getattr(model, "_inter_node_pg", None)
+        replicate_size = inter.size() if inter is not None else (world // shard_size if strategy != "no_shard" else world)
+        if strategy == "no_shard":
+            shard_size_expected, shard_size_effective = world, 1  # NO_SHARD keeps the world group, shards nothing
+        else:
+            shard_size_expected, shard_size_effective = shard, shard_size
+        if shard_size != shard_size_expected:
+            problems.append(
+                f"expected FSDP1 shard groups of {shard_size_expected} rank(s), found {shard_size}"
+                + (
+                    " (torch sized them by torch.cpu.device_count() == 1: gradients are never synchronised "
+                    "across nodes; an explicit replicate x shard device mesh is needed)"
+                    if strategy in HYBRID and shard_size == 1
+                    else ""
+                )
+            )
+        if strategy in HYBRID and replicate_size != replicate:
+            problems.append(f"expected FSDP1 replicate groups of {replicate} rank(s), found {replicate_size}")
+        local = sum(m._handle.flat_param.numel() for m in FSDP.fsdp_modules(model) if m._handle is not None)
+        bound = _ceil_div(num_params, shard_size_effective) + 64 * len(FSDP.fsdp_modules(model)) * shard_size_effective
+        if local > bound:
+            problems.append(
+                f"expected about {_ceil_div(num_params, shard_size_effective)} local parameters "
+                f"({num_params} / {shard_size_effective}), found {local}: not sharded"
+            )
+        if strategy != "no_shard" and shard_size_effective > 1 and local >= num_params:
+            problems.append(f"expected a 1/{shard_size_effective} parameter shard, found all {local} parameters locally")
+        return problems, (
+            f"FSDP1 {found_strategy}, shard group {shard_size}, replicate group {replicate_size}, "
+            f"{local} of {num_params} parameters local"
+        )
+    # FSDP2
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(model, FSDPModule):
+        return [f"expected the model sharded with FSDP2 fully_shard, found {type(model).__name__}"], ""
+    params = list(model.parameters())
+    if not all(isinstance(p, DTensor) for p in params):
+        return ["expected every parameter to be an FSDP2 DTensor, found plain tensors"], ""
+    mesh = params[0].device_mesh
+    shape = tuple(mesh.shape)
+    placements = tuple(type(p).__name__ for p in params[0].placements)
+    want_shape = (replicate, shard) if strategy in HYBRID else (shard,)
+    want_placements = ("Replicate", "Shard") if strategy in HYBRID else ("Shard",)
+    if shape != want_shape:
+        problems.append(f"expected an FSDP2 device mesh of shape {want_shape}, found {shape}")
+    if placements != want_placements:
+        problems.append(f"expected parameter placements {want_placements}, found {placements}")
+    local = sum(p.to_local().numel() for p in params)
+    if local > _ceil_div(num_params, shard) + len(params) * shard:
+        problems.append(f"expected about {_ceil_div(num_params, shard)} local parameters ({num_params} / {shard}), found {local}")
+    reshard = _fsdp2_reshard_after_forward(model)
+    want = FSDP2_RESHARD.get(strategy)
+    if reshard is not None and want is not None and reshard != want:
+        problems.append(f"expected reshard_after_forward={want} ({strategy}), found {reshard}")
+    return problems, (
+        f"FSDP2 mesh {shape} placements {placements}, reshard_after_forward={reshard}, "
+        f"{local} of {num_params} parameters local"
+    )
+
+
+def _fsdp2_reshard_after_forward(model) -> bool | None:
+    """Whether the FSDP2 units below the root free parameters after forward; None when there are no such
+    units (the root's own setting is overridden by torch) or the private API moved."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        values = set()
+        for module in model.modules():
+            if isinstance(module, FSDPModule) and module is not model:
+                group = module._get_fsdp_state()._fsdp_param_group
+                if group is not None:
+                    values.add(group.post_forward_mesh_info is not None)
+        return values.pop() if len(values) == 1 else None
+    except Exception:
+        return None
+
+
+def fail(problems: list[str], exp: Expectation, found: str, run_dir: str | None, rank: int) -> None:
+    """Print what was expected and what was found, and exit with code 3 at once."""
+    lines = [f"[rank {rank}] SELF-CHECK FAILED (exit {EXIT_SELFCHECK}): expected {exp.describe()} (from {exp.source})"]
+    if found:
+        lines.append(f"[rank {rank}]   found: {found}")
+    lines += [f"[rank {rank}]   - {p}" for p in problems]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    if run_dir and rank == 0:
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / "exit_status.json").write_text(
+                json.dumps({"code": EXIT_SELFCHECK, "reason": "selfcheck", "problems": problems, "time": time.time()})
+            )
+        except OSError:
+            pass
+    sys.stdout.flush()
+    os._exit(EXIT_SELFCHECK)
