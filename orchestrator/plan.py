@@ -110,14 +110,23 @@ def merge_options(
     def pick(cli: Any, default: Any) -> Any:
         return default if cli is None else cli
 
+    chosen = pick(strategy, d.strategy)
+    # The profile's FSDP-only defaults (wrap_cls, offload, ...) apply to FSDP strategies only:
+    # `--strategy ddp` on a profile with `defaults.wrap_cls` must not be refused for a flag
+    # nobody typed. Given on the command line, they are still checked (and refused for ddp).
+    fsdp = chosen in STRATEGIES and STRATEGIES[chosen].uses_fsdp
+
+    def pick_fsdp(cli: Any, default: Any, off: Any) -> Any:
+        return cli if cli is not None else default if fsdp else off
+
     return TrainingOptions(
-        strategy=pick(strategy, d.strategy),
+        strategy=chosen,
         fsdp_version=pick(fsdp_version, d.fsdp_version),
         mixed_precision=pick(mixed_precision, d.mixed_precision),
-        offload=pick(offload, d.offload),
-        wrap_cls=pick(wrap_cls, d.wrap_cls),
+        offload=pick_fsdp(offload, d.offload, False),
+        wrap_cls=pick_fsdp(wrap_cls, d.wrap_cls, None),
         state_dict=pick(state_dict, d.state_dict),
-        activation_checkpointing=pick(activation_checkpointing, d.activation_checkpointing),
+        activation_checkpointing=pick_fsdp(activation_checkpointing, d.activation_checkpointing, False),
     )
 
 
