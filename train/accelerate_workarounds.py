@@ -57,6 +57,16 @@ class Pending:
 # The workarounds
 
 
+def _set_state(accelerator, name: str, value) -> None:
+    """Set a field of Accelerate's process state so that it sticks: ``AcceleratorState()`` is rebuilt all
+    over Accelerate and each time copies PartialState's fields over its own, so set both."""
+    from accelerate.state import PartialState
+
+    setattr(accelerator.state, name, value)
+    if name in PartialState._shared_state:
+        PartialState._shared_state[name] = value
+
+
 def defer_parallelism_config_on_cpu(pending: Pending) -> None:
     """Accelerate validates ``ParallelismConfig`` inside ``Accelerator()``, before FSDP can be enabled
     on CPU (see ``enable_fsdp_on_cpu``): with distributed type MULTI_CPU it raises "ParallelismConfig is
@@ -87,7 +97,7 @@ def enable_fsdp_on_cpu(accelerator, pending: Pending) -> None:
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
     state.fsdp_plugin = plugin
-    state.distributed_type = DistributedType.FSDP
+    _set_state(accelerator, "distributed_type", DistributedType.FSDP)
     pending.applied.append("fsdp_on_cpu")
 
 
@@ -97,7 +107,7 @@ def use_cpu_device_without_index(accelerator, pending: Pending) -> None:
     if disabled("cpu_device_index"):
         return
     if accelerator.device.type == "cpu" and accelerator.device.index is not None:
-        accelerator.state.device = torch.device("cpu")
+        _set_state(accelerator, "device", torch.device("cpu"))
         pending.applied.append("cpu_device_index")
 
 

@@ -345,18 +345,15 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
 
 
 def _fsdp2_reshard_after_forward(model) -> bool | None:
-    """Whether the FSDP2 units below the root free parameters after forward; None when there are no such
-    units (the root's own setting is overridden by torch) or the private API moved."""
+    """The root unit's configured reshard_after_forward, read before the first forward (torch then forces
+    the root's to False, and Accelerate gives the final norm/head unit False on purpose); None when that
+    can no longer be told or the private API moved."""
     try:
-        from torch.distributed.fsdp import FSDPModule
-
-        values = set()
-        for module in model.modules():
-            if isinstance(module, FSDPModule) and module is not model:
-                group = module._get_fsdp_state()._fsdp_param_group
-                if group is not None:
-                    values.add(group.post_forward_mesh_info is not None)
-        return values.pop() if len(values) == 1 else None
+        state = model._get_fsdp_state()
+        group = state._fsdp_param_group
+        if group is None or getattr(state, "_is_root", None) is not None:
+            return None
+        return group.post_forward_mesh_info is not None
     except Exception:
         return None
 

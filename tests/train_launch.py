@@ -1,0 +1,249 @@
+"""Test helper: launch N simulated nodes x K processes of train/train.py on this machine.
+
+Each node is one ``accelerate launch --config_file <cfg>`` where cfg is what the
+orchestrator renders for that node (``orchestrator.render.render_accelerate_config``
+on a plan from ``orchestrator.plan.build_plan`` with the ``local`` profile), with
+the environment the orchestrator's launcher sets (``ACCELERATE_USE_CPU=1``,
+``OMP_NUM_THREADS=1``, ``ORCHESTRATOR_*`` expectations). Every launch is bounded
+by a timeout, and teardown kills the whole psutil process tree of every launcher
+(torchrun puts workers in their own sessions, so a process group is not enough).
+
+Usable by hand too::
+
+    python tests/train_launch.py --strategy full_shard --fsdp-version 2 --nodes 1 --procs 2 -- --max-steps 20
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+SCRIPT = "train/train.py"
+
+#: Fast, deterministic defaults for tests: tiny model, synthetic data, small batches.
+TINY_ARGS = [
+    "--preset", "tiny", "--data", "synthetic", "--seed", "0", "--batch-size", "8", "--seq-len", "32",
+    "--lr", "3e-3", "--warmup-steps", "5", "--log-every", "5", "--eval-every", "0",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def render_configs(strategy: str, fsdp_version: int, nodes: int, procs: int, port: int, folder: Path) -> list[Path]:
+    from orchestrator.plan import build_plan, merge_options
+    from orchestrator.profiles import load_profile
+    from orchestrator.render import NodeRuntime, render_accelerate_config
+
+    name, _, profile = load_profile("local")
+    options = merge_options(profile, strategy=strategy, fsdp_version=fsdp_version)
+    plan = build_plan(name, profile, options, script=SCRIPT, nodes=nodes, procs_per_node=procs)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rank in range(nodes):
+        text = render_accelerate_config(plan, NodeRuntime(machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port))
+        path = folder / f"accelerate_node{rank}.yaml"
+        path.write_text(text)
+        paths.append(path)
+    return paths
+
+
+def launch_env(strategy: str, fsdp_version: int, nodes: int, procs: int, run_dir: Path, extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATOR_", "ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))}
+    env.update(
+        {
+            "ACCELERATE_USE_CPU": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+            "ORCHESTRATOR_RUN_DIR": str(run_dir),
+            "ORCHESTRATOR_EXPECTED_WORLD_SIZE": str(nodes * procs),
+            "ORCHESTRATOR_EXPECTED_NUM_NODES": str(nodes),
+            "ORCHESTRATOR_PROCS_PER_NODE": str(procs),
+            "ORCHESTRATOR_STRATEGY": strategy,
+            "ORCHESTRATOR_FSDP_VERSION": str(fsdp_version),
+            "TORCH_CPP_LOG_LEVEL": "ERROR",
+        }
+    )
+    env.update(extra or {})
+    return {k: v for k, v in env.items() if v is not None}
+
+
+@dataclass
+class Launch:
+    """N running ``accelerate launch`` processes (one per simulated node)."""
+
+    run_dir: Path
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+    deadline: float
+    returncodes: list[int | None] = field(default_factory=list)
+
+    def tree(self) -> list[psutil.Process]:
+        """Every process of every launcher, launchers first."""
+        found = []
+        for p in self.procs:
+            try:
+                root = psutil.Process(p.pid)
+                found.append(root)
+                found.extend(root.children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    def workers(self) -> list[psutil.Process]:
+        """The training processes (python running train/train.py), not the launchers."""
+        out = []
+        for proc in self.tree():
+            try:
+                cmd = proc.cmdline()
+            except psutil.Error:
+                continue
+            if any(c.endswith(SCRIPT) for c in cmd) and not any("accelerate" in c for c in cmd[:3]):
+                out.append(proc)
+        return out
+
+    def wait(self, timeout: float | None = None) -> list[int]:
+        end = self.deadline if timeout is None else min(self.deadline, time.monotonic() + timeout)
+        codes = []
+        for p in self.procs:
+            remaining = max(0.1, end - time.monotonic())
+            try:
+                codes.append(p.wait(timeout=remaining))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise TimeoutError(f"training did not finish in time; output:\n{self.output()}") from None
+        self.returncodes = codes
+        return codes
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process tree (workers live in their own sessions)."""
+        procs = self.tree()
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+        if sig == signal.SIGKILL:
+            psutil.wait_procs(procs, timeout=10)
+            for p in self.procs:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def output(self) -> str:
+        return "\n".join(f"--- node {i} ---\n{log.read_text(errors='replace')}" for i, log in enumerate(self.logs) if log.exists())
+
+    def poll_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll ``condition`` until true; fail if the time runs out or every launcher has exited."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if condition():
+                return
+            if all(p.poll() is not None for p in self.procs):
+                if condition():
+                    return
+                raise AssertionError(f"training exited before {what}; output:\n{self.output()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"timed out waiting for {what}; output:\n{self.output()}")
+
+
+def start(
+    run_dir: Path,
+    strategy: str,
+    fsdp_version: int = 2,
+    nodes: int = 1,
+    procs: int = 2,
+    args: list[str] | None = None,
+    timeout: float = 180,
+    env: dict | None = None,
+    config_paths: list[Path] | None = None,
+) -> Launch:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    launch_dir = run_dir / "launch"
+    launch_dir.mkdir(exist_ok=True)
+    if config_paths is None:
+        config_paths = render_configs(strategy, fsdp_version, nodes, procs, free_port(), launch_dir)
+    full_env = launch_env(strategy, fsdp_version, nodes, procs, run_dir, env)
+    procs_started, logs = [], []
+    attempt = len(list(launch_dir.glob("node0-*.log")))
+    for rank, config in enumerate(config_paths):
+        log = launch_dir / f"node{rank}-{attempt}.log"
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), SCRIPT, *TINY_ARGS, *(args or [])]
+        with open(log, "wb") as out:
+            procs_started.append(
+                subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            )
+        logs.append(log)
+    return Launch(run_dir, procs_started, logs, time.monotonic() + timeout)
+
+
+def run(run_dir: Path, strategy: str, fsdp_version: int = 2, nodes: int = 1, procs: int = 2, args=None, timeout=180, env=None) -> Launch:
+    """Start and wait; the Launch has ``returncodes``; the tree is killed on any failure to finish."""
+    launch = start(run_dir, strategy, fsdp_version, nodes, procs, args, timeout, env)
+    try:
+        launch.wait()
+    finally:
+        launch.kill()
+    return launch
+
+
+# ---------------------------------------------------------------------------
+# Reading results
+
+
+def read_metrics(run_dir: Path, event: str = "train") -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip()) if r["event"] == event]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss; a later line for the same step (after a resume) wins."""
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--fsdp-version", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("train_args", nargs="*")
+    a = p.parse_args(argv)
+    run_dir = Path(a.run_dir or f"/tmp/train-launch-{a.strategy}-{int(time.time())}")
+    launch = run(run_dir, a.strategy, a.fsdp_version, a.nodes, a.procs, a.train_args, a.timeout)
+    print(launch.output())
+    print("returncodes:", launch.returncodes, "run dir:", run_dir)
+    return max(launch.returncodes)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

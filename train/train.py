@@ -1,0 +1,391 @@
+"""Reference training program: a byte-level GPT under Accelerate, every strategy, CPU or GPU.
+
+Run through ``accelerate launch --config_file <rendered config> train/train.py ...``
+(the orchestrator renders the config and sets the environment). See
+``python train/train.py --help``.
+
+Environment contract:
+
+* in: ``ORCHESTRATOR_RUN_DIR`` (default run dir), ``ORCHESTRATOR_EXPECTED_WORLD_SIZE``,
+  ``ORCHESTRATOR_EXPECTED_NUM_NODES``, ``ORCHESTRATOR_PROCS_PER_NODE``,
+  ``ORCHESTRATOR_STRATEGY``, ``ORCHESTRATOR_FSDP_VERSION`` (self-check expectations),
+  ``ACCELERATE_USE_CPU=1`` on CPU machines; ``ORCHESTRATOR_DISABLE_WORKAROUNDS`` (tests only).
+* exit codes (of every training process): 0 done (max steps or time budget), 3 self-check
+  failed, 4 a restored checkpoint does not match its checksums, 75 (EX_TEMPFAIL) stopped on
+  SIGUSR2/SIGTERM after saving a checkpoint: requeue me. ``accelerate launch`` (torchrun)
+  turns any non-zero worker exit into its own exit 1, so rank 0 also writes
+  ``<run_dir>/exit_status.json`` ``{"code", "reason", "step", "time"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from datetime import datetime
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script (accelerate launch train/train.py): make `import train.x` work.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.distributed as dist
+
+from train import accelerate_workarounds, checkpointing, selfcheck
+from train.checksum import checksums
+from train.data import Batcher, make_source
+from train.metrics import Metrics
+from train.model import build_model, count_params
+
+EXIT_OK = 0
+EXIT_SELFCHECK = selfcheck.EXIT_SELFCHECK
+EXIT_BAD_RESTORE = 4
+EXIT_REQUEUE = 75
+
+_STOP_SIGNAL = {"signum": 0}
+
+
+def _on_signal(signum, _frame) -> None:
+    # Only set a flag: the step loop agrees on stopping, then checkpoints. Never save here.
+    _STOP_SIGNAL["signum"] = signum
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", choices=["tiny", "small", "base", "1b"], default="tiny")
+    p.add_argument("--data", choices=["text", "synthetic"], default="text")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16, help="per process, per micro-step")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping max norm (0: off)")
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--max-steps", type=int, default=200)
+    p.add_argument("--time-budget", type=float, default=0.0, help="seconds; stop (and checkpoint) before it runs out; 0: none")
+    p.add_argument("--eval-every", type=int, default=0, help="steps; 0: only at the end")
+    p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--ckpt-every", type=int, default=0, help="steps; 0: only at the end")
+    p.add_argument("--keep-last", type=int, default=2)
+    p.add_argument("--async-ckpt", action="store_true")
+    p.add_argument("--run-dir", default=None, help="default: $ORCHESTRATOR_RUN_DIR or ./runs/<timestamp>")
+    p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint in the run dir) | never | PATH")
+    p.add_argument("--log-every", type=int, default=10)
+    args = p.parse_args(argv)
+    for name in ("batch_size", "seq_len", "grad_accum", "max_steps", "keep_last", "log_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: expected >= 1")
+    return args
+
+
+def lr_lambda(warmup: int, max_steps: int):
+    """Linear warm-up to 1, then cosine down to 0.1 at max_steps (multiplier of --lr)."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def strategy_from_state(accelerator) -> tuple[str, int | None]:
+    """The strategy as actually running (for metrics and markers)."""
+    env_strategy = os.environ.get("ORCHESTRATOR_STRATEGY")
+    if accelerator.distributed_type.value != "FSDP":
+        return ("ddp" if accelerator.num_processes > 1 else "single"), None
+    version = accelerator.state.fsdp_plugin.fsdp_version
+    if env_strategy:
+        return env_strategy, version
+    guessed, _ = selfcheck._strategy_from_accelerate_env(dict(os.environ))
+    return guessed or "fsdp", version
+
+
+def resolve_run_dir(args, accelerator) -> Path:
+    chosen = args.run_dir or os.environ.get("ORCHESTRATOR_RUN_DIR")
+    if not chosen:
+        chosen = str(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    value = [chosen]
+    if accelerator.num_processes > 1:
+        dist.broadcast_object_list(value, src=0)  # one run dir even if the clocks ticked apart
+    return Path(value[0]).resolve()
+
+
+def agree(accelerator, local: list[float]) -> list[float]:
+    """Element-wise MAX over ranks (one small all_reduce)."""
+    t = torch.tensor(local, dtype=torch.float64)
+    if accelerator.num_processes > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def mean_over_ranks(accelerator, value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    if accelerator.num_processes > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= accelerator.num_processes
+    return float(t[0])
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def evaluate(accelerator, model, batcher: Batcher, n_batches: int) -> float:
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for i in range(n_batches):
+            x, y = batcher.val_batch(i)
+            with accelerator.autocast():
+                total += float(model(x.to(accelerator.device), y.to(accelerator.device)))
+    model.train()
+    return mean_over_ranks(accelerator, total / n_batches)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    signal.signal(signal.SIGUSR2, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    warnings.filterwarnings("ignore", message=".*FSDP.state_dict_type.*")
+    warnings.filterwarnings("ignore", message=".*sharding_strategy is deprecated.*")
+
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    expectation = selfcheck.expectations_from_env()
+    pending = accelerate_workarounds.before_accelerator()
+    accelerator = Accelerator(
+        log_with="tensorboard",
+        project_config=ProjectConfiguration(project_dir=".", automatic_checkpoint_naming=False),
+    )
+    accelerate_workarounds.after_accelerator(accelerator, pending)
+    rank = accelerator.process_index
+    world = accelerator.num_processes
+
+    # Self-check, phase 1: before anything is built.
+    problems = selfcheck.check_launch(accelerator, expectation)
+    run_dir_hint = args.run_dir or os.environ.get("ORCHESTRATOR_RUN_DIR")
+    if problems:
+        selfcheck.fail(problems, expectation, f"world size {world}, distributed type {accelerator.distributed_type.value}", run_dir_hint, rank)
+
+    run_dir = resolve_run_dir(args, accelerator)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    accelerator.project_configuration.project_dir = str(run_dir)
+    accelerator.project_configuration.logging_dir = str(run_dir / "tensorboard")
+
+    strategy, fsdp_version = strategy_from_state(accelerator)
+
+    # Model, optimizer, schedule.
+    model = build_model(args.preset, args.seq_len, seed=args.seed)
+    num_params = count_params(model)
+    if args.seq_len > model.cfg.max_seq_len:
+        raise SystemExit(f"--seq-len {args.seq_len} exceeds the preset's context {model.cfg.max_seq_len}")
+    model = accelerate_workarounds.wrap_model(accelerator, model, pending)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # Not prepared: a prepared scheduler steps once per process; the step count is ours to keep.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lr_lambda(args.warmup_steps, args.max_steps))
+    train_state = checkpointing.TrainState(
+        world_size=world, strategy=strategy, fsdp_version=fsdp_version, seed=args.seed, data=args.data, preset=args.preset
+    )
+    accelerator.register_for_checkpointing(scheduler)
+    accelerator.register_for_checkpointing(train_state)
+
+    # Self-check, phase 2: the wrapping really happened, with the expected groups.
+    problems, found = selfcheck.check_model(accelerator, model, expectation, num_params)
+    if problems:
+        selfcheck.fail(problems, expectation, found, str(run_dir), rank)
+    if accelerator.is_main_process:
+        applied = ", ".join(pending.applied) or "none"
+        print(
+            f"self-check ok: {expectation.describe()} ({found}); workarounds applied: {applied}; "
+            f"{num_params / 1e6:.2f}M parameters; run dir {run_dir}",
+            flush=True,
+        )
+
+    source = make_source(args.data)
+    batcher = Batcher(source, args.seed, args.seq_len, args.batch_size, world, rank, args.grad_accum)
+    metrics = Metrics(accelerator, run_dir, args.max_steps, world, strategy, args.log_every)
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train", config={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))})
+
+    # Resume.
+    def warn(line: str) -> None:
+        if accelerator.is_main_process:
+            print(line, file=sys.stderr, flush=True)
+
+    choice: list = [None]
+    if accelerator.is_main_process and args.resume != "never":
+        if args.resume == "auto":
+            found_ckpt = checkpointing.find_resumable(run_dir, warn)
+        else:
+            folder = Path(args.resume)
+            marker, why = checkpointing.validate(folder)
+            if marker is None:
+                print(f"--resume {folder}: not a complete checkpoint: {why}", file=sys.stderr, flush=True)
+                found_ckpt = ("invalid", why)
+            else:
+                found_ckpt = (folder, marker)
+        choice = [(str(found_ckpt[0]), found_ckpt[1]) if found_ckpt else None]
+    if world > 1:
+        dist.broadcast_object_list(choice, src=0)
+    last_saved_step = -1
+    if choice[0] is not None and choice[0][0] == "invalid":
+        return 2
+    if choice[0] is not None:
+        folder, marker = Path(choice[0][0]), choice[0][1]
+        t0 = time.monotonic()
+        notes = checkpointing.load(accelerator, folder, marker, optimizer, {"strategy": strategy, "world_size": world})
+        load_s = time.monotonic() - t0
+        sums = checksums(model, optimizer, num_params)
+        for note in notes:
+            warn(f"warning: {note}")
+        bad = [
+            f"{k}: checkpoint says {marker.get(k)!r}, restored {sums[k]!r}"
+            for k in ("param_checksum", "optim_checksum")
+            if marker.get(k) is not None and sums[k] is not None and not math.isclose(marker[k], sums[k], rel_tol=1e-12, abs_tol=1e-12)
+        ]
+        if accelerator.is_main_process:
+            write_json(
+                run_dir / "loaded.json",
+                {"step": train_state.step, "checkpoint": str(folder), "world_size": world, "load_s": load_s, **sums},
+            )
+            metrics.resume(train_state.step, str(folder))
+            print(f"resumed from {folder} at step {train_state.step} in {load_s:.2f}s", flush=True)
+        if bad:
+            warn("error: the restored state does not match the checkpoint: " + "; ".join(bad))
+            if accelerator.is_main_process:
+                write_json(run_dir / "exit_status.json", {"code": EXIT_BAD_RESTORE, "reason": "restore mismatch", "problems": bad, "time": time.time()})
+            return EXIT_BAD_RESTORE
+        last_saved_step = train_state.step
+        train_state.world_size = world
+        train_state.strategy = strategy
+        train_state.fsdp_version = fsdp_version
+
+    async_ckpt = checkpointing.AsyncCheckpointer(accelerator, run_dir, args.keep_last) if args.async_ckpt else None
+
+    def save_checkpoint(step: int) -> float:
+        """All ranks; returns seconds spent blocking training."""
+        nonlocal last_saved_step
+        t0 = time.monotonic()
+        sums = checksums(model, optimizer, num_params)
+        marker = {"world_size": world, "strategy": strategy, "fsdp_version": fsdp_version, "samples_seen": train_state.samples_seen, **sums}
+        if async_ckpt is not None:
+            async_ckpt.start(model, optimizer, step, marker)
+        else:
+            result = checkpointing.save(accelerator, run_dir, step, marker, args.keep_last)
+            if accelerator.is_main_process:
+                metrics.say(f"checkpoint step {step} saved in {result.seconds:.2f}s: {result.path}")
+        last_saved_step = step
+        return time.monotonic() - t0
+
+    def report_async(result) -> None:
+        if result is not None:
+            metrics.say(f"checkpoint step {result.step} complete (async, {result.seconds:.2f}s): {result.path}")
+
+    # Train.
+    model.train()
+    tokens_per_step = batcher.global_batch * args.seq_len
+    step_times: list[float] = []
+    stop_reason = None
+    loss_value = train_state.last_loss
+    first_step = train_state.step + 1
+    while True:
+        if async_ckpt is not None:
+            report_async(async_ckpt.poll())
+        # Step boundary: every rank agrees whether to stop (signal on any rank, or time budget).
+        elapsed = time.monotonic() - t_start
+        typical = sorted(step_times)[len(step_times) // 2] if step_times else 0.0
+        out_of_time = bool(args.time_budget) and elapsed + 2 * typical + 1.0 > args.time_budget
+        signalled, timed_out = agree(accelerator, [float(_STOP_SIGNAL["signum"] != 0), float(out_of_time)])
+        if signalled:
+            stop_reason = "signal"
+            break
+        if train_state.step >= args.max_steps:
+            stop_reason = "max_steps"
+            break
+        if timed_out:
+            stop_reason = "time_budget"
+            break
+
+        step = train_state.step + 1
+        t0 = time.monotonic()
+        loss_sum = 0.0
+        for micro in range(args.grad_accum):
+            x, y = batcher.train_batch(train_state.samples_seen, micro)
+            x, y = x.to(accelerator.device), y.to(accelerator.device)
+            sync = micro == args.grad_accum - 1
+            with nullcontext() if sync else accelerator.no_sync(model):
+                with accelerator.autocast():
+                    loss = model(x, y)
+                accelerator.backward(loss / args.grad_accum)
+            loss_sum += float(loss.detach())
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else float("inf"))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        train_state.step = step
+        train_state.samples_seen += batcher.global_batch
+        loss_value = mean_over_ranks(accelerator, loss_sum / args.grad_accum)
+        train_state.last_loss = loss_value
+        step_time = time.monotonic() - t0
+        step_times.append(step_time)
+        metrics.train(step, loss_value, lr, float(grad_norm), tokens_per_step, step_time)
+
+        if args.eval_every and step % args.eval_every == 0:
+            metrics.eval(step, evaluate(accelerator, model, batcher, args.eval_batches))
+        if args.ckpt_every and step % args.ckpt_every == 0:
+            save_checkpoint(step)
+
+    step = train_state.step
+    if stop_reason == "signal":
+        if last_saved_step != step:
+            save_checkpoint(step)
+        if async_ckpt is not None:
+            report_async(async_ckpt.wait())
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            print(f"requeue: checkpoint step {step} saved", flush=True)
+            write_json(run_dir / "exit_status.json", {"code": EXIT_REQUEUE, "reason": "signal", "step": step, "time": time.time()})
+        metrics.close()
+        accelerate_workarounds.finish(accelerator)
+        return EXIT_REQUEUE
+
+    # Normal end (max steps or time budget): evaluate, checkpoint, final checksums.
+    if step >= first_step or not args.eval_every:
+        metrics.eval(step, evaluate(accelerator, model, batcher, args.eval_batches))
+    if last_saved_step != step:
+        save_checkpoint(step)
+    if async_ckpt is not None:
+        report_async(async_ckpt.wait())
+    sums = checksums(model, optimizer, num_params)
+    if accelerator.is_main_process:
+        write_json(
+            run_dir / "final.json",
+            {"step": step, "loss": loss_value, "world_size": world, "strategy": strategy, "stop_reason": stop_reason, **sums},
+        )
+        write_json(run_dir / "exit_status.json", {"code": EXIT_OK, "reason": stop_reason, "step": step, "time": time.time()})
+        metrics.say(f"done: step {step}, loss {loss_value}, {stop_reason}")
+    metrics.close()
+    accelerate_workarounds.finish(accelerator)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
