@@ -413,6 +413,10 @@ def load_profile(
 ) -> tuple[str, Path, ClusterProfile]:
     """Find a profile by name (or path) and validate it: returns (name, file, profile)."""
     path = resolve_profile_path(name_or_path, profiles_dir)
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in path.stem):
+        # The name lands on comment lines of the sbatch script and the Accelerate config:
+        # a newline there would turn the rest of the file name into shell code.
+        raise UserError(f"{display_path(path)!r}: profile file name: expected a name without control characters")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
