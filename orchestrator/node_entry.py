@@ -46,7 +46,7 @@ class NodeContext:
     scheduler: str
 
 
-def read_node_context(plan: LaunchPlan, job_key: str) -> NodeContext:
+def read_node_context(plan: LaunchPlan, job_key: str, attempt_base: int = 0) -> NodeContext:
     """Node rank and host list from submitit's JobEnvironment (Slurm or local alike)."""
     import submitit
 
@@ -54,11 +54,11 @@ def read_node_context(plan: LaunchPlan, job_key: str) -> NodeContext:
     if plan.profile.scheduler == "slurm":
         hostnames = list(env.hostnames)
         job_id = os.environ.get("SLURM_JOB_ID", str(env.job_id))
-        attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        attempt = attempt_base + int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     else:
         hostnames = ["127.0.0.1"] * env.num_tasks
         job_id = job_key
-        attempt = int(os.environ.get("ORCHESTRATOR_ATTEMPT", "0"))
+        attempt = attempt_base
     return NodeContext(
         node_rank=env.global_rank,
         num_nodes=env.num_tasks,
@@ -178,23 +178,24 @@ class SignalRelay:
         )
 
 
-def requeue_requested(run_dir: Path, attempt: int) -> bool:
-    """Did training checkpoint on request in this attempt? (written by rank 0 before exit 75).
+def requeue_requested(run_dir: Path, launched_at: float) -> bool:
+    """Did training checkpoint on request during this launch? (rank 0 writes
+    ``exit_status.json`` with code 75 before exiting).
 
     The exit code itself does not survive torchrun (a failed worker makes it exit 1),
-    so training leaves this marker in the shared run directory.
+    so training leaves this record in the shared run directory; one older than this
+    launch belongs to an earlier attempt.
     """
-    marker = run_dir / "requeue_request.json"
     try:
-        data = json.loads(marker.read_text())
+        data = json.loads((run_dir / "exit_status.json").read_text())
     except (OSError, ValueError):
         return False
-    return int(data.get("attempt", -1)) == attempt
+    return data.get("code") == EXIT_REQUEUE and float(data.get("time", 0)) >= launched_at
 
 
-def run_node(plan: LaunchPlan, run_dir: Path, job_key: str) -> int:
+def run_node(plan: LaunchPlan, run_dir: Path, job_key: str, attempt_base: int = 0) -> int:
     """Render this node's config, launch training, relay signals; return the exit code."""
-    ctx = read_node_context(plan, job_key)
+    ctx = read_node_context(plan, job_key, attempt_base)
     if ctx.num_nodes != plan.nodes:
         raise RunFailure(f"allocation has {ctx.num_nodes} task(s) but the plan asks for {plan.nodes} node(s)")
     attempt_dir = run_dir / "logs" / f"attempt_{ctx.attempt}"
@@ -221,6 +222,7 @@ def run_node(plan: LaunchPlan, run_dir: Path, job_key: str) -> int:
         print(f"[orchestrator node] exec: {' '.join(argv)}", file=log, flush=True)
         env = training_environment(plan, ctx, run_dir)
         started = time.monotonic()
+        launched_at = time.time()
         launcher = subprocess.Popen(
             argv, env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
@@ -233,7 +235,7 @@ def run_node(plan: LaunchPlan, run_dir: Path, job_key: str) -> int:
             relay.restore()
             _kill_tree(launcher.pid)
         elapsed = time.monotonic() - started
-        if code != 0 and requeue_requested(run_dir, ctx.attempt):
+        if code != 0 and requeue_requested(run_dir, launched_at):
             code = EXIT_REQUEUE
         print(
             f"[orchestrator node] host={host} node_rank={ctx.node_rank} exit={code} after {elapsed:.1f} s",
@@ -268,13 +270,15 @@ class NodeTask:
     plan_json: dict[str, Any]
     run_dir: str
     job_key: str = ""
+    attempt_base: int = 0
+    """Attempts already in the run directory (``resume`` continues the numbering)."""
 
     def __call__(self) -> int:
         plan = LaunchPlan.from_json(self.plan_json)
         run_dir = Path(self.run_dir)
-        code = run_node(plan, run_dir, self.job_key)
+        code = run_node(plan, run_dir, self.job_key, self.attempt_base)
         if plan.profile.scheduler == "local" and os.environ.get("SUBMITIT_LOCAL_GLOBALID", "0") == "0":
-            write_local_final_state(plan, run_dir)
+            write_local_final_state(plan, run_dir, self.attempt_base)
         if code == EXIT_REQUEUE:
             maybe_requeue(plan, run_dir)
         if code != 0:
@@ -287,10 +291,10 @@ class NodeTask:
 LOCAL_PEER_WAIT_S = 60.0
 
 
-def write_local_final_state(plan: LaunchPlan, run_dir: Path) -> None:
+def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> None:
     """Local jobs have no scheduler to remember their outcome: node 0 records it
     (``local_state.json``) once every simulated node has written its exit code."""
-    attempt_dir = run_dir / "logs" / f"attempt_{os.environ.get('ORCHESTRATOR_ATTEMPT', '0')}"
+    attempt_dir = run_dir / "logs" / f"attempt_{attempt}"
     deadline = time.monotonic() + LOCAL_PEER_WAIT_S
     codes: dict[int, int] = {}
     while time.monotonic() < deadline:

@@ -131,14 +131,36 @@ def _time_minutes(limit: str) -> int:
     return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
 
 
-def submit(plan: LaunchPlan, *, snapshot: bool = False, registry: Any = None) -> Submitted:
-    """Validate, create the run directory, submit through submitit, record the job."""
+def next_attempt(run_dir: Path) -> int:
+    """Attempts are numbered across every scheduler job that used this run directory."""
+    numbers = [int(p.name.split("_", 1)[1]) for p in (run_dir / "logs").glob("attempt_*") if p.name.split("_", 1)[1].isdigit()]
+    return max(numbers) + 1 if numbers else 0
+
+
+def submit(
+    plan: LaunchPlan,
+    *,
+    snapshot: bool = False,
+    registry: Any = None,
+    existing_run_dir: Path | None = None,
+    resumed_from: str | None = None,
+) -> Submitted:
+    """Validate, create the run directory, submit through submitit, record the job.
+
+    ``existing_run_dir`` (resume) reuses a run directory: checkpoints and metrics continue there,
+    attempt numbers go on from the last one.
+    """
     from orchestrator.node_entry import NodeTask
 
     check_script(plan)
     check_cluster(plan)
-    run_dir = new_run_dir(plan)
-    plan = snapshot_script(plan, run_dir) if snapshot else absolute_script(plan)
+    if existing_run_dir is None:
+        run_dir = new_run_dir(plan)
+        plan = snapshot_script(plan, run_dir) if snapshot else absolute_script(plan)
+    else:
+        run_dir = existing_run_dir
+        plan = absolute_script(plan)
+    attempt_base = next_attempt(run_dir)
     folder = run_dir / "submitit"
     job_key = registry.allocate_local_id() if (registry is not None and plan.profile.scheduler == "local") else ""
     job_json = {
@@ -149,8 +171,12 @@ def submit(plan: LaunchPlan, *, snapshot: bool = False, registry: Any = None) ->
         "submitted_at": time.time(),
         "command": ["accelerate", "launch", "--config_file", "<node config>", plan.script, *plan.script_args],
     }
-    (run_dir / "job.json").write_text(json.dumps(job_json, indent=2))
-    task = NodeTask(plan_json=plan.to_json(), run_dir=str(run_dir), job_key=job_key)
+    if existing_run_dir is None:
+        (run_dir / "job.json").write_text(json.dumps(job_json, indent=2))
+    else:
+        job_json["resumed_from"] = resumed_from
+        (run_dir / f"job.attempt_{attempt_base}.json").write_text(json.dumps(job_json, indent=2))
+    task = NodeTask(plan_json=plan.to_json(), run_dir=str(run_dir), job_key=job_key, attempt_base=attempt_base)
     minutes = max(1, _time_minutes(plan.time_limit))
     import submitit
 
@@ -170,6 +196,8 @@ def submit(plan: LaunchPlan, *, snapshot: bool = False, registry: Any = None) ->
         executor.update_parameters(tasks_per_node=plan.nodes, timeout_min=minutes, signal_delay_s=plan.profile.signal.seconds_before)
         job = executor.submit(task)
         job_id = job_key or f"local-{job.job_id}"
+        for stale in ("local_state.json", "cancel_requested.json"):
+            (run_dir / stale).unlink(missing_ok=True)  # a resumed local job starts a new outcome
         (run_dir / "local_pids.json").write_text(json.dumps({"controller": int(job.job_id)}))
     (run_dir / "job_id").write_text(job_id)
     if registry is not None:
@@ -185,5 +213,5 @@ def submit(plan: LaunchPlan, *, snapshot: bool = False, registry: Any = None) ->
             run_dir=run_dir,
             max_requeues=plan.max_requeues,
         )
-        registry.add_attempt(job_id, attempt=0, scheduler_job_id=str(job.job_id))
+        registry.add_attempt(job_id, attempt=attempt_base, scheduler_job_id=str(job.job_id), started_from_checkpoint=resumed_from)
     return Submitted(job_id=job_id, run_dir=run_dir, scheduler=plan.profile.scheduler, submitit_job=job)

@@ -1,0 +1,109 @@
+"""``orchestrator resume JOB``: a new attempt from the job's last complete checkpoint.
+
+The new attempt shares the run directory (checkpoints, metrics, logs continue)
+and may use another node count, strategy or profile, as long as the checkpoint
+can be resharded into it: DCP sharded checkpoints load at any world size and
+between FSDP1 and FSDP2, but a ddp checkpoint (a full model state dict) and an
+FSDP one (sharded folders) are not interchangeable.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from orchestrator.errors import UserError
+from orchestrator.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.profiles import load_profile
+from orchestrator.strategies import STRATEGIES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from orchestrator.commands.plan_args import positive_int
+
+    parser.add_argument("job_id", metavar="JOB")
+    parser.add_argument("--nodes", type=positive_int, default=None, help="default: as before")
+    parser.add_argument("--procs-per-node", type=positive_int, default=None, help="default: as before")
+    parser.add_argument("--strategy", choices=list(STRATEGIES), default=None, help="default: as before")
+    parser.add_argument("--profile", default=None, help="default: as before")
+    parser.add_argument("--profiles-dir", default=None)
+    parser.add_argument("--wait", action="store_true", help="follow the new attempt to its end")
+    parser.add_argument("--poll", type=float, default=2.0)
+
+
+def resume_plan(previous: LaunchPlan, args: argparse.Namespace) -> LaunchPlan:
+    if args.profile is not None:
+        profile_name, _, profile = load_profile(args.profile, args.profiles_dir)
+    else:
+        profile_name, profile = previous.profile_name, previous.profile
+    old = previous.options
+    options = merge_options(
+        profile,
+        strategy=args.strategy or old.strategy,
+        fsdp_version=old.fsdp_version,
+        mixed_precision=old.mixed_precision,
+        offload=old.offload,
+        wrap_cls=old.wrap_cls,
+        state_dict=old.state_dict,
+        activation_checkpointing=old.activation_checkpointing,
+    )
+    return build_plan(
+        profile_name,
+        profile,
+        options,
+        script=previous.script,
+        script_args=previous.script_args,
+        nodes=args.nodes or (previous.nodes if args.profile is None else None),
+        procs_per_node=args.procs_per_node or (previous.procs_per_node if args.profile is None else None),
+        job_name=previous.job_name,
+        time_limit=previous.time_limit if args.profile is None else None,
+        max_requeues=previous.max_requeues,
+    )
+
+
+def check_resharding(checkpoint_strategy: str | None, new_strategy: str, step: int) -> None:
+    if checkpoint_strategy is None or checkpoint_strategy not in STRATEGIES:
+        return
+    old_fsdp = STRATEGIES[checkpoint_strategy].uses_fsdp
+    new_fsdp = STRATEGIES[new_strategy].uses_fsdp
+    if old_fsdp != new_fsdp:
+        raise UserError(
+            f"--strategy {new_strategy}: the checkpoint at step {step} was written by {checkpoint_strategy} "
+            f"({'sharded DCP folders' if old_fsdp else 'a full model state dict'}), which "
+            f"{'an FSDP' if new_fsdp else 'ddp'} run cannot load; resume with an "
+            f"{'FSDP strategy' if old_fsdp else '--strategy ddp'}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.registry import Registry
+    from orchestrator.run_dir import last_complete_checkpoint, read_job_json
+    from orchestrator.submission import submit
+
+    registry = Registry.open()
+    job = registry.get(args.job_id)
+    run_dir = Path(job.run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"job {args.job_id}: run directory {run_dir} no longer exists")
+    data = read_job_json(run_dir)
+    if not data:
+        raise UserError(f"job {args.job_id}: {run_dir / 'job.json'} is missing or unreadable")
+    previous = LaunchPlan.from_json(data)
+    checkpoint = last_complete_checkpoint(run_dir)
+    if checkpoint is None:
+        raise UserError(f"job {args.job_id}: no complete checkpoint in {run_dir / 'checkpoints'}; nothing to resume from")
+    plan = resume_plan(previous, args)
+    check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
+    submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))
+    registry.add_attempt(args.job_id, scheduler_job_id=submitted.job_id, started_from_checkpoint=str(checkpoint.path))
+    print(f"resuming job {args.job_id} from step {checkpoint.step} ({checkpoint.path.name})")
+    print(f"submitted job {submitted.job_id}")
+    print(f"run directory {run_dir}")
+    if checkpoint.world_size and checkpoint.world_size != plan.world_size:
+        print(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
+    if not args.wait:
+        return 0
+    from orchestrator.progress import wait_for_job
+
+    state = wait_for_job(registry, submitted.job_id, poll_s=args.poll)
+    return 0 if state.is_success() else 1
