@@ -305,9 +305,7 @@ def test_hostile_run_dir_and_python_via_api(tmp_path: Path) -> None:
     sandbox_env(tmp_path)
     stub = tmp_path / "stub.sh"
     args_file = tmp_path / "srun_args"
-    stub.write_text(
-        f'srun() {{ printf "%s\\0" "$@" > {args_file}; printf "%s" "$ORCHESTRATOR_RUN_DIR" >> /dev/null; }}\n'
-    )
+    stub.write_text(f'srun() {{ printf "%s\\0" "$@" > {args_file}; }}\n')
     result = run_bash(script + dump_vars(["ORCHESTRATOR_RUN_DIR"]), tmp_path, BASH_ENV=str(stub))
     assert result.returncode == 0, result.stderr.decode()
     assert not marker.exists()
