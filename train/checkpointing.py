@@ -285,7 +285,7 @@ class AsyncCheckpointer:
             # DDP: every replica is identical; rank 0 writes Accelerate's model.safetensors + optimizer.bin.
             from accelerate.utils import save as acc_save
 
-            model_sd = {k: v.detach().clone() for k, v in acc.get_state_dict(model, unwrap=False).items()}
+            model_sd = {k: v.detach().clone() for k, v in acc.get_state_dict(model, unwrap=True).items()}
             optim_sd = copy.deepcopy(inner.state_dict())
 
             def write() -> None:

@@ -159,8 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     signal.signal(signal.SIGUSR2, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    warnings.filterwarnings("ignore", message=".*FSDP.state_dict_type.*")
-    warnings.filterwarnings("ignore", message=".*sharding_strategy is deprecated.*")
+    for message in (
+        ".*FSDP.state_dict_type.*",
+        ".*sharding_strategy is deprecated.*",
+        ".*Multiple backends are registered with this ProcessGroup.*",
+        ".*ShardedTensor.*",
+        ".*torch.distributed.checkpoint.*experimental.*",
+        ".*TypedStorage is deprecated.*",
+    ):
+        warnings.filterwarnings("ignore", message=message)
 
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
