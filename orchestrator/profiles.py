@@ -262,7 +262,10 @@ def _format_loc(loc: Iterable[Any]) -> str:
         if isinstance(item, int):
             parts.append(f"[{item}]")
         else:
-            parts.append(("." if parts else "") + str(item))
+            text = str(item)
+            if not re.fullmatch(r"[\w\-\[\]]+", text):
+                text = repr(text)  # a key with a newline, space or quote would break the one-line message
+            parts.append(("." if parts else "") + text)
     return "".join(parts) or "(top level)"
 
 
