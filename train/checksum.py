@@ -23,8 +23,15 @@ import torch
 MAX_PARAMS_FOR_CHECKSUM = 200_000_000
 
 
+_WEIGHTS = torch.empty(0, dtype=torch.float64)
+
+
 def _weights(n: int) -> torch.Tensor:
-    return 1.0 + (torch.arange(n, dtype=torch.float64) % 7) / 7.0
+    """1, 8/7, 9/7, ... 13/7, 1, ... : position weights (cached, sliced)."""
+    global _WEIGHTS
+    if _WEIGHTS.numel() < n:
+        _WEIGHTS = 1.0 + (torch.arange(max(n, 1 << 16), dtype=torch.float64) % 7) / 7.0
+    return _WEIGHTS[:n]
 
 
 def tensor_checksum(named: Mapping[str, torch.Tensor]) -> float:
@@ -36,7 +43,7 @@ def tensor_checksum(named: Mapping[str, torch.Tensor]) -> float:
         if hasattr(value, "full_tensor"):  # a DTensor that escaped gathering
             value = value.full_tensor()
         flat = value.detach().to("cpu", torch.float64).reshape(-1)
-        total += (flat * _weights(flat.numel())).sum()
+        total += torch.dot(flat, _weights(flat.numel()))
     return float(total)
 
 
@@ -83,3 +90,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def local_shard_checksum(model) -> float:
+    """Checksum of the parameter values this rank holds (its shard), no communication.
+
+    Ranks holding the same shard in different replicas (DDP: every rank; HSDP: the same position in
+    each node) must agree bit for bit after training, or gradients were not synchronised."""
+    named = {}
+    for name, p in model.named_parameters():
+        value = p.to_local() if hasattr(p, "to_local") else p
+        named[name] = value.detach()
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        for i, module in enumerate(FSDP.fsdp_modules(model)):
+            if module._handle is not None:
+                named[f"__flat_param_{i}"] = module._handle.flat_param.detach()
+    except ImportError:
+        pass
+    return tensor_checksum(named)

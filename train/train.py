@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from train import accelerate_workarounds, checkpointing, selfcheck
-from train.checksum import checksums
+from train.checksum import checksums, local_shard_checksum
 from train.data import Batcher, make_source
 from train.metrics import Metrics
 from train.model import build_model, count_params
@@ -382,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     if async_ckpt is not None:
         report_async(async_ckpt.wait())
     sums = checksums(model, optimizer, num_params)
+    replicas = run_dir / "replicas"
+    replicas.mkdir(exist_ok=True)
+    write_json(replicas / f"rank{rank}.json", {"rank": rank, "step": step, "local_param_checksum": local_shard_checksum(model)})
     if accelerator.is_main_process:
         write_json(
             run_dir / "final.json",
