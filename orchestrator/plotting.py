@@ -100,7 +100,13 @@ def plot_run(run_dir: Path | str, out_png: Path | str, job_id: str | None = None
             ax_loss.plot(series.train_steps, series.train_loss, label="train loss", color="tab:blue", lw=1.2)
         if series.val_steps:
             ax_loss.plot(
-                series.val_steps, series.val_loss, label="val loss", color="tab:orange", marker="o", ms=4, lw=1.5
+                series.val_steps,
+                series.val_loss,
+                label="val loss",
+                color="tab:orange",
+                marker="o",
+                ms=4,
+                lw=1.5,
             )
         ax_loss.set_ylabel("loss")
         ax_loss.grid(True, alpha=0.3)
@@ -115,7 +121,7 @@ def plot_run(run_dir: Path | str, out_png: Path | str, job_id: str | None = None
 
         for i, (step, ckpt) in enumerate(series.resumes):
             for ax in (ax_loss, ax_tps):
-                ax.axvline(step, color="tab:red", ls="--", lw=1, alpha=0.8, label="resume" if i == 0 else None)
+                ax.axvline(step, color="tab:red", ls="--", lw=1.2, label="resume" if i == 0 else None)
             label = f"resume @ {step}"
             if ckpt:
                 label += f"\n{Path(ckpt).name}"
@@ -131,7 +137,9 @@ def plot_run(run_dir: Path | str, out_png: Path | str, job_id: str | None = None
             )
         ax_loss.legend(loc="upper right")
         title_id = job_id or job.get("job_id") or run_dir.name
-        fig.suptitle(f"job {title_id} — strategy {strategy} — world size {world if world is not None else '?'}")
+        fig.suptitle(
+            f"job {title_id} — strategy {strategy} — world size {world if world is not None else '?'}"
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
     finally:

@@ -437,7 +437,9 @@ class Registry:
             raise UserError(f"unknown job id '{job_id}' (see `orchestrator list`)")
         return bool(changed)
 
-    def record_states(self, states: Mapping[str, JobState], source: str, at: float | None = None) -> list[str]:
+    def record_states(
+        self, states: Mapping[str, JobState], source: str, at: float | None = None
+    ) -> list[str]:
         """Batch form of :meth:`record_state` in one transaction (``status`` over 1,000 jobs).
 
         Unknown ids are ignored here; returns the ids whose state changed.
@@ -523,7 +525,9 @@ class Registry:
             raise UserError(f"attempt {attempt} of job {job_id!r} already recorded ({exc})") from None
         return Attempt(job_id, attempt, scheduler_job_id, started_from_checkpoint, now, None, None)
 
-    def end_attempt(self, job_id: str, attempt: int, end_state: JobState, ended_at: float | None = None) -> None:
+    def end_attempt(
+        self, job_id: str, attempt: int, end_state: JobState, ended_at: float | None = None
+    ) -> None:
         """Close an attempt with its final scheduler state."""
         now = time.time() if ended_at is None else ended_at
         with self._write() as conn:

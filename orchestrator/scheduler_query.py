@@ -135,10 +135,14 @@ def run_bounded(argv: Sequence[str], timeout_s: float) -> CommandResult:
                     stream.close()
             proc.wait(timeout=1.0)
             out, err = "", ""
-        return CommandResult(argv_t, proc.returncode, out or "", err or "", f"{name} timed out after {timeout_s:.1f}s")
+        return CommandResult(
+            argv_t, proc.returncode, out or "", err or "", f"{name} timed out after {timeout_s:.1f}s"
+        )
     if proc.returncode != 0:
         first = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()), "")
-        return CommandResult(argv_t, proc.returncode, out, err, f"{name} exited {proc.returncode}: {first}".rstrip(": "))
+        return CommandResult(
+            argv_t, proc.returncode, out, err, f"{name} exited {proc.returncode}: {first}".rstrip(": ")
+        )
     return CommandResult(argv_t, 0, out, err)
 
 
@@ -247,9 +251,7 @@ def query_states(
     remaining = deadline - time.monotonic()
     if missing and remaining > 0.05:
         calls["sacct"] += 1
-        res = run_bounded(
-            ["sacct", "-n", "-P", "-X", "-j", ",".join(missing), "-o", SACCT_FIELDS], remaining
-        )
+        res = run_bounded(["sacct", "-n", "-P", "-X", "-j", ",".join(missing), "-o", SACCT_FIELDS], remaining)
         if res.error is None:
             found = parse_sacct(res.stdout)
             states.update({j: s for j, s in found.items() if j in set(missing)})

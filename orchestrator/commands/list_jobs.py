@@ -63,8 +63,12 @@ def render_list_table(jobs: list[JobRecord]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state", metavar="S", help="only jobs whose last recorded state is S (e.g. RUNNING)")
-    parser.add_argument("--since", metavar="T", help="only jobs submitted since T (30m, 2h, 3d, 1w or ISO date)")
+    parser.add_argument(
+        "--state", metavar="S", help="only jobs whose last recorded state is S (e.g. RUNNING)"
+    )
+    parser.add_argument(
+        "--since", metavar="T", help="only jobs submitted since T (30m, 2h, 3d, 1w or ISO date)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -47,7 +47,9 @@ def make_follower(
     if attempt is not None and attempt < 0:
         raise UserError(f"--attempt {attempt}: attempts are numbered from 0")
     try:
-        return LogFollower(job.run_dir, attempt=attempt, node=node, rank=rank, procs_per_node=job.procs_per_node)
+        return LogFollower(
+            job.run_dir, attempt=attempt, node=node, rank=rank, procs_per_node=job.procs_per_node
+        )
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -109,10 +111,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     parser.add_argument("--node", type=int, metavar="N", help="only node N's log")
-    parser.add_argument("--rank", type=int, metavar="R", help="only lines of global rank R (on its node's log)")
+    parser.add_argument(
+        "--rank", type=int, metavar="R", help="only lines of global rank R (on its node's log)"
+    )
     parser.add_argument("--tail", type=int, metavar="K", help="last K lines of each log")
     parser.add_argument("--attempt", type=int, metavar="A", help="attempt A (default: newest)")
-    parser.add_argument("--interval", type=float, default=0.25, metavar="S", help="fastest poll interval with -f")
+    parser.add_argument(
+        "--interval", type=float, default=0.25, metavar="S", help="fastest poll interval with -f"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
         sources = follower.sources()
         if not sources:
             where = Path(job.run_dir) / "logs"
-            print(f"no logs yet for job {job.job_id} (looked in {where}; state {job.last_state})", file=sys.stderr)
+            print(
+                f"no logs yet for job {job.job_id} (looked in {where}; state {job.last_state})",
+                file=sys.stderr,
+            )
             return 0
         emit = _printer(sys.stdout, prefixed=len(sources) > 1)
         if args.tail is not None:

@@ -257,4 +257,3 @@ def run(args: argparse.Namespace) -> int:
             if not args.watch or all(r.state.is_terminal() for r in rows):
                 return 0
             time.sleep(args.interval)
-

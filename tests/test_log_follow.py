@@ -1,0 +1,225 @@
+"""Log following by offset: complete lines only, new attempts/files, tail, rank filter, ``logs`` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.job_states import JobState
+from orchestrator.log_follow import LogFollower, LogLine
+from orchestrator.registry import Registry
+from tests.conftest import run_cli
+
+
+def log_path(run_dir: Path, attempt: int, node: int) -> Path:
+    p = run_dir / "logs" / f"attempt_{attempt}" / f"node_{node}.log"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def texts(lines: list[LogLine]) -> list[str]:
+    return [ln.text for ln in lines]
+
+
+def test_only_complete_lines_and_never_twice(tmp_path: Path) -> None:
+    p = log_path(tmp_path, 0, 0)
+    append(p, "one\ntw")
+    f = LogFollower(tmp_path)
+    assert texts(f.poll()) == ["one"]
+    assert f.poll() == []
+    append(p, "o\nthree\n")
+    assert texts(f.poll()) == ["two", "three"]
+    assert f.poll() == []
+    append(p, "partial at end")
+    assert f.poll() == []
+    assert texts(f.poll(final=True)) == ["partial at end"]
+
+
+def test_new_files_and_new_attempts_are_picked_up(tmp_path: Path) -> None:
+    append(log_path(tmp_path, 0, 0), "a0n0\n")
+    f = LogFollower(tmp_path)  # newest attempt is 0
+    assert [(ln.attempt, ln.node, ln.text) for ln in f.poll()] == [(0, 0, "a0n0")]
+    append(log_path(tmp_path, 0, 1), "a0n1\n")  # node 1 started late
+    append(log_path(tmp_path, 1, 0), "a1n0\n")  # requeued
+    assert [(ln.attempt, ln.node, ln.text) for ln in f.poll()] == [(0, 1, "a0n1"), (1, 0, "a1n0")]
+
+
+def test_default_starts_at_newest_attempt(tmp_path: Path) -> None:
+    append(log_path(tmp_path, 0, 0), "old\n")
+    append(log_path(tmp_path, 10, 0), "ten\n")
+    append(log_path(tmp_path, 9, 0), "nine\n")
+    assert texts(LogFollower(tmp_path).poll()) == ["ten"]  # 10 > 9 numerically
+    assert texts(LogFollower(tmp_path, attempt=0).poll()) == ["old"]
+
+
+def test_node_and_rank_selection(tmp_path: Path) -> None:
+    for node in (0, 1):
+        append(
+            log_path(tmp_path, 0, node),
+            "".join(f"[default{r}]:n{node} r{r}\n" for r in (0, 1)) + f"launcher n{node}\n",
+        )
+    assert texts(LogFollower(tmp_path, node=1).poll()) == [
+        "[default0]:n1 r0",
+        "[default1]:n1 r1",
+        "launcher n1",
+    ]
+    # global rank 3 = node 1, local rank 1 with 2 processes per node
+    assert texts(LogFollower(tmp_path, rank=3, procs_per_node=2).poll()) == [
+        "[default1]:n1 r1",
+        "launcher n1",
+    ]
+    with pytest.raises(ValueError, match="rank 3 runs on node 1"):
+        LogFollower(tmp_path, rank=3, node=0, procs_per_node=2)
+
+
+def test_tail_then_follow_without_gaps_or_duplicates(tmp_path: Path) -> None:
+    p = log_path(tmp_path, 0, 0)
+    append(p, "".join(f"line {i}\n" for i in range(1000)) + "torn")
+    f = LogFollower(tmp_path)
+    assert texts(f.tail(3)) == ["line 997", "line 998", "line 999"]
+    append(p, " now whole\nnext\n")
+    assert texts(f.poll()) == ["torn now whole", "next"]
+    assert texts(LogFollower(tmp_path).tail(0)) == []
+
+
+def test_tail_reads_from_the_end(tmp_path: Path) -> None:
+    p = log_path(tmp_path, 0, 0)
+    with open(p, "wb") as fh:  # 40 MB of one endless line, then 5 normal lines
+        fh.write(b"z" * (40 << 20) + b"\n")
+        fh.write(b"".join(b"L%d\n" % i for i in range(5)))
+    f = LogFollower(tmp_path)
+    assert texts(f.tail(2)) == ["L3", "L4"]
+
+
+def test_truncated_file_starts_over(tmp_path: Path) -> None:
+    p = log_path(tmp_path, 0, 0)
+    append(p, "aaaa\nbbbb\n")
+    f = LogFollower(tmp_path)
+    assert len(f.poll()) == 2
+    p.write_text("new\n")
+    assert texts(f.poll()) == ["new"]
+
+
+def test_follow_until_done(tmp_path: Path) -> None:
+    p = log_path(tmp_path, 0, 0)
+    append(p, "start\n")
+    checks = {"n": 0}
+    slept: list[float] = []
+
+    def is_done() -> bool:
+        checks["n"] += 1
+        if checks["n"] == 1:
+            append(p, "middle\n")
+            return False
+        if checks["n"] == 2:
+            append(log_path(tmp_path, 1, 0), "after requeue\nlast words without newline")
+            return False
+        return True
+
+    f = LogFollower(tmp_path)
+    out = list(f.follow(is_done, interval=0.01, max_interval=0.05, done_check_s=0.0, sleep=slept.append))
+    assert texts(out) == ["start", "middle", "after requeue", "last words without newline"]
+    assert checks["n"] == 3
+    assert slept and max(slept) <= 0.05  # bounded poll interval
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lines=st.lists(st.text(alphabet="abcxyz é[]0123456789:", max_size=20), min_size=1, max_size=30),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=10),
+)
+def test_any_write_chunking_yields_each_line_once(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[str], cuts: list[int]
+) -> None:
+    run = tmp_path_factory.mktemp("run")
+    p = log_path(run, 0, 0)
+    data = "".join(ln + "\n" for ln in lines).encode()
+    bounds = sorted({0, len(data), *[c for c in cuts if c < len(data)]})
+    f = LogFollower(run)
+    got: list[str] = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        with open(p, "ab") as fh:
+            fh.write(data[a:b])
+        got += texts(f.poll())
+    got += texts(f.poll(final=True))
+    # splitting bytes mid-character only delays a line, never changes it
+    assert got == lines
+
+
+# ---------------------------------------------------------------- `orchestrator logs`
+def _job(orch_env: dict[str, str], run_dir: Path, job_id: str = "local-1", nodes: int = 2) -> None:
+    with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as reg:
+        reg.add_job(
+            job_id=job_id,
+            name="t",
+            profile="local",
+            scheduler="local",
+            strategy="ddp",
+            nodes=nodes,
+            procs_per_node=2,
+            command=["python"],
+            run_dir=run_dir,
+            state=JobState.RUNNING,
+        )
+
+
+def test_logs_cli(orch_env: dict[str, str], tmp_path: Path) -> None:
+    rd = tmp_path / "runs" / "local-1"
+    for node in (0, 1):
+        append(
+            log_path(rd, 0, node),
+            "".join(f"[default{r}]:n{node} step {i}\n" for i in range(3) for r in (0, 1)),
+        )
+    _job(orch_env, rd)
+    res = run_cli(["logs", "local-1", "--node", "1", "--tail", "2"], orch_env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["[default0]:n1 step 2", "[default1]:n1 step 2"]
+    res = run_cli(["logs", "local-1", "--rank", "2"], orch_env, timeout=60)
+    assert res.stdout.splitlines() == [f"[default0]:n1 step {i}" for i in range(3)]
+    res = run_cli(["logs", "local-1", "--tail", "1"], orch_env, timeout=60)
+    assert res.stdout.splitlines() == ["[a0 n0] [default1]:n0 step 2", "[a0 n1] [default1]:n1 step 2"]
+
+
+@pytest.mark.parametrize("args", [["--node", "2"], ["--rank", "4"], ["--attempt", "-1"], ["--tail", "-3"]])
+def test_logs_cli_bad_selection_exit_2(orch_env: dict[str, str], tmp_path: Path, args: list[str]) -> None:
+    _job(orch_env, tmp_path / "r")
+    res = run_cli(["logs", "local-1", *args], orch_env, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_logs_follow_stops_when_job_is_terminal(orch_env: dict[str, str], tmp_path: Path) -> None:
+    rd = tmp_path / "runs" / "local-1"
+    append(log_path(rd, 0, 0), "".join(f"l{i}\n" for i in range(20)) + "no newline at the end")
+    (rd / "local_state.json").write_text(json.dumps({"state": "COMPLETED", "exit_code": 0}))
+    _job(orch_env, rd, nodes=1)
+    res = run_cli(["logs", "local-1", "-f", "--tail", "3"], orch_env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["l17", "l18", "l19", "no newline at the end"]
+    with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as reg:
+        assert reg.get("local-1").last_state is JobState.COMPLETED
+
+
+def test_follow_job_until_done_returns_final_state(orch_env: dict[str, str], tmp_path: Path) -> None:
+    import io
+
+    from orchestrator.commands.logs import follow_job_until_done
+
+    rd = tmp_path / "runs" / "local-1"
+    append(log_path(rd, 0, 0), "hello\n")
+    (rd / "local_state.json").write_text(json.dumps({"state": "FAILED", "exit_code": 1}))
+    _job(orch_env, rd, nodes=1)
+    out = io.StringIO()
+    assert os.environ["ORCHESTRATOR_HOME"] == orch_env["ORCHESTRATOR_HOME"]
+    state = follow_job_until_done("local-1", out=out, tail=None, interval=0.01)
+    assert state is JobState.FAILED
+    assert out.getvalue() == "hello\n"

@@ -1,0 +1,410 @@
+"""Batched scheduler queries through real subprocesses; fallbacks; ``status`` and ``cancel`` commands.
+
+No mocks: scripts named squeue/sacct/scancel are put first on PATH. The counting wrappers exec the
+real Slurm client (Debian's slurm-client) when it exists; without a running controller it fails
+like it would on a broken cluster, which exercises the squeue -> sacct -> registry fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.job_states import JobState
+from orchestrator.registry import Registry, SchedulerKind
+from orchestrator.scheduler_query import parse_sacct, parse_squeue, query_states, refresh_states, run_bounded
+from tests.conftest import REPO, run_cli
+
+REAL_SQUEUE = shutil.which("squeue")
+REAL_SACCT = shutil.which("sacct")
+
+
+def script(bin_dir: Path, name: str, body: str) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def counting_wrappers(bin_dir: Path, counter: Path) -> None:
+    """squeue/sacct that log each call (with its argument count) then run the real binary."""
+    for name, real in (("squeue", REAL_SQUEUE), ("sacct", REAL_SACCT)):
+        tail = (
+            f'exec {real} "$@"\n'
+            if real
+            else f'echo "{name}: error: Unable to contact slurm controller" >&2\nexit 1\n'
+        )
+        script(bin_dir, name, f'echo "{name} $#" >> {counter}\n' + tail)
+
+
+@pytest.fixture
+def path_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
+
+
+def _add_jobs(
+    home: Path, ids: list[str], scheduler: SchedulerKind = "slurm", run_root: Path | None = None
+) -> None:
+    with Registry.open(home) as reg:
+        for i, job_id in enumerate(ids):
+            reg.add_job(
+                job_id=job_id,
+                name=f"job{i}",
+                profile="slurm_test",
+                scheduler=scheduler,
+                strategy="fsdp2",
+                nodes=2,
+                procs_per_node=2,
+                command=["python", "t.py"],
+                run_dir=(run_root or home / "runs") / job_id,
+                state=JobState.RUNNING,
+            )
+
+
+# ---------------------------------------------------------------- parsing
+def test_parse_squeue() -> None:
+    out = "101|RUNNING|None|n[1-2]|2025-01-01T10:00:00|1:02:03\n102|PENDING|Resources|||0:00\n\n103|COMPLETING|None|n1|x|5:00\n"
+    got = parse_squeue(out)
+    assert (
+        got["101"].state is JobState.RUNNING
+        and got["101"].node_list == "n[1-2]"
+        and got["101"].reason is None
+    )
+    assert (
+        got["102"].state is JobState.PENDING
+        and got["102"].reason == "Resources"
+        and got["102"].node_list is None
+    )
+    assert got["103"].state is JobState.RUNNING and got["103"].raw_state == "COMPLETING"
+    assert all(s.source == "squeue" and not s.stale for s in got.values())
+
+
+def test_parse_sacct() -> None:
+    out = (
+        "201|COMPLETED|0:0|None|n1|2025-01-01T10:00:00|2025-01-01T11:00:00|01:00:00\n"
+        "202|CANCELLED by 0|0:15|None|n[1-2]|s|e|00:00:05\n"
+        "203|OUT_OF_MEMORY|0:125|None|n2|s|e|00:01:00\n"
+        "203.batch|OUT_OF_MEMORY|0:125||n2|s|e|00:01:00\n"
+        "204|PENDING|0:0|BeginTime|None assigned|Unknown|Unknown|00:00:00\n"
+    )
+    got = parse_sacct(out)
+    assert set(got) == {"201", "202", "203", "204"}
+    assert (
+        got["201"].state is JobState.COMPLETED
+        and got["201"].exit_code == "0:0"
+        and got["201"].elapsed == "01:00:00"
+    )
+    assert got["202"].state is JobState.CANCELLED and got["202"].raw_state == "CANCELLED by 0"
+    assert got["203"].state is JobState.OUT_OF_MEMORY and got["203"].exit_code == "0:125"
+    assert got["204"].node_list is None and got["204"].start is None and got["204"].reason == "BeginTime"
+
+
+# ---------------------------------------------------------------- one batched query for 1,000 jobs
+def test_status_of_1000_jobs_makes_exactly_one_scheduler_query(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    home = Path(orch_env["ORCHESTRATOR_HOME"])
+    ids = [str(9_000_000 + i) for i in range(1000)]  # ids no real test cluster will have
+    _add_jobs(home, ids)
+    counter = tmp_path / "calls.log"
+    bin_dir = tmp_path / "bin"
+    counting_wrappers(bin_dir, counter)
+    env = dict(orch_env, PATH=f"{bin_dir}{os.pathsep}{orch_env['PATH']}")
+    t = time.monotonic()
+    res = run_cli(["status", "--json", "--timeout", "5"], env, timeout=60)
+    elapsed = time.monotonic() - t
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    calls = counter.read_text().splitlines()
+    assert [c.split()[0] for c in calls].count("squeue") == 1
+    assert [c.split()[0] for c in calls].count("sacct") <= 1
+    assert len(calls) <= 2
+    # the single squeue call carried all 1,000 ids: -h -j <ids> -o <fmt> = 5 arguments
+    assert calls[0] == "squeue 5"
+    assert len(data["jobs"]) == 1000 and data["scheduler_calls"]["squeue"] == 1
+    # nobody (no cluster, or a cluster without these ids) can answer: last known state, marked stale
+    assert data["stale"] is True and data["source"] == "registry"
+    assert {j["state"] for j in data["jobs"]} == {"RUNNING"} and all(j["stale"] for j in data["jobs"])
+    assert elapsed < 30
+
+
+# ---------------------------------------------------------------- fallbacks through real subprocesses
+def test_squeue_then_sacct_then_registry(path_with: Path, tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    script(
+        path_with,
+        "squeue",
+        f'echo "squeue $*" >> {calls}\necho "1|RUNNING|None|n1|t|1:00"\necho "99|RUNNING|None|n9|t|1:00"\n',
+    )
+    script(path_with, "sacct", f'echo "sacct $*" >> {calls}\necho "2|TIMEOUT|0:1|None|n2|s|e|00:10:00"\n')
+    home = tmp_path / "home"
+    _add_jobs(home, ["1", "2", "3"])
+    with Registry.open(home) as reg:
+        res = query_states(["1", "2", "3", "local-7"], registry=reg)
+    log = calls.read_text().splitlines()
+    assert log == [
+        "squeue -h -j 1,2,3 -o %i|%T|%r|%N|%S|%M",
+        "sacct -n -P -X -j 2,3 -o JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed",
+    ]
+    assert set(res.states) == {"1", "2", "3", "local-7"}  # 99 was not asked for: dropped
+    assert (res.states["1"].state, res.states["1"].source) == (JobState.RUNNING, "squeue")
+    assert (res.states["2"].state, res.states["2"].source, res.states["2"].exit_code) == (
+        JobState.TIMEOUT,
+        "sacct",
+        "0:1",
+    )
+    assert (res.states["3"].state, res.states["3"].source, res.states["3"].stale) == (
+        JobState.RUNNING,
+        "registry",
+        True,
+    )
+    assert res.states["local-7"].state is JobState.UNKNOWN
+    assert res.stale and res.source == "registry" and res.calls == {"squeue": 1, "sacct": 1}
+
+
+def test_all_answered_by_squeue_is_fresh(path_with: Path) -> None:
+    script(path_with, "squeue", 'echo "5|PENDING|Priority|||0:00"\n')
+    script(path_with, "sacct", "echo sacct must not run >&2; exit 3\n")
+    res = query_states(["5"])
+    assert not res.stale and res.source == "squeue" and res.calls == {"squeue": 1, "sacct": 0}
+    assert res.states["5"].reason == "Priority"
+
+
+def test_squeue_invalid_job_id_is_not_an_error(path_with: Path) -> None:
+    script(path_with, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
+    script(path_with, "sacct", 'echo "8|COMPLETED|0:0|None|n1|s|e|00:00:09"\n')
+    res = query_states(["8"])
+    assert res.errors == () and not res.stale and res.source == "sacct"
+    assert res.states["8"].state is JobState.COMPLETED
+
+
+def test_missing_binaries_fall_back_to_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    res = query_states(["1", "2"], fallback={"1": JobState.PENDING})
+    assert res.stale and res.source == "registry"
+    assert res.states["1"].state is JobState.PENDING and res.states["2"].state is JobState.UNKNOWN
+    assert any("squeue not found" in e for e in res.errors) and any(
+        "sacct not found" in e for e in res.errors
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "exec sleep 30\n",
+        # a grandchild keeps stdout open after the child is gone: must not hang us either
+        "sleep 30 &\nsleep 30\n",
+    ],
+)
+def test_hung_scheduler_is_bounded(path_with: Path, body: str) -> None:
+    script(path_with, "squeue", body)
+    script(path_with, "sacct", body)
+    t = time.monotonic()
+    res = query_states(["1", "2"], timeout_s=1.0, fallback={"1": JobState.RUNNING})
+    elapsed = time.monotonic() - t
+    assert elapsed < 4.0, elapsed
+    assert res.stale and res.states["1"].state is JobState.RUNNING
+    assert any("timed out" in e for e in res.errors)
+
+
+def test_run_bounded_reports_instead_of_raising(tmp_path: Path) -> None:
+    assert run_bounded([str(tmp_path / "no-such-binary")], 1.0).error is not None
+    r = run_bounded([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"], 10.0)
+    assert r.returncode == 3 and r.stdout == "out\n" and r.error is not None and "exited 3" in r.error
+
+
+def test_refresh_records_states_history_and_sacct_details(path_with: Path, tmp_path: Path) -> None:
+    script(path_with, "squeue", 'echo "11|RUNNING|None|n[1-2]|t|0:10"\n')
+    script(path_with, "sacct", 'echo "12|NODE_FAIL|1:0|None|n3|s|e|00:05:00"\n')
+    home = tmp_path / "home"
+    _add_jobs(home, ["11", "12"])
+    _add_jobs(home, ["local-1"], scheduler="local", run_root=tmp_path / "runs")
+    (tmp_path / "runs" / "local-1").mkdir(parents=True)
+    (tmp_path / "runs" / "local-1" / "local_state.json").write_text(
+        json.dumps({"state": "COMPLETED", "exit_code": 0})
+    )
+    with Registry.open(home) as reg:
+        for _ in range(3):  # repeated polls do not grow the history
+            res = refresh_states(reg, reg.list_jobs())
+        assert res.states["local-1"].source == "run_dir"
+        j11, j12, jl = reg.get("11"), reg.get("12"), reg.get("local-1")
+        assert (j11.last_state, j11.node_list) == (JobState.RUNNING, "n[1-2]")
+        assert (j12.last_state, j12.node_list, j12.exit_code) == (JobState.NODE_FAIL, "n3", "1:0")
+        assert jl.last_state is JobState.COMPLETED
+        assert [(h.state, h.source) for h in reg.history("12")] == [
+            (JobState.RUNNING, "submit"),
+            (JobState.NODE_FAIL, "sacct"),
+        ]
+        assert len(reg.history("11")) == 1
+
+
+# ---------------------------------------------------------------- `orchestrator status`
+def _metrics(run_dir: Path, steps: int, max_steps: int = 100) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", "w") as fh:
+        for s in range(1, steps + 1):
+            fh.write(
+                json.dumps(
+                    {
+                        "event": "train",
+                        "step": s,
+                        "max_steps": max_steps,
+                        "loss": 1.0 / s,
+                        "tokens_per_s": 25000.0,
+                        "step_time_s": 0.1,
+                        "world_size": 4,
+                        "strategy": "fsdp2",
+                        "time": 100.0 + s,
+                    }
+                )
+                + "\n"
+            )
+
+
+def test_status_table_and_stale_marker(orch_env: dict[str, str], tmp_path: Path) -> None:
+    home = Path(orch_env["ORCHESTRATOR_HOME"])
+    runs = tmp_path / "runs"
+    _add_jobs(home, ["31", "32"], run_root=runs)
+    _metrics(runs / "31", 40)
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "squeue", 'echo "31|RUNNING|None|n1|t|0:10"\n')
+    script(bin_dir, "sacct", "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1\n")
+    env = dict(orch_env, PATH=f"{bin_dir}{os.pathsep}{orch_env['PATH']}")
+    res = run_cli(["status"], env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].split() == [
+        "JOB",
+        "NAME",
+        "STATE",
+        "STRATEGY",
+        "NODES",
+        "STEP",
+        "LOSS",
+        "TOK/S",
+        "ETA",
+        "CKPT",
+        "REQUEUES",
+    ]
+    row31 = next(ln for ln in lines if ln.startswith("31 "))
+    row32 = next(ln for ln in lines if ln.startswith("32 "))
+    assert (
+        "RUNNING" in row31
+        and "(stale)" not in row31
+        and "40/100" in row31
+        and "25.0k" in row31
+        and "1m00s" in row31
+    )
+    assert "RUNNING (stale)" in row32
+    assert "accounting storage is disabled" in res.stderr
+
+
+def test_status_unknown_job_exit_2(orch_env: dict[str, str]) -> None:
+    res = run_cli(["status", "nope"], orch_env, timeout=60)
+    assert res.returncode == 2 and "unknown job id 'nope'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_status_imports_neither_torch_nor_accelerate(orch_env: dict[str, str], tmp_path: Path) -> None:
+    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["41"])
+    code = (
+        "import sys, runpy; sys.argv=['orchestrator','status','--json','--timeout','2'];"
+        "\ntry:\n    runpy.run_module('orchestrator', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "bad=[m for m in sys.modules if m.split('.')[0] in ('torch','accelerate')]\n"
+        "print('HEAVY', bad, file=sys.stderr)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=orch_env, cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert "HEAVY []" in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- `orchestrator cancel`
+def test_cancel_slurm_calls_scancel(orch_env: dict[str, str], tmp_path: Path) -> None:
+    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["51"])
+    calls = tmp_path / "scancel.log"
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "scancel", f'echo "$*" >> {calls}\n')
+    env = dict(orch_env, PATH=f"{bin_dir}{os.pathsep}{orch_env['PATH']}")
+    assert run_cli(["cancel", "51", "--signal", "usr1"], env, timeout=60).returncode == 0
+    assert run_cli(["cancel", "51"], env, timeout=60).returncode == 0
+    assert calls.read_text().splitlines() == ["--signal=USR1 51", "51"]
+    with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as reg:
+        assert (reg.get("51").end_reason or "").startswith("cancel requested by")
+    script(
+        bin_dir,
+        "scancel",
+        'echo "scancel: error: Kill job error on job id 51: Invalid job id specified" >&2; exit 1\n',
+    )
+    res = run_cli(["cancel", "51"], env, timeout=60)
+    assert res.returncode == 1 and "Invalid job id" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cancel_bad_signal_exit_2(orch_env: dict[str, str]) -> None:
+    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["52"])
+    res = run_cli(["cancel", "52", "--signal", "NOPE"], orch_env, timeout=60)
+    assert res.returncode == 2 and "--signal" in res.stderr
+
+
+def test_cancel_local_kills_process_group(orch_env: dict[str, str], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["local-3"], scheduler="local", run_root=runs)
+    rd = runs / "local-3"
+    rd.mkdir(parents=True)
+    # a node process with a child in the same group, like a launcher and its worker
+    leader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(120)']); time.sleep(120)",
+        ],
+        start_new_session=True,
+    )
+    try:
+        (rd / "local_pids.json").write_text(json.dumps({"0": leader.pid}))
+        st = run_cli(["status", "--json", "local-3"], orch_env, timeout=60)
+        assert json.loads(st.stdout)["jobs"][0]["state"] == "RUNNING"
+        res = run_cli(["cancel", "local-3"], orch_env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert leader.wait(timeout=30) == -signal.SIGTERM
+        st = run_cli(["status", "--json", "local-3"], orch_env, timeout=60)
+        assert json.loads(st.stdout)["jobs"][0]["state"] == "CANCELLED"
+        again = run_cli(["cancel", "local-3"], orch_env, timeout=60)
+        assert again.returncode == 1 and "already ended" in again.stderr
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=30)
+
+
+def test_status_watch_ends_when_all_jobs_are_terminal(orch_env: dict[str, str], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["local-8"], scheduler="local", run_root=runs)
+    (runs / "local-8").mkdir(parents=True)
+    (runs / "local-8" / "local_state.json").write_text(json.dumps({"state": "TIMEOUT"}))
+    res = run_cli(["status", "--watch", "--interval", "0.1", "--json", "local-8"], orch_env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    snapshots = [json.loads(ln) for ln in res.stdout.splitlines()]
+    assert len(snapshots) == 1 and snapshots[0]["jobs"][0]["state"] == "TIMEOUT"
+    bad = run_cli(["status", "--interval", "0"], orch_env, timeout=60)
+    assert bad.returncode == 2 and "--interval" in bad.stderr
+
+
+def test_status_with_no_jobs(orch_env: dict[str, str]) -> None:
+    res = run_cli(["status"], orch_env, timeout=60)
+    assert res.returncode == 0 and "no active or recent jobs" in res.stdout
