@@ -345,15 +345,26 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
 
 
 def _fsdp2_reshard_after_forward(model) -> bool | None:
-    """The root unit's configured reshard_after_forward, read before the first forward (torch then forces
-    the root's to False, and Accelerate gives the final norm/head unit False on purpose); None when that
-    can no longer be told or the private API moved."""
+    """reshard_after_forward of the FSDP2 units that carry the strategy's setting; None if there are none.
+
+    Accelerate shards the root with torch's default (None: False for the root) and its "tail" (final norm,
+    output head) with False whatever the strategy, so only the other units (e.g. TransformerBlocks
+    wrapped by the auto-wrap policy) say whether full_shard or shard_grad_op was applied. A model too
+    small for the size-based policy has none: then the two strategies run identically."""
     try:
-        state = model._get_fsdp_state()
-        group = state._fsdp_param_group
-        if group is None or getattr(state, "_is_root", None) is not None:
-            return None
-        return group.post_forward_mesh_info is not None
+        from torch import nn
+        from torch.distributed.fsdp import FSDPModule
+
+        values = set()
+        for module in model.modules():
+            if not isinstance(module, FSDPModule) or module is model:
+                continue
+            if "Norm" in type(module).__name__ or isinstance(module, (nn.Embedding, nn.Linear)):
+                continue
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None:
+                values.add(group.post_forward_mesh_info is not None)
+        return values.pop() if len(values) == 1 else None
     except Exception:
         return None
 
