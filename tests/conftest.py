@@ -70,3 +70,34 @@ def reap_local_jobs(tmp_path: Path) -> Iterator[None]:
     for pids in (tmp_path / "runs").glob("*/local_pids.json"):
         for pid in json.loads(pids.read_text()).values():
             kill_tree(int(pid))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict[str, str]:
+    """The real test cluster started by tests/cluster/run_with_cluster.sh.
+
+    Never skipped in CI: a missing cluster there is a failure, not a pass.
+    """
+    if os.environ.get("ORCHESTRATOR_TEST_CLUSTER") != "1":
+        message = "needs the real Slurm test cluster: bash tests/cluster/run_with_cluster.sh python -m pytest ..."
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return {k: v for k, v in os.environ.items() if k.startswith("ORCHESTRATOR_TEST_CLUSTER") or k == "SLURM_CONF"}
+
+
+def sacct_state(job_id: str, timeout: float = 60.0) -> str:
+    """Final job state from accounting, polled with a deadline (slurmdbd records asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["sacct", "-nXP", "-j", job_id, "-o", "State"], capture_output=True, text=True, timeout=15
+        ).stdout.strip()
+        state = out.splitlines()[-1].split()[0] if out else ""
+        if state and state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"):
+            return state
+        time.sleep(0.5)
+    return state

@@ -1,0 +1,128 @@
+"""`orchestrator submit` against the real Slurm test cluster (tests/cluster): no mock anywhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, kill_tree, run_cli, sacct_state
+
+pytestmark = pytest.mark.slurm
+SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
+TRAIN = str(REPO / "train" / "train.py")
+
+
+def _job_and_dir(stdout: str) -> tuple[str, Path]:
+    job_id = stdout.split("submitted job ")[1].split()[0]
+    return job_id, Path(stdout.split("run directory ")[1].split()[0])
+
+
+def _profile_dir(tmp_path: Path, **overrides: object) -> Path:
+    """A user profile folder whose slurm_test overrides the built-in one by name."""
+    data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+    data.update(overrides)
+    folder = tmp_path / "profiles"
+    folder.mkdir(exist_ok=True)
+    (folder / "slurm_test.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+
+def _losses(run_dir: Path) -> list[float]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [e["loss"] for e in lines if e.get("event") == "train"]
+
+
+def test_unmodified_script_spans_both_nodes(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    out = tmp_path / "plain"
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--nodes", "2", "--procs-per-node", "2", "--wait", "--poll", "0.5",
+         "--", SCRIPT, "--expect-world-size", "4", "--out", str(out)],
+        orch_env, timeout=240,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = _job_and_dir(res.stdout)
+    records = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(4)]
+    assert {r["world_size"] for r in records} == {4}
+    assert {r["rank_sum"] for r in records} == {6.0}
+    assert len({r["host"] for r in records}) == 2  # two real nodes (own UTS namespaces)
+    assert sacct_state(job_id) == "COMPLETED"
+    sbatch = (run_dir / "sbatch.sh").read_text()
+    assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --signal=USR2@30" in sbatch
+
+
+def test_shell_metacharacters_in_profile_are_inert(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    evil = f"$(touch {canary}1) `touch {canary}2`; touch {canary}3 'q\"\nline2"
+    profiles = _profile_dir(tmp_path, env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "MARKER_VALUE": evil})
+    out = tmp_path / "plain"
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2",
+         "--name", f"x$(touch {canary}4);`touch {canary}5`", "--wait", "--poll", "0.5",
+         "--", SCRIPT, "--expect-world-size", "2", "--out", str(out)],
+        orch_env, timeout=240,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not list(tmp_path.glob("canary*")), "a profile value was executed"
+    assert json.loads(Path(f"{out}.rank0").read_text())["marker"] == evil  # arrived as a literal string
+
+
+def test_two_jobs_on_the_same_nodes_both_complete(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    profiles = _profile_dir(tmp_path, extra_sbatch={"nodelist": "n1,n2"})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "submit", "--profile", "slurm_test", "--profiles-dir", str(profiles),
+             "--nodes", "2", "--wait", "--poll", "0.5", "--", SCRIPT, "--expect-world-size", "2",
+             "--out", str(tmp_path / f"o{i}")],
+            cwd=REPO, env=orch_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            kill_tree(p.pid)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    jobs = [_job_and_dir(o) for o in outputs]
+    ports = {
+        next(x for x in (d / "logs/attempt_0/accelerate_config.node0.yaml").read_text().splitlines() if "port" in x)
+        for _, d in jobs
+    }
+    assert len(ports) == 2
+    # both really ran on n1 and n2
+    for job_id, _ in jobs:
+        nodes = subprocess.run(["sacct", "-nXP", "-j", job_id, "-o", "NodeList"], capture_output=True, text=True).stdout
+        assert nodes.strip() == "n[1-2]"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--nodes", "4", "--", SCRIPT], "has 3"),
+        (["--", "missing_script.py"], "training script not found"),
+        (["--strategy", "zero3", "--", SCRIPT], "invalid choice"),
+    ],
+)
+def test_bad_requests_exit_2_before_submitting(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path, args: list[str], needle: str
+) -> None:
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    res = run_cli(["submit", "--profile", "slurm_test", *args], orch_env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert needle in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "runs").exists()
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+def test_unknown_partition_exits_2(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    profiles = _profile_dir(tmp_path, partition="nosuchpart")
+    res = run_cli(["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--", SCRIPT], orch_env)
+    assert res.returncode == 2 and "partition 'nosuchpart' does not exist" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()
