@@ -143,7 +143,10 @@ TINY_SCRIPT = """\
 import json, os
 keys = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_USE_FSDP", "FSDP_VERSION", "FSDP_SHARDING_STRATEGY",
         "FSDP_RESHARD_AFTER_FORWARD", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "PARALLELISM_CONFIG_DP_SHARD_SIZE")
-print("TINY " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+record = json.dumps({k: os.environ.get(k) for k in keys})
+with open(os.path.join(os.environ["TINY_OUT"], "rank%s.json" % os.environ["RANK"]), "w") as f:
+    f.write(record)
+print("TINY " + record, flush=True)
 """
 
 
@@ -154,7 +157,7 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.Popen[str]]]:
+def launcher(tmp_path: Path) -> Iterator[Callable[[Path, Path], subprocess.Popen[str]]]:
     """Start `accelerate launch` in its own process group; every group is killed on teardown."""
     procs: list[subprocess.Popen[str]] = []
     script = tmp_path / "tiny.py"
@@ -168,7 +171,8 @@ def launcher(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.Popen[str]]
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
 
-    def start(config: Path) -> subprocess.Popen[str]:
+    def start(config: Path, out_dir: Path) -> subprocess.Popen[str]:
+        out_dir.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -180,7 +184,7 @@ def launcher(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.Popen[str]]
                 str(script),
             ],
             cwd=tmp_path,
-            env=env,
+            env={**env, "TINY_OUT": str(out_dir)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -198,7 +202,8 @@ def launcher(tmp_path: Path) -> Iterator[Callable[[Path], subprocess.Popen[str]]
             proc.communicate(timeout=10)
 
 
-def finish(proc: subprocess.Popen[str]) -> list[dict[str, str | None]]:
+def finish(proc: subprocess.Popen[str], out_dir: Path) -> list[dict[str, str | None]]:
+    """Wait for the launcher; each rank's record is read from its own file (stdout interleaves)."""
     try:
         out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -206,7 +211,7 @@ def finish(proc: subprocess.Popen[str]) -> list[dict[str, str | None]]:
         out, _ = proc.communicate()
         raise AssertionError(f"accelerate launch did not finish in {LAUNCH_TIMEOUT} s:\n{out}") from None
     assert proc.returncode == 0, out
-    return [json.loads(line.split("TINY ", 1)[1]) for line in out.splitlines() if "TINY " in line]
+    return [json.loads(path.read_text()) for path in sorted(out_dir.glob("rank*.json"))]
 
 
 def local_plan(strategy: str, fsdp_version: int, nodes: int) -> LaunchPlan:
@@ -228,15 +233,16 @@ SINGLE_NODE = [("ddp", 2), ("full_shard", 1), ("full_shard", 2)]
 
 
 @pytest.mark.slow
-def test_launch_single_node(launcher: Callable[[Path], subprocess.Popen[str]], tmp_path: Path) -> None:
+def test_launch_single_node(launcher: Callable[[Path, Path], subprocess.Popen[str]], tmp_path: Path) -> None:
     """ddp, FSDP1 full_shard and FSDP2 full_shard: one local node, two processes each."""
     started = []
     for strategy, version in SINGLE_NODE:
         plan = local_plan(strategy, version, nodes=1)
         (config,) = write_configs(plan, tmp_path, free_port())
-        started.append((strategy, version, plan, launcher(config)))
-    for strategy, version, plan, proc in started:
-        ranks = finish(proc)
+        out_dir = tmp_path / f"out-{strategy}-{version}"
+        started.append((strategy, version, plan, out_dir, launcher(config, out_dir)))
+    for strategy, version, plan, out_dir, proc in started:
+        ranks = finish(proc, out_dir)
         assert sorted(int(r["RANK"]) for r in ranks) == list(range(plan.world_size)), ranks  # type: ignore[arg-type]
         assert {r["WORLD_SIZE"] for r in ranks} == {str(plan.world_size)}
         if strategy == "ddp":
@@ -252,14 +258,15 @@ def test_launch_single_node(launcher: Callable[[Path], subprocess.Popen[str]], t
 
 @pytest.mark.slow
 def test_launch_hybrid_two_machines(
-    launcher: Callable[[Path], subprocess.Popen[str]], tmp_path: Path
+    launcher: Callable[[Path, Path], subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     """hybrid_shard on FSDP2: two machine ranks on 127.0.0.1, static rendezvous, 2 x 2 processes."""
     plan = local_plan("hybrid_shard", 2, nodes=2)
     configs = write_configs(plan, tmp_path, free_port())
     assert "rdzv_backend: static" in configs[0].read_text()
-    procs = [launcher(config) for config in configs]
-    per_machine = [finish(proc) for proc in procs]
+    out_dirs = [tmp_path / f"out-machine{rank}" for rank in range(len(configs))]
+    procs = [launcher(config, out_dir) for config, out_dir in zip(configs, out_dirs, strict=True)]
+    per_machine = [finish(proc, out_dir) for proc, out_dir in zip(procs, out_dirs, strict=True)]
     all_ranks = sorted(int(r["RANK"]) for ranks in per_machine for r in ranks)  # type: ignore[arg-type]
     assert all_ranks == list(range(4))
     # Machine 0 hosts global ranks 0-1, machine 1 ranks 2-3.
