@@ -408,3 +408,60 @@ def test_status_watch_ends_when_all_jobs_are_terminal(orch_env: dict[str, str], 
 def test_status_with_no_jobs(orch_env: dict[str, str]) -> None:
     res = run_cli(["status"], orch_env, timeout=60)
     assert res.returncode == 0 and "no active or recent jobs" in res.stdout
+
+
+SUPERVISOR = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+def forward(signum, frame):
+    child.send_signal(signum)
+    child.wait(10)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, forward)
+child.wait()
+time.sleep(120)
+"""
+NODE = """
+import signal, sys, time
+def on_usr1(signum, frame):
+    open(sys.argv[1], "w").write("usr1")
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_usr1)
+print("ready", flush=True)  # handler installed: the test may signal now
+time.sleep(120)
+"""
+
+
+def test_cancel_local_signal_to_a_supervisor_reaches_its_children(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A recorded pid that is not a group leader (submitit's controller): USR1 must go to its
+    children, not kill the supervisor; plain cancel sends TERM to the supervisor, which forwards it."""
+    runs = tmp_path / "runs"
+    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["local-4"], scheduler="local", run_root=runs)
+    rd = runs / "local-4"
+    rd.mkdir(parents=True)
+    flag = tmp_path / "usr1.flag"
+    sup = subprocess.Popen(  # same process group as pytest: not a group leader
+        [sys.executable, "-c", SUPERVISOR, NODE, str(flag)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        import psutil
+
+        assert sup.stdout is not None and sup.stdout.readline() == "ready\n"
+        (node,) = psutil.Process(sup.pid).children()
+        (rd / "local_pids.json").write_text(json.dumps({"controller": sup.pid}))
+        res = run_cli(["cancel", "local-4", "--signal", "USR1"], orch_env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        node.wait(timeout=30)
+        assert flag.read_text() == "usr1"
+        assert sup.poll() is None  # the supervisor survived the USR1
+        assert not (rd / "cancel_requested.json").exists()  # a signal is not a cancel
+        res = run_cli(["cancel", "local-4"], orch_env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert sup.wait(timeout=30) == 0  # its TERM handler ran and exited cleanly
+        assert (rd / "cancel_requested.json").exists()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait(30)

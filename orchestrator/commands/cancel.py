@@ -71,19 +71,57 @@ def cancel_local(job: JobRecord, sig: signal.Signals | None) -> str:
     sent = 0
     for pid in state.alive_pids:
         try:
-            os.killpg(pid, send)  # node processes are started as group leaders
-            sent += 1
-        except ProcessLookupError:
-            try:  # not a group leader after all: signal the process itself
-                os.kill(pid, send)
-                sent += 1
-            except ProcessLookupError:
-                continue
+            sent += signal_local_process(pid, send)
         except PermissionError as exc:
             raise RunFailure(f"cannot signal pid {pid} of job {job.job_id}: {exc.strerror}") from None
     if sent == 0:
         raise RunFailure(f"job {job.job_id}: none of its processes {sorted(pids.values())} is alive")
-    return f"sent {send.name} to {sent} process group(s) of job {job.job_id}"
+    return f"sent {send.name} to {sent} process(es) of job {job.job_id}"
+
+
+def signal_local_process(pid: int, sig: signal.Signals) -> int:
+    """Deliver ``sig`` to one recorded local process; returns how many processes were signalled.
+
+    A process-group leader (the contract for ``local_pids.json``) gets the signal on its whole
+    group. A pid that is not a group leader is treated as a supervisor such as submitit's local
+    controller, which forwards only SIGTERM to its tasks and would simply die of SIGUSR1: it gets
+    TERM/INT itself, any other signal goes to its direct children (the node entry points, which
+    relay it to the training ranks). SIGKILL cannot be relayed by anyone, so it goes to the whole
+    process tree -- torchrun's workers live in sessions of their own and would otherwise survive.
+    """
+    import psutil
+
+    try:
+        leader = os.getpgid(pid) == pid and pid != os.getpgrp()
+        proc = psutil.Process(pid)
+        tree = proc.children(recursive=True) if sig == signal.SIGKILL else []
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        return 0
+    targets: list[psutil.Process]
+    if leader:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return 0
+        targets = tree
+        count = 1
+    else:
+        if sig == signal.SIGKILL:
+            targets = [proc, *tree]
+        elif sig in (signal.SIGTERM, signal.SIGINT):
+            targets = [proc]
+        else:
+            targets = proc.children(recursive=False) or [proc]
+        count = 0
+    for target in targets:
+        try:
+            target.send_signal(sig)
+            count += 1
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            raise PermissionError(1, f"not allowed to signal pid {target.pid}") from None
+    return count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
