@@ -46,13 +46,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def render_configs(strategy: str, fsdp_version: int, nodes: int, procs: int, port: int, folder: Path) -> list[Path]:
+def render_configs(
+    strategy: str, fsdp_version: int, nodes: int, procs: int, port: int, folder: Path, wrap_cls: str | None = None
+) -> list[Path]:
     from orchestrator.plan import build_plan, merge_options
     from orchestrator.profiles import load_profile
     from orchestrator.render import NodeRuntime, render_accelerate_config
 
     name, _, profile = load_profile("local")
-    options = merge_options(profile, strategy=strategy, fsdp_version=fsdp_version)
+    options = merge_options(profile, strategy=strategy, fsdp_version=fsdp_version, wrap_cls=wrap_cls)
     plan = build_plan(name, profile, options, script=SCRIPT, nodes=nodes, procs_per_node=procs)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -175,13 +177,14 @@ def start(
     timeout: float = 180,
     env: dict | None = None,
     config_paths: list[Path] | None = None,
+    wrap_cls: str | None = None,
 ) -> Launch:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     launch_dir = run_dir / "launch"
     launch_dir.mkdir(exist_ok=True)
     if config_paths is None:
-        config_paths = render_configs(strategy, fsdp_version, nodes, procs, free_port(), launch_dir)
+        config_paths = render_configs(strategy, fsdp_version, nodes, procs, free_port(), launch_dir, wrap_cls)
     full_env = launch_env(strategy, fsdp_version, nodes, procs, run_dir, env)
     procs_started, logs = [], []
     attempt = len(list(launch_dir.glob("node0-*.log")))
@@ -196,14 +199,49 @@ def start(
     return Launch(run_dir, procs_started, logs, time.monotonic() + timeout)
 
 
-def run(run_dir: Path, strategy: str, fsdp_version: int = 2, nodes: int = 1, procs: int = 2, args=None, timeout=180, env=None) -> Launch:
+def run(
+    run_dir: Path, strategy: str, fsdp_version: int = 2, nodes: int = 1, procs: int = 2, args=None, timeout=180, env=None,
+    wrap_cls: str | None = None,
+) -> Launch:
     """Start and wait; the Launch has ``returncodes``; the tree is killed on any failure to finish."""
-    launch = start(run_dir, strategy, fsdp_version, nodes, procs, args, timeout, env)
+    launch = start(run_dir, strategy, fsdp_version, nodes, procs, args, timeout, env, wrap_cls=wrap_cls)
     try:
         launch.wait()
     finally:
         launch.kill()
     return launch
+
+
+# ---------------------------------------------------------------------------
+# Runs shared between test modules (one pytest process): e.g. the 20-step baselines that both the
+# equivalence and the resume tests compare against are run once.
+
+_CACHE: dict[tuple, Launch] = {}
+_CACHE_DIR: Path | None = None
+
+
+def cache_dir() -> Path:
+    global _CACHE_DIR
+    if _CACHE_DIR is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        _CACHE_DIR = Path(tempfile.mkdtemp(prefix="train-runs-"))
+        atexit.register(shutil.rmtree, _CACHE_DIR, True)
+    return _CACHE_DIR
+
+
+def cached_run(
+    strategy: str, fsdp_version: int = 2, nodes: int = 1, procs: int = 2, args: tuple = (), timeout: float = 180,
+    wrap_cls: str | None = None,
+) -> Launch:
+    """``run`` once per (configuration, args) per pytest process; later calls return the same Launch."""
+    key = (strategy, fsdp_version if strategy != "ddp" else 0, nodes, procs, tuple(args), wrap_cls)
+    if key not in _CACHE:
+        name = f"{strategy}-v{key[1]}-{nodes}x{procs}-{len(_CACHE)}"
+        _CACHE[key] = run(cache_dir() / name, strategy, fsdp_version, nodes, procs, list(args), timeout, wrap_cls=wrap_cls)
+    return _CACHE[key]
 
 
 # ---------------------------------------------------------------------------

@@ -125,7 +125,8 @@ def _parent_launch_request() -> tuple[int | None, str | None, str | None]:
             argv = parent.cmdline()
         except (psutil.Error, OSError):
             continue
-        if "launch" not in argv or not any("accelerate" in a for a in argv[:3]):
+        head = " ".join(argv[:4])
+        if "accelerate" not in head or "launch" not in head:
             continue
         num, dtype, config = None, None, None
         for i, arg in enumerate(argv):

@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
-    expectation = selfcheck.expectations_from_env()
+    try:
+        expectation = selfcheck.expectations_from_env()
+    except selfcheck.SelfCheckError as exc:
+        bad = selfcheck.Expectation(source="the environment")
+        selfcheck.fail([str(exc)], bad, "", None, int(os.environ.get("RANK", "0") or 0))
     pending = accelerate_workarounds.before_accelerator()
     accelerator = Accelerator(
         log_with="tensorboard",
