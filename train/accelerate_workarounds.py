@@ -153,7 +153,6 @@ def fsdp1_hybrid_device_mesh(accelerator):
     one), so return the explicit 2-D mesh (replicate = nodes, shard = processes per node), or None
     where none is needed. ``wrap_model`` wraps the model with it before ``accelerator.prepare``."""
     from accelerate.utils import DistributedType
-    from torch.distributed.fsdp import ShardingStrategy
 
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if (
@@ -162,8 +161,11 @@ def fsdp1_hybrid_device_mesh(accelerator):
         or plugin is None
         or plugin.fsdp_version != 1
         or accelerator.device.type != "cpu"
-        or plugin.sharding_strategy not in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
     ):
+        return None
+    from torch.distributed.fsdp import ShardingStrategy
+
+    if plugin.sharding_strategy not in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
