@@ -32,6 +32,24 @@ EXIT_REQUEUE = 75
 FORWARDED_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 #: How long non-zero nodes wait for node 0 to publish its address.
 MAIN_IP_WAIT_S = 120.0
+#: After a stop signal, how long a node whose launcher exited non-zero waits for rank 0's
+#: ``exit_status.json`` (ranks on other nodes may exit a moment before rank 0 writes it).
+REQUEUE_RECORD_WAIT_S = 20.0
+#: Signals the launcher itself must survive. Slurm delivers ``scancel --signal`` and the
+#: pre-timeout ``--signal`` to every process of the step (proctrack walks the whole tree), and
+#: torchrun has no handler for USR1/USR2: their default action would kill it mid-checkpoint.
+LAUNCHER_IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+#: Runs ``accelerate <args>`` with no-op Python handlers for those signals. A caught signal is reset
+#: to its default at exec, so the workers torchrun starts keep their ordinary disposition (SIG_IGN
+#: would be inherited and silence the workers too).
+_LAUNCHER_SHIM = (
+    "import signal, sys\n"
+    "for _s in (signal.SIGUSR1, signal.SIGUSR2):\n"
+    "    signal.signal(_s, lambda *_: None)\n"
+    "from accelerate.commands.accelerate_cli import main\n"
+    "sys.argv = ['accelerate', *sys.argv[1:]]\n"
+    "sys.exit(main())\n"
+)
 
 
 @dataclass(frozen=True)
@@ -178,6 +196,16 @@ class SignalRelay:
         )
 
 
+def launcher_argv(argv: list[str]) -> list[str]:
+    """``accelerate launch ...`` run through :data:`_LAUNCHER_SHIM` with this interpreter, so the
+    launcher survives USR1/USR2 (falls back to the plain command where accelerate is not importable)."""
+    import importlib.util
+
+    if not argv or argv[0] != "accelerate" or importlib.util.find_spec("accelerate") is None:
+        return argv
+    return [sys.executable, "-c", _LAUNCHER_SHIM, *argv[1:]]
+
+
 def requeue_requested(run_dir: Path, launched_at: float) -> bool:
     """Did training checkpoint on request during this launch? (rank 0 writes
     ``exit_status.json`` with code 75 before exiting).
@@ -191,6 +219,18 @@ def requeue_requested(run_dir: Path, launched_at: float) -> bool:
     except (OSError, ValueError):
         return False
     return data.get("code") == EXIT_REQUEUE and float(data.get("time", 0)) >= launched_at
+
+
+def wait_for_requeue_record(run_dir: Path, launched_at: float, signalled: bool) -> bool:
+    """:func:`requeue_requested`, polled for a while when this node was sent a stop signal: the
+    workers of a node without rank 0 can exit before rank 0 has written its record."""
+    deadline = time.monotonic() + (REQUEUE_RECORD_WAIT_S if signalled else 0.0)
+    while True:
+        if requeue_requested(run_dir, launched_at):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 def run_node(plan: LaunchPlan, run_dir: Path, job_key: str, attempt_base: int = 0) -> int:
@@ -224,7 +264,7 @@ def run_node(plan: LaunchPlan, run_dir: Path, job_key: str, attempt_base: int = 
         started = time.monotonic()
         launched_at = time.time()
         launcher = subprocess.Popen(
-            argv, env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            launcher_argv(argv), env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
         (attempt_dir / f"node_{ctx.node_rank}.pid").write_text(str(launcher.pid))
         relay = SignalRelay(launcher, log)
@@ -235,7 +275,7 @@ def run_node(plan: LaunchPlan, run_dir: Path, job_key: str, attempt_base: int = 
             relay.restore()
             _kill_tree(launcher.pid)
         elapsed = time.monotonic() - started
-        if code != 0 and requeue_requested(run_dir, launched_at):
+        if code != 0 and wait_for_requeue_record(run_dir, launched_at, bool(relay.received)):
             code = EXIT_REQUEUE
         print(
             f"[orchestrator node] host={host} node_rank={ctx.node_rank} exit={code} after {elapsed:.1f} s",
@@ -280,6 +320,10 @@ class NodeTask:
         if plan.profile.scheduler == "local" and os.environ.get("SUBMITIT_LOCAL_GLOBALID", "0") == "0":
             write_local_final_state(plan, run_dir, self.attempt_base)
         if code == EXIT_REQUEUE:
+            if plan.profile.scheduler == "slurm" and os.environ.get("SLURM_NODEID", "0") != "0":
+                # Node 0 decides (requeue, or fail once max_requeues is reached). Failing here would
+                # make `srun --kill-on-bad-exit` kill node 0 before it could run `scontrol requeue`.
+                return code
             maybe_requeue(plan, run_dir)
         if code != 0:
             # A raised error makes the Slurm task exit non-zero, so sacct says FAILED.
@@ -320,14 +364,33 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> No
     os.replace(tmp, run_dir / "local_state.json")
 
 
+def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
+    """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says CANCELLED
+    (a plain ``scancel`` also sends SIGTERM, which training handles like a preemption)."""
+    marker = run_dir / "cancel_requested.json"
+    if marker.exists():
+        return f"cancelled by user ({marker})"
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return "Slurm reports the job CANCELLED" if out.startswith("CANCELLED") else None
+
+
 def maybe_requeue(plan: LaunchPlan, run_dir: Path) -> None:
     """Requeue the Slurm job from node 0 when training asked for it and requeues remain."""
     if plan.profile.scheduler != "slurm" or os.environ.get("SLURM_NODEID", "0") != "0":
         return
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    job_id = os.environ["SLURM_JOB_ID"]
+    cancelled = cancelled_by_user(run_dir, job_id)
+    if cancelled:
+        print(f"[orchestrator node] not requeued: {cancelled}", file=sys.stderr, flush=True)
+        return
     if restarts >= plan.max_requeues:
         print(f"[orchestrator node] not requeued: {restarts} requeues reached max_requeues", file=sys.stderr)
         return
-    job_id = os.environ["SLURM_JOB_ID"]
     print(f"[orchestrator node] requeueing job {job_id} (requeue {restarts + 1}/{plan.max_requeues})", flush=True)
     subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)

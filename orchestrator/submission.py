@@ -160,6 +160,8 @@ def submit(
     else:
         run_dir = existing_run_dir
         plan = absolute_script(plan)
+        for stale in ("local_state.json", "cancel_requested.json"):
+            (run_dir / stale).unlink(missing_ok=True)  # a resumed job starts a new outcome
     attempt_base = next_attempt(run_dir)
     folder = run_dir / "submitit"
     job_key = registry.allocate_local_id() if (registry is not None and plan.profile.scheduler == "local") else ""
@@ -196,8 +198,6 @@ def submit(
         executor.update_parameters(tasks_per_node=plan.nodes, timeout_min=minutes, signal_delay_s=plan.profile.signal.seconds_before)
         job = executor.submit(task)
         job_id = job_key or f"local-{job.job_id}"
-        for stale in ("local_state.json", "cancel_requested.json"):
-            (run_dir / stale).unlink(missing_ok=True)  # a resumed local job starts a new outcome
         (run_dir / "local_pids.json").write_text(json.dumps({"controller": int(job.job_id)}))
     (run_dir / "job_id").write_text(job_id)
     if registry is not None:

@@ -45,6 +45,10 @@ def _user() -> str:
 
 def cancel_slurm(job: JobRecord, sig: signal.Signals | None) -> str:
     argv = ["scancel"]
+    if sig is None:
+        # Scancel sends SIGTERM first, which training cannot tell from a preemption: the
+        # marker tells the node entry point not to requeue a job the user cancelled.
+        write_cancel_marker(job.run_dir, "CANCEL", _user())
     if sig is not None:
         argv.append(f"--signal={sig.name.removeprefix('SIG')}")
     argv.append(job.job_id)
