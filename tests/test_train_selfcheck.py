@@ -66,7 +66,7 @@ def test_multi_cpu_config_is_refused_when_run_by_hand(tmp_path):
         launch.wait()
     finally:
         launch.kill()
-    _assert_selfcheck_failed(launch, "expected world size 2, found 1", "parent `accelerate launch`", "starts ONE process", started=started)
+    _assert_selfcheck_failed(launch, "expected world size 2, found 1", "parent `accelerate launch`", "start ONE process", started=started)
 
 
 @pytest.mark.slow
