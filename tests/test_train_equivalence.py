@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 import train_launch as tl
 
 STEPS = 20

@@ -13,8 +13,8 @@ import signal
 from pathlib import Path
 
 import pytest
-
 import train_launch as tl
+
 from train import checkpointing
 
 STEPS = 20
@@ -33,7 +33,7 @@ def _ok(launch: tl.Launch) -> None:
 _INTERRUPTED: dict[tuple, Path] = {}
 
 
-def interrupted_and_resumed(strategy: str, fsdp_version: int, nodes: int, procs: int) -> tuple[Path, tl.Launch]:
+def interrupted_and_resumed(strategy: str, fsdp_version: int, nodes: int, procs: int) -> Path:
     """Run to the step-10 checkpoint, SIGKILL everything, resume to step 20 (cached per configuration)."""
     key = (strategy, fsdp_version, nodes, procs)
     if key not in _INTERRUPTED:
@@ -51,7 +51,7 @@ def interrupted_and_resumed(strategy: str, fsdp_version: int, nodes: int, procs:
             second.kill()
         _ok(second)
         _INTERRUPTED[key] = run_dir
-    return _INTERRUPTED[key], None
+    return _INTERRUPTED[key]
 
 
 def _assert_resume_exact(baseline: tl.Launch, run_dir: Path) -> None:
@@ -84,7 +84,7 @@ RESUME_CASES = [
 @pytest.mark.parametrize("strategy,fsdp_version,nodes,procs", RESUME_CASES)
 def test_sigkill_then_resume_is_bit_exact(strategy, fsdp_version, nodes, procs):
     baseline = tl.cached_run(strategy, fsdp_version, nodes, procs, ARGS)
-    run_dir, _ = interrupted_and_resumed(strategy, fsdp_version, nodes, procs)
+    run_dir = interrupted_and_resumed(strategy, fsdp_version, nodes, procs)
     _assert_resume_exact(baseline, run_dir)
 
 
@@ -92,7 +92,7 @@ def test_sigkill_then_resume_is_bit_exact(strategy, fsdp_version, nodes, procs):
 def test_resharded_resume_four_to_two_skips_torn_checkpoints(tmp_path):
     """A 4-rank HSDP checkpoint loads at 2 ranks (FSDP2 full_shard) with exact checksums; newer torn
     checkpoints (no marker, a truncated shard, an unfinished temp folder) are skipped."""
-    source, _ = interrupted_and_resumed("hybrid_shard", 2, 2, 2)
+    source = interrupted_and_resumed("hybrid_shard", 2, 2, 2)
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
     ckpts.mkdir(parents=True)
@@ -127,7 +127,7 @@ def test_resharded_resume_four_to_two_skips_torn_checkpoints(tmp_path):
 def test_fsdp1_optimizer_state_is_verified_on_load(tmp_path):
     """Without the FSDP1 optimizer-init workaround Accelerate drops the optimizer state on load:
     the checksum comparison catches it (exit 4), it never trains on silently."""
-    source, _ = interrupted_and_resumed("full_shard", 1, 1, 2)
+    source = interrupted_and_resumed("full_shard", 1, 1, 2)
     run_dir = tmp_path / "run"
     shutil.copytree(source / "checkpoints" / f"step_{KILL_AT:08d}", run_dir / "checkpoints" / f"step_{KILL_AT:08d}")
     launch = tl.run(

@@ -15,6 +15,7 @@ Usable by hand too::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -138,17 +139,13 @@ class Launch:
         """Signal the whole process tree (workers live in their own sessions)."""
         procs = self.tree()
         for proc in procs:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)
-            except psutil.Error:
-                pass
         if sig == signal.SIGKILL:
             psutil.wait_procs(procs, timeout=10)
             for p in self.procs:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
 
     def output(self) -> str:
         return "\n".join(f"--- node {i} ---\n{log.read_text(errors='replace')}" for i, log in enumerate(self.logs) if log.exists())

@@ -271,7 +271,10 @@ class AsyncCheckpointer:
                     model_sd = model.state_dict()
                     optim_sd = FSDP.optim_state_dict(model, inner)
             else:
-                from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+                from torch.distributed.checkpoint.state_dict import (
+                    get_model_state_dict,
+                    get_optimizer_state_dict,
+                )
 
                 model_sd = get_model_state_dict(model)
                 optim_sd = get_optimizer_state_dict(model, inner)

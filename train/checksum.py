@@ -63,7 +63,7 @@ def full_state(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, tor
     flat: dict[str, torch.Tensor] = {}
     for fqn, state in optim.get("state", {}).items():
         for key, value in state.items():
-            if isinstance(value, torch.Tensor) or isinstance(value, (int, float)):
+            if isinstance(value, (torch.Tensor, int, float)):
                 flat[f"{fqn}/{key}"] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
     return params, flat
 
