@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.errors import EXIT_USAGE, OrchestratorError
 
@@ -45,7 +46,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _module(name: str):  # type: ignore[no-untyped-def]
+def _module(name: str) -> Any:
     return importlib.import_module(f"orchestrator.commands.{MODULES.get(name, name)}")
 
 

@@ -10,6 +10,7 @@ to its workers, so a pre-timeout USR2 would otherwise never reach training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -156,10 +157,13 @@ class SignalRelay:
     """Sends the signals this process receives to every process under the launcher.
 
     The workers are torchrun's children in sessions of their own; signalling the
-    launcher's process group would miss them, so walk the tree each time.
+    launcher's process group would miss them, so walk the tree each time. Installed
+    before the launcher exists: a signal that arrives then is only recorded (the node
+    then does not launch at all), never handled by submitit's own handlers (its USR2
+    handler would fail or requeue the job behind our back).
     """
 
-    def __init__(self, launcher: subprocess.Popen[bytes], log: Any) -> None:
+    def __init__(self, launcher: subprocess.Popen[bytes] | None, log: Any) -> None:
         self.launcher = launcher
         self.log = log
         self.received: list[int] = []
@@ -172,11 +176,16 @@ class SignalRelay:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         import psutil
 
         self.received.append(signum)
+        name = signal.Signals(signum).name
+        if self.launcher is None or self.launcher.returncode is not None:
+            print(f"[orchestrator node] received {name} while no training runs", file=self.log, flush=True)
+            return
         try:
             children = psutil.Process(self.launcher.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -185,15 +194,15 @@ class SignalRelay:
         # left alone so it does not SIGKILL them 30 s later (torchrun on TERM).
         targets = [c for c in children] or [psutil.Process(self.launcher.pid)]
         for proc in targets:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signum)
-            except psutil.NoSuchProcess:
-                pass
-        print(
-            f"[orchestrator node] relayed {signal.Signals(signum).name} to {len(targets)} process(es)",
-            file=self.log,
-            flush=True,
-        )
+        print(f"[orchestrator node] relayed {name} to {len(targets)} process(es)", file=self.log, flush=True)
+
+
+def stop_signal(plan: LaunchPlan) -> int:
+    """The profile's pre-timeout signal (USR2 by default) as a number."""
+    name = plan.profile.signal.name.upper()
+    return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}", signal.SIGUSR2))
 
 
 def launcher_argv(argv: list[str]) -> list[str]:
@@ -243,47 +252,77 @@ def run_node(plan: LaunchPlan, run_dir: Path, job_key: str, attempt_base: int = 
     node_log_path = attempt_dir / f"node_{ctx.node_rank}.log"
     with open(node_log_path, "ab", buffering=0) as node_log_bin:
         log = open(node_log_bin.fileno(), "w", closefd=False, buffering=1)  # noqa: SIM115 (shares the fd)
-        host = socket.gethostname()
-        main_ip = resolve_main_ip(plan, ctx, attempt_dir)
-        port = port_for_job(ctx.job_id, plan.profile.port_range.start, plan.profile.port_range.end)
-        runtime = NodeRuntime(machine_rank=ctx.node_rank, main_process_ip=main_ip, main_process_port=port)
-        config_path = attempt_dir / f"accelerate_config.node{ctx.node_rank}.yaml"
-        config_path.write_text(render_accelerate_config(plan, runtime))
-        argv = accelerate_launch_command(str(config_path), plan.script, plan.script_args)
-        # Per-rank logs from torchrun, next to the node log.
-        argv[2:2] = ["--log_dir", str(attempt_dir / f"node_{ctx.node_rank}_ranks"), "--tee", "3"]
-        print(
-            f"[orchestrator node] host={host} node_rank={ctx.node_rank}/{ctx.num_nodes} job={ctx.job_id} "
-            f"attempt={ctx.attempt} main={main_ip}:{port} world_size={plan.world_size} "
-            f"strategy={plan.options.strategy}",
-            file=log,
-            flush=True,
-        )
-        print(f"[orchestrator node] exec: {' '.join(argv)}", file=log, flush=True)
-        env = training_environment(plan, ctx, run_dir)
-        started = time.monotonic()
-        launched_at = time.time()
-        launcher = subprocess.Popen(
-            launcher_argv(argv), env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-        (attempt_dir / f"node_{ctx.node_rank}.pid").write_text(str(launcher.pid))
-        relay = SignalRelay(launcher, log)
+        relay = SignalRelay(None, log)
         relay.install()
         try:
-            code = launcher.wait()
+            code = _launch_and_wait(plan, ctx, run_dir, attempt_dir, log, node_log_bin, relay)
         finally:
             relay.restore()
-            _kill_tree(launcher.pid)
-        elapsed = time.monotonic() - started
-        if code != 0 and wait_for_requeue_record(run_dir, launched_at, bool(relay.received)):
-            code = EXIT_REQUEUE
+        (attempt_dir / f"node_{ctx.node_rank}.exit").write_text(str(code))
+        log.close()
+    return code
+
+
+def _launch_and_wait(
+    plan: LaunchPlan, ctx: NodeContext, run_dir: Path, attempt_dir: Path, log: Any, node_log_bin: Any, relay: SignalRelay
+) -> int:
+    host = socket.gethostname()
+    main_ip = resolve_main_ip(plan, ctx, attempt_dir)
+    port = port_for_job(ctx.job_id, plan.profile.port_range.start, plan.profile.port_range.end)
+    runtime = NodeRuntime(machine_rank=ctx.node_rank, main_process_ip=main_ip, main_process_port=port)
+    config_path = attempt_dir / f"accelerate_config.node{ctx.node_rank}.yaml"
+    config_path.write_text(render_accelerate_config(plan, runtime))
+    argv = accelerate_launch_command(str(config_path), plan.script, plan.script_args)
+    # Per-rank logs from torchrun, next to the node log.
+    argv[2:2] = ["--log_dir", str(attempt_dir / f"node_{ctx.node_rank}_ranks"), "--tee", "3"]
+    print(
+        f"[orchestrator node] host={host} node_rank={ctx.node_rank}/{ctx.num_nodes} job={ctx.job_id} "
+        f"attempt={ctx.attempt} main={main_ip}:{port} world_size={plan.world_size} "
+        f"strategy={plan.options.strategy}",
+        file=log,
+        flush=True,
+    )
+    stop = stop_signal(plan)
+    if relay.received:
+        # Stopped before training started: nothing to checkpoint. The pre-timeout signal asks
+        # for a requeue (the next attempt resumes from the last complete checkpoint).
+        code = EXIT_REQUEUE if stop in relay.received else 128 + relay.received[0]
+        print(f"[orchestrator node] not launched: {signal.Signals(relay.received[0]).name} came first", file=log, flush=True)
+        print(f"[orchestrator node] host={host} node_rank={ctx.node_rank} exit={code} after 0.0 s", file=log, flush=True)
+        return code
+    print(f"[orchestrator node] exec: {' '.join(argv)}", file=log, flush=True)
+    env = training_environment(plan, ctx, run_dir)
+    started = time.monotonic()
+    launched_at = time.time()
+    launcher = subprocess.Popen(
+        launcher_argv(argv), env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    (attempt_dir / f"node_{ctx.node_rank}.pid").write_text(str(launcher.pid))
+    relay.launcher = launcher
+    try:
+        code = launcher.wait()
+    finally:
+        _kill_tree(launcher.pid)
+    elapsed = time.monotonic() - started
+    pre_timeout = stop in relay.received
+    if code != 0 and wait_for_requeue_record(run_dir, launched_at, pre_timeout):
+        code = EXIT_REQUEUE
+    elif code != 0 and pre_timeout:
+        # The pre-timeout/preemption signal reached workers before their handlers were installed
+        # (start-up) or training could not checkpoint: still a preemption, not a failure of the
+        # run; the next attempt resumes from the last complete checkpoint.
         print(
-            f"[orchestrator node] host={host} node_rank={ctx.node_rank} exit={code} after {elapsed:.1f} s",
+            f"[orchestrator node] training ended by {signal.Signals(stop).name} without a checkpoint record "
+            f"(exit {code}): requeue from the last complete checkpoint",
             file=log,
             flush=True,
         )
-        (attempt_dir / f"node_{ctx.node_rank}.exit").write_text(str(code))
-        log.close()
+        code = EXIT_REQUEUE
+    print(
+        f"[orchestrator node] host={host} node_rank={ctx.node_rank} exit={code} after {elapsed:.1f} s",
+        file=log,
+        flush=True,
+    )
     return code
 
 
@@ -296,10 +335,8 @@ def _kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         return
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(procs, timeout=10)
 
 
@@ -316,6 +353,10 @@ class NodeTask:
     def __call__(self) -> int:
         plan = LaunchPlan.from_json(self.plan_json)
         run_dir = Path(self.run_dir)
+        # Outside the launch (run_node relays), a stop signal is noted and otherwise ignored:
+        # submitit's own USR2 handler would raise (or requeue) while node 0 decides on the requeue.
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, _note_signal)
         code = run_node(plan, run_dir, self.job_key, self.attempt_base)
         if plan.profile.scheduler == "local" and os.environ.get("SUBMITIT_LOCAL_GLOBALID", "0") == "0":
             write_local_final_state(plan, run_dir, self.attempt_base)
@@ -329,6 +370,10 @@ class NodeTask:
             # A raised error makes the Slurm task exit non-zero, so sacct says FAILED.
             raise RunFailure(f"training exited with code {code} on node {socket.gethostname()}")
         return code
+
+
+def _note_signal(signum: int, frame: FrameType | None) -> None:
+    print(f"[orchestrator node] {signal.Signals(signum).name} ignored: training is not running", file=sys.stderr, flush=True)
 
 
 #: How long node 0 of a local job waits for the other simulated nodes' exit codes.

@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.errors import RunFailure, UserError
 from orchestrator.plan import LaunchPlan
-from orchestrator.render import render_sbatch, submitit_command
+from orchestrator.render import render_sbatch
 
 SINFO_TIMEOUT_S = 15.0
 
@@ -105,7 +105,7 @@ def _slurm_executor_class() -> Any:
     """A submitit SlurmExecutor whose sbatch text is our Jinja template (golden-tested)."""
     import submitit
 
-    class TemplateSlurmExecutor(submitit.SlurmExecutor):  # type: ignore[misc]
+    class TemplateSlurmExecutor(submitit.SlurmExecutor):
         plan: LaunchPlan
         run_dir: Path
 

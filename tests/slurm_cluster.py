@@ -18,8 +18,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pytest
 

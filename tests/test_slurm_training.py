@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import REPO, kill_tree, run_cli, sacct_state
+from tests.conftest import REPO, run_cli, sacct_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TRAIN = str(REPO / "train" / "train.py")

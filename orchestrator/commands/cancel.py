@@ -48,7 +48,10 @@ def cancel_slurm(job: JobRecord, sig: signal.Signals | None) -> str:
     if sig is None:
         # Scancel sends SIGTERM first, which training cannot tell from a preemption: the
         # marker tells the node entry point not to requeue a job the user cancelled.
-        write_cancel_marker(job.run_dir, "CANCEL", _user())
+        try:
+            write_cancel_marker(job.run_dir, "CANCEL", _user())
+        except OSError:
+            pass  # run directory gone: nothing left that could requeue it
     if sig is not None:
         argv.append(f"--signal={sig.name.removeprefix('SIG')}")
     argv.append(job.job_id)
