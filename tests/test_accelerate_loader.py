@@ -202,6 +202,10 @@ def launcher(tmp_path: Path) -> Iterator[Callable[[Path, Path], subprocess.Popen
             proc.communicate(timeout=10)
 
 
+class PortTaken(Exception):
+    """The rendezvous port was grabbed between choosing it and binding it."""
+
+
 def finish(proc: subprocess.Popen[str], out_dir: Path) -> list[dict[str, str | None]]:
     """Wait for the launcher; each rank's record is read from its own file (stdout interleaves)."""
     try:
@@ -210,7 +214,9 @@ def finish(proc: subprocess.Popen[str], out_dir: Path) -> list[dict[str, str | N
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         raise AssertionError(f"accelerate launch did not finish in {LAUNCH_TIMEOUT} s:\n{out}") from None
-    assert proc.returncode == 0, out
+    if proc.returncode != 0 and ("EADDRINUSE" in out or "address already in use" in out.lower()):
+        raise PortTaken(out)
+    assert proc.returncode == 0, out[-6000:]
     return [json.loads(path.read_text()) for path in sorted(out_dir.glob("rank*.json"))]
 
 
@@ -220,13 +226,27 @@ def local_plan(strategy: str, fsdp_version: int, nodes: int) -> LaunchPlan:
     return build_plan("local", profile, options, "tiny.py", nodes=nodes)
 
 
-def write_configs(plan: LaunchPlan, folder: Path, port: int) -> list[Path]:
-    paths = []
-    for rank in range(plan.nodes):
-        path = folder / f"{plan.options.strategy}-fsdp{plan.options.fsdp_version}.node{rank}.yaml"
-        path.write_text(render_accelerate_config(plan, NodeRuntime(rank, "127.0.0.1", port)))
-        paths.append(path)
-    return paths
+def launch(
+    launcher: Callable[[Path, Path], subprocess.Popen[str]], plan: LaunchPlan, folder: Path
+) -> list[list[dict[str, str | None]]]:
+    """Launch every machine rank of the plan on 127.0.0.1; the rank records of each machine."""
+    for attempt in range(3):
+        port = free_port()
+        tag = f"{plan.options.strategy}-fsdp{plan.options.fsdp_version}-try{attempt}"
+        procs = []
+        for rank in range(plan.nodes):
+            config = folder / f"{tag}.node{rank}.yaml"
+            config.write_text(render_accelerate_config(plan, NodeRuntime(rank, "127.0.0.1", port)))
+            assert load_config_from_file(str(config)).rdzv_backend == "static"
+            out_dir = folder / f"{tag}.out{rank}"
+            procs.append((launcher(config, out_dir), out_dir))
+        try:
+            return [finish(proc, out_dir) for proc, out_dir in procs]
+        except PortTaken:
+            for proc, _ in procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError("no free rendezvous port in 3 tries")
 
 
 SINGLE_NODE = [("ddp", 2), ("full_shard", 1), ("full_shard", 2)]
@@ -235,14 +255,9 @@ SINGLE_NODE = [("ddp", 2), ("full_shard", 1), ("full_shard", 2)]
 @pytest.mark.slow
 def test_launch_single_node(launcher: Callable[[Path, Path], subprocess.Popen[str]], tmp_path: Path) -> None:
     """ddp, FSDP1 full_shard and FSDP2 full_shard: one local node, two processes each."""
-    started = []
     for strategy, version in SINGLE_NODE:
         plan = local_plan(strategy, version, nodes=1)
-        (config,) = write_configs(plan, tmp_path, free_port())
-        out_dir = tmp_path / f"out-{strategy}-{version}"
-        started.append((strategy, version, plan, out_dir, launcher(config, out_dir)))
-    for strategy, version, plan, out_dir, proc in started:
-        ranks = finish(proc, out_dir)
+        (ranks,) = launch(launcher, plan, tmp_path)
         assert sorted(int(r["RANK"]) for r in ranks) == list(range(plan.world_size)), ranks  # type: ignore[arg-type]
         assert {r["WORLD_SIZE"] for r in ranks} == {str(plan.world_size)}
         if strategy == "ddp":
@@ -262,11 +277,7 @@ def test_launch_hybrid_two_machines(
 ) -> None:
     """hybrid_shard on FSDP2: two machine ranks on 127.0.0.1, static rendezvous, 2 x 2 processes."""
     plan = local_plan("hybrid_shard", 2, nodes=2)
-    configs = write_configs(plan, tmp_path, free_port())
-    assert "rdzv_backend: static" in configs[0].read_text()
-    out_dirs = [tmp_path / f"out-machine{rank}" for rank in range(len(configs))]
-    procs = [launcher(config, out_dir) for config, out_dir in zip(configs, out_dirs, strict=True)]
-    per_machine = [finish(proc, out_dir) for proc, out_dir in zip(procs, out_dirs, strict=True)]
+    per_machine = launch(launcher, plan, tmp_path)
     all_ranks = sorted(int(r["RANK"]) for ranks in per_machine for r in ranks)  # type: ignore[arg-type]
     assert all_ranks == list(range(4))
     # Machine 0 hosts global ranks 0-1, machine 1 ranks 2-3.

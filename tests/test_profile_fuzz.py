@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE = "cluster_profiles/fuzz.yaml"
 
 FAST = settings(
-    max_examples=250,
+    max_examples=200,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
@@ -161,13 +161,13 @@ def test_structures_give_profile_or_user_error(document: Any) -> None:
         exercise(profile)
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=100)
 @given(st.text(max_size=200))
 def test_raw_text_gives_profile_or_user_error(raw: str) -> None:
     check_outcome(raw)
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=100)
 @given(profile_like)
 def test_near_valid_profiles(document: dict[str, Any]) -> None:
     """Most of these are close to valid: a good share must get through to planning."""
@@ -181,7 +181,7 @@ def test_generator_reaches_valid_profiles() -> None:
     """Guard against a generator that only ever produces garbage."""
     valid = 0
 
-    @settings(FAST, max_examples=150)
+    @settings(FAST, max_examples=100)
     @given(profile_like)
     def count(document: dict[str, Any]) -> None:
         nonlocal valid
