@@ -163,9 +163,12 @@ class SignalRelay:
     handler would fail or requeue the job behind our back).
     """
 
-    def __init__(self, launcher: subprocess.Popen[bytes] | None, log: Any) -> None:
+    def __init__(self, launcher: subprocess.Popen[bytes] | None, log: Any, stop_signals: tuple[int, ...] = ()) -> None:
         self.launcher = launcher
         self.log = log
+        self.stop_signals = stop_signals
+        """Signals that end the attempt: one that arrives before any worker exists stops the launcher
+        (a worker started later would never hear of it and train on until the hard kill)."""
         self.received: list[int] = []
         self._previous: dict[int, Any] = {}
 
@@ -178,25 +181,37 @@ class SignalRelay:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def _say(self, line: str) -> None:
+        stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+        print(f"[orchestrator node] {stamp} {line}", file=self.log, flush=True)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         import psutil
 
         self.received.append(signum)
         name = signal.Signals(signum).name
         if self.launcher is None or self.launcher.returncode is not None:
-            print(f"[orchestrator node] received {name} while no training runs", file=self.log, flush=True)
+            self._say(f"received {name} while no training runs")
             return
         try:
-            children = psutil.Process(self.launcher.pid).children(recursive=True)
+            launcher = psutil.Process(self.launcher.pid)
+            children = launcher.children(recursive=True)
         except psutil.NoSuchProcess:
+            return
+        if not children and signum in self.stop_signals:
+            # Training has not started: nothing to checkpoint, and a worker spawned after this
+            # moment would never get the signal. End the launch; the node reports a requeue.
+            with contextlib.suppress(psutil.NoSuchProcess):
+                launcher.kill()
+            self._say(f"received {name} before training started: launcher stopped")
             return
         # Workers get the signal itself (their handlers checkpoint); the launcher is
         # left alone so it does not SIGKILL them 30 s later (torchrun on TERM).
-        targets = [c for c in children] or [psutil.Process(self.launcher.pid)]
+        targets = children or [launcher]
         for proc in targets:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signum)
-        print(f"[orchestrator node] relayed {name} to {len(targets)} process(es)", file=self.log, flush=True)
+        self._say(f"relayed {name} to {len(targets)} process(es)")
 
 
 def stop_signal(plan: LaunchPlan) -> int:
@@ -252,7 +267,7 @@ def run_node(plan: LaunchPlan, run_dir: Path, job_key: str, attempt_base: int = 
     node_log_path = attempt_dir / f"node_{ctx.node_rank}.log"
     with open(node_log_path, "ab", buffering=0) as node_log_bin:
         log = open(node_log_bin.fileno(), "w", closefd=False, buffering=1)  # noqa: SIM115 (shares the fd)
-        relay = SignalRelay(None, log)
+        relay = SignalRelay(None, log, stop_signals=(stop_signal(plan), int(signal.SIGTERM)))
         relay.install()
         try:
             code = _launch_and_wait(plan, ctx, run_dir, attempt_dir, log, node_log_bin, relay)
