@@ -1,0 +1,481 @@
+"""Fault tolerance on the real Slurm test cluster (tests/cluster): preemption, time limits, node loss,
+resharded resume, and a job that fails on its own. No mock anywhere: real sbatch/srun/scontrol, real
+signals, real FSDP2 checkpoints.
+
+The reference for "same result as an uninterrupted run" is local mode at the same world size
+(``--profile local --nodes 2 --procs-per-node 1``): each batch is a pure function of (step, rank), so a
+correct resume gives the same losses and parameter checksum. It runs in the background while the
+cluster jobs run, and so does the time-limit job (it mostly waits on Slurm's clock): the file stays
+within a few minutes on 2 cores.
+
+Figures measured here (requeue round trip, node-failure detection, steps recomputed) are printed
+(``pytest -s``) and written to ``<runs>/fault_tolerance_figures.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import REPO, kill_tree, run_cli, sacct_state
+from tests.slurm_cluster import slurm, slurm_node_pids, wait_for_job_state
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TRAIN = str(REPO / "train" / "train.py")
+TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"]
+STEPS = 50
+CKPT_EVERY = 10
+RUN_ARGS = [*TINY, "--max-steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY)]
+TWO_NODES_FSDP = ["--profile", "slurm_test", "--strategy", "full_shard", "--nodes", "2", "--procs-per-node", "1"]
+#: The time-limit job: work sized (from a measured step rate) to outlast what one attempt can do.
+TIME_LIMIT_WORK_S = 50.0
+TIME_LIMIT_CKPT_EVERY = 25
+TIME_LIMIT_DEADLINE_S = 330.0
+
+T = TypeVar("T")
+FIGURES: dict[str, Any] = {}
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def poll(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.3,
+         diagnostics: Callable[[], str] | None = None) -> T:
+    """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = diagnostics() if diagnostics else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{extra}")
+        time.sleep(interval)
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    """Complete lines of metrics.jsonl (the last one may be mid-write)."""
+    try:
+        data = (run_dir / "metrics.jsonl").read_bytes()
+    except OSError:
+        return []
+    out = []
+    for raw in data.split(b"\n")[:-1]:
+        try:
+            out.append(json.loads(raw))
+        except ValueError:
+            continue
+    return out
+
+
+def trains(run_dir: Path) -> list[dict[str, Any]]:
+    return [e for e in events(run_dir) if e.get("event") == "train"]
+
+
+def resumes(run_dir: Path) -> list[dict[str, Any]]:
+    return [e for e in events(run_dir) if e.get("event") == "resume"]
+
+
+def segments(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl cut at resume events: per attempt that trained, its resume step (None for the
+    first) and its train events."""
+    out: list[dict[str, Any]] = [{"resume": None, "train": []}]
+    for e in events(run_dir):
+        if e.get("event") == "resume":
+            out.append({"resume": e, "train": []})
+        elif e.get("event") == "train":
+            out[-1]["train"].append(e)
+    return out
+
+
+def recomputed_steps(run_dir: Path) -> list[int]:
+    """For each resume: steps the previous attempt had logged beyond the checkpoint resumed from."""
+    last_step = 0
+    out = []
+    for seg in segments(run_dir):
+        if seg["resume"] is not None:
+            out.append(max(0, last_step - int(seg["resume"]["step"])))
+        if seg["train"]:
+            last_step = max(int(e["step"]) for e in seg["train"])
+    return out
+
+
+def last_loss_by_step(run_dir: Path) -> dict[int, float]:
+    """The loss each step finally had (a recomputed step overwrites the lost one)."""
+    return {int(e["step"]): float(e["loss"]) for e in trains(run_dir)}
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def job_and_dir(stdout: str) -> tuple[str, Path]:
+    return stdout.split("submitted job ")[1].split()[0], Path(stdout.split("run directory ")[1].split()[0])
+
+
+def node_logs(run_dir: Path) -> str:
+    parts = []
+    for path in sorted((run_dir / "logs").glob("attempt_*/node_*.log")):
+        text = path.read_text(errors="replace")
+        parts.append(f"--- {path.relative_to(run_dir)}\n" + "\n".join(text.splitlines()[-15:]))
+    for path in sorted((run_dir / "submitit").glob("*_log.err"))[-4:]:
+        parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-12:]))
+    return "\n".join(parts)
+
+
+def diag(job_id: str, run_dir: Path) -> Callable[[], str]:
+    def show() -> str:
+        state = slurm("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T %M %R", check=False).stdout.strip()
+        tail = [json.dumps(e)[:160] for e in events(run_dir)[-3:]]
+        return f"job {job_id}: {state}\nmetrics tail: {tail}\n{node_logs(run_dir)}"
+
+    return show
+
+
+def submit(env: dict[str, str], options: list[str], script_args: list[str], script: str = TRAIN) -> tuple[str, Path]:
+    res = run_cli(["submit", *options, "--", script, *script_args], env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return job_and_dir(res.stdout)
+
+
+def scancel_quietly(job_id: str) -> None:
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+
+
+def training_pids(node: str, job_id: str) -> list[int]:
+    """The training workers of one job on one node (torchrun's children running train.py)."""
+    pids = []
+    for pid in slurm_node_pids(node, job_id=job_id):
+        try:
+            cmd = psutil.Process(pid).cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if any(part.endswith("train.py") for part in cmd) and "-c" not in cmd:
+            pids.append(pid)
+    return pids
+
+
+def job_nodes(job_id: str) -> list[str]:
+    out = slurm("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
+    return slurm("scontrol", "show", "hostnames", out).stdout.split() if out else []
+
+
+def slurm_restarts(job_id: str) -> int | None:
+    out = slurm("scontrol", "show", "job", job_id, check=False).stdout
+    for word in out.split():
+        if word.startswith("Restarts="):
+            return int(word.split("=", 1)[1])
+    return None
+
+
+def record(name: str, value: Any) -> None:
+    FIGURES[name] = value
+    print(f"[fault tolerance] {name} = {value}")
+
+
+class Background:
+    """A CLI command running while the tests go on (bounded; killed on teardown)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        self._result: subprocess.CompletedProcess[str] | None = None
+
+    def result(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        if self._result is None:
+            try:
+                out, err = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_tree(self.proc.pid)
+                out, err = self.proc.communicate()
+                raise AssertionError(f"orchestrator {' '.join(self.args)} did not finish in {timeout:.0f} s\n{out}\n{err}") from None
+            self._result = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+        return self._result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+
+
+# ----------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def ft_env(slurm_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Own registry and runs folder for the module (the background jobs outlive single tests)."""
+    base = tmp_path_factory.mktemp("fault_tolerance")
+    env = dict(os.environ)
+    env["ORCHESTRATOR_HOME"] = str(base / "home")
+    env["ORCHESTRATOR_RUNS"] = str(base / "runs")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    yield env
+    runs = Path(env["ORCHESTRATOR_RUNS"])
+    if FIGURES and runs.is_dir():
+        (runs / "fault_tolerance_figures.json").write_text(json.dumps(FIGURES, indent=1))
+
+
+def selected(request: pytest.FixtureRequest, *names: str) -> bool:
+    return any(item.name in names for item in request.session.items)
+
+
+@pytest.fixture(scope="module")
+def reference(request: pytest.FixtureRequest, ft_env: dict[str, str]) -> Background | None:
+    """The uninterrupted run, in local mode at the same world size, started once in the background."""
+    if not selected(request, "test_preemption_usr2_then_scontrol_requeue_resume_exactly",
+                    "test_sigkill_on_one_node_fails_then_resume_completes_exactly"):
+        yield None
+        return
+    bg = Background(["submit", "--profile", "local", "--strategy", "full_shard", "--nodes", "2",
+                     "--procs-per-node", "1", "--wait", "--poll", "1", "--", TRAIN, *RUN_ARGS], ft_env)
+    yield bg
+    bg.stop()
+
+
+def reference_dir(bg: Background | None) -> Path:
+    assert bg is not None
+    res = bg.result(timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_dir = Path(res.stdout.split("run directory ")[-1].split()[0])
+    assert (run_dir / "final.json").is_file(), res.stdout
+    return run_dir
+
+
+def assert_same_result(run_dir: Path, ref_dir: Path) -> None:
+    final, ref = read_json(run_dir / "final.json"), read_json(ref_dir / "final.json")
+    assert final is not None and ref is not None
+    assert final["step"] == ref["step"] == STEPS
+    assert math.isclose(final["loss"], ref["loss"], rel_tol=1e-6), (final, ref)
+    assert math.isclose(final["param_checksum"], ref["param_checksum"], rel_tol=1e-9), (final, ref)
+    assert math.isclose(final["optim_checksum"], ref["optim_checksum"], rel_tol=1e-9), (final, ref)
+    got, want = last_loss_by_step(run_dir), last_loss_by_step(ref_dir)
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    assert [round(got[s], 4) for s in sorted(got)] == [round(want[s], 4) for s in sorted(want)]
+
+
+def measure_step_rate(env: dict[str, str], tmp: Path) -> float:
+    """Steps per second of one tiny training process right now (the machine is shared)."""
+    run_dir = tmp / "calibrate"
+    proc = subprocess.run(
+        [sys.executable, TRAIN, *TINY, "--max-steps", "60", "--resume", "never", "--run-dir", str(run_dir)],
+        env={**env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = trains(run_dir)[10:]  # past the warm-up
+    return (len(steps) - 1) / (steps[-1]["time"] - steps[0]["time"])
+
+
+@pytest.fixture(scope="module")
+def time_limit_job(request: pytest.FixtureRequest, ft_env: dict[str, str],
+                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any] | None:
+    """Submitted at the start of the module when test_time_limit is selected: it spends most of its
+    life waiting on Slurm's clock, so the other tests run meanwhile."""
+    if not selected(request, "test_time_limit_reached_over_several_attempts"):
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("time_limit")
+    rate = measure_step_rate(ft_env, tmp)
+    # One attempt trains at most ~35 s: with --signal=USR2@10, Slurm (checking every 30 s) signals
+    # 10-40 s before the 60 s limit, and start-up takes 15-25 s. 50 s of work needs >= 2 attempts.
+    max_steps = max(200, int(rate * TIME_LIMIT_WORK_S))
+    data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+    data["signal"] = {"name": "USR2", "seconds_before": 10}
+    data["max_requeues"] = 8
+    profiles = tmp / "profiles"
+    profiles.mkdir()
+    (profiles / "slurm_test.yaml").write_text(yaml.safe_dump(data))
+    job_id, run_dir = submit(
+        ft_env,
+        ["--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "1", "--time", "1"],
+        [*TINY, "--max-steps", str(max_steps), "--ckpt-every", str(TIME_LIMIT_CKPT_EVERY)],
+    )
+    info = {"job_id": job_id, "run_dir": run_dir, "max_steps": max_steps, "rate": rate, "submitted": time.monotonic()}
+    yield info
+    if sacct_state(job_id, timeout=1) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        scancel_quietly(job_id)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _start_background(reference: Background | None, time_limit_job: dict[str, Any] | None) -> None:
+    """Start the background work before the first test."""
+
+
+# ----------------------------------------------------------------------------------------- 1. preemption
+def test_preemption_usr2_then_scontrol_requeue_resume_exactly(ft_env: dict[str, str], reference: Background) -> None:
+    job_id, run_dir = submit(ft_env, TWO_NODES_FSDP, RUN_ARGS)
+    show = diag(job_id, run_dir)
+    try:
+        poll(lambda: len(trains(run_dir)) >= 5, 240, "5 train steps", diagnostics=show)
+
+        # Preemption notice: USR2 to every process of the job's steps.
+        t_usr2 = time.time()
+        slurm("scancel", "--signal=USR2", job_id)
+        first = poll(lambda: resumes(run_dir), 180, "the resume after USR2", diagnostics=show)[0]
+        after = poll(lambda: [e for e in segments(run_dir)[1]["train"]], 120, "a step after the resume", diagnostics=show)
+        round_trip = after[0]["time"] - t_usr2
+        record("usr2_round_trip_s", round(round_trip, 1))
+        stopped_at = max(e["step"] for e in segments(run_dir)[0]["train"])
+        assert first["step"] == stopped_at, "USR2: training must checkpoint the step it stopped at"
+        assert after[0]["step"] == first["step"] + 1
+
+        # Requeue by the scheduler (SIGTERM, then requeued): the same, from the last checkpoint.
+        poll(lambda: len(segments(run_dir)[1]["train"]) >= 3, 120, "3 steps after the first resume", diagnostics=show)
+        assert not (run_dir / "final.json").exists(), "run finished before it could be requeued: raise STEPS"
+        t_requeue = time.time()
+        slurm("scontrol", "requeue", job_id)
+        second = poll(lambda: resumes(run_dir)[1:], 180, "the resume after scontrol requeue", diagnostics=show)[0]
+        after2 = poll(lambda: segments(run_dir)[2]["train"], 120, "a step after the second resume", diagnostics=show)
+        record("scontrol_requeue_round_trip_s", round(after2[0]["time"] - t_requeue, 1))
+
+        poll(lambda: (run_dir / "final.json").exists(), 240, "final.json", diagnostics=show)
+        assert sacct_state(job_id, timeout=90) == "COMPLETED"
+    finally:
+        if not (run_dir / "final.json").exists():
+            scancel_quietly(job_id)
+
+    recomputed = recomputed_steps(run_dir)
+    record("preemption_steps_recomputed", recomputed)
+    assert len(recomputed) == 2 and all(r <= CKPT_EVERY for r in recomputed), recomputed
+    assert second["step"] >= first["step"]
+    # Each attempt has its own logs, kept: node logs, rank logs, exit codes.
+    for attempt in (0, 1, 2):
+        folder = run_dir / "logs" / f"attempt_{attempt}"
+        assert (folder / "node_0.log").is_file() and (folder / "node_1.log").is_file(), attempt
+        assert f"attempt={attempt}" in (folder / "node_0.log").read_text()
+    assert "exit=75" in (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
+    assert "exit=75" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
+    assert "exit=0" in (run_dir / "logs" / "attempt_2" / "node_0.log").read_text()
+    assert not (run_dir / "logs" / "attempt_3").exists()
+    assert_same_result(run_dir, reference_dir(reference))
+
+
+# ----------------------------------------------------------------------------------------- 3. hard kill
+def test_sigkill_on_one_node_fails_then_resume_completes_exactly(ft_env: dict[str, str], reference: Background) -> None:
+    job_id, run_dir = submit(ft_env, TWO_NODES_FSDP, RUN_ARGS)
+    show = diag(job_id, run_dir)
+    try:
+        first_ckpt = run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json"
+        poll(lambda: first_ckpt.exists() and len(trains(run_dir)) >= CKPT_EVERY + 2, 240,
+             "a complete checkpoint and two more steps", diagnostics=show)
+        nodes = job_nodes(job_id)
+        assert len(nodes) == 2, nodes
+        victim = nodes[-1]
+        pids = poll(lambda: training_pids(victim, job_id), 30, f"training processes on {victim}")
+        killed_at = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_for_job_state(job_id, "FAILED", timeout=120)
+        detection = time.monotonic() - killed_at
+        record("node_failure_detection_s", round(detection, 1))
+        assert detection < 60, f"FAILED only {detection:.0f} s after the kill"
+    finally:
+        scancel_quietly(job_id)
+    assert sacct_state(job_id) == "FAILED"
+    assert slurm_restarts(job_id) in (0, None), "a failed node must not be requeued as a preemption"
+    killed_step = max(e["step"] for e in trains(run_dir))
+    assert killed_step < STEPS
+
+    res = run_cli(["resume", job_id, "--wait", "--poll", "1"], ft_env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr + node_logs(run_dir)
+    resumed = resumes(run_dir)
+    assert len(resumed) == 1
+    recomputed = killed_step - resumed[0]["step"]
+    record("hard_kill_steps_recomputed", recomputed)
+    assert 0 <= recomputed <= CKPT_EVERY + 1  # the kill may land while a step is being logged
+    assert resumed[0]["step"] % CKPT_EVERY == 0
+    assert (run_dir / "logs" / "attempt_1" / "node_0.log").is_file()
+    assert_same_result(run_dir, reference_dir(reference))
+
+
+# ----------------------------------------------------------------------------------------- 4. resharding
+def test_resume_on_fewer_nodes_restores_exact_state(ft_env: dict[str, str]) -> None:
+    options = ["--profile", "slurm_test", "--strategy", "full_shard", "--nodes", "2", "--procs-per-node", "2"]
+    job_id, run_dir = submit(ft_env, options, RUN_ARGS)
+    show = diag(job_id, run_dir)
+    try:
+        poll(lambda: (run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json").exists(), 240,
+             "the first checkpoint", diagnostics=show)
+        res = run_cli(["cancel", job_id], ft_env, timeout=60)  # SIGTERM: training saves, no requeue
+        assert res.returncode == 0, res.stdout + res.stderr
+        state = wait_for_job_state(job_id, ["CANCELLED", "FAILED", "COMPLETED"], timeout=90)
+        assert state == "CANCELLED", state
+    finally:
+        scancel_quietly(job_id)
+    assert slurm_restarts(job_id) in (0, None), "a cancelled job must not be requeued"
+    assert not (run_dir / "final.json").exists()
+
+    res = run_cli(["resume", job_id, "--nodes", "1", "--wait", "--poll", "1"], ft_env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr + node_logs(run_dir)
+    assert "resharding: checkpoint world size 4 -> 2" in res.stdout
+    loaded = read_json(run_dir / "loaded.json")
+    assert loaded is not None and loaded["world_size"] == 2
+    marker = read_json(Path(loaded["checkpoint"]) / "COMPLETE.json")
+    if marker is None:  # pruned since (keep_last): the run went on and saved newer ones
+        pytest.fail(f"checkpoint {loaded['checkpoint']} was pruned before it could be checked")
+    assert marker["world_size"] == 4 and marker["step"] == loaded["step"]
+    for key in ("param_checksum", "optim_checksum"):
+        assert math.isclose(loaded[key], marker[key], rel_tol=1e-12, abs_tol=1e-12), (key, loaded, marker)
+    final = read_json(run_dir / "final.json")
+    assert final is not None and final["step"] == STEPS and final["world_size"] == 2
+
+
+# ----------------------------------------------------------------------------------------- 5. own failure
+def test_script_that_raises_is_not_requeued(ft_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text("import sys\nprint('about to fail', flush=True)\nraise SystemExit('boom: the script failed by itself')\n")
+    res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "1", "--wait", "--poll", "0.5", "--", str(script)],
+                  ft_env, timeout=180)
+    job_id, run_dir = job_and_dir(res.stdout)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert sacct_state(job_id) == "FAILED"
+    status = run_cli(["status", job_id, "--json"], ft_env, timeout=60)
+    row = json.loads(status.stdout)["jobs"][0]
+    assert row["state"] == "FAILED" and row["requeues"] == 0, row
+    assert slurm_restarts(job_id) in (0, None)
+    assert [p.name for p in (run_dir / "logs").iterdir()] == ["attempt_0"]
+
+
+# ----------------------------------------------------------------------------------------- 2. time limit
+def test_time_limit_reached_over_several_attempts(time_limit_job: dict[str, Any]) -> None:
+    job_id, run_dir, max_steps = time_limit_job["job_id"], time_limit_job["run_dir"], time_limit_job["max_steps"]
+    record("time_limit_work", {"max_steps": max_steps, "measured_steps_per_s": round(time_limit_job["rate"], 1)})
+    show = diag(job_id, run_dir)
+    left = TIME_LIMIT_DEADLINE_S - (time.monotonic() - time_limit_job["submitted"])
+    try:
+        poll(lambda: (run_dir / "final.json").exists(), max(30.0, left), "the time-limited job to finish",
+             interval=1.0, diagnostics=show)
+        assert sacct_state(job_id, timeout=90) == "COMPLETED", show()
+    finally:
+        if not (run_dir / "final.json").exists():
+            scancel_quietly(job_id)
+    final = read_json(run_dir / "final.json")
+    assert final is not None and final["step"] == max_steps
+    attempts = sorted(int(p.name.split("_")[1]) for p in (run_dir / "logs").glob("attempt_*"))
+    assert len(attempts) >= 2 and attempts == list(range(len(attempts)))
+    logs = [(run_dir / "logs" / f"attempt_{a}" / "node_0.log").read_text() for a in attempts]
+    # Nobody but Slurm sent a signal here: every attempt but the last was stopped by the time limit.
+    assert all("SIGUSR2" in text or "SIGTERM" in text for text in logs[:-1]), logs
+    assert "exit=0" in logs[-1]
+    segs = segments(run_dir)
+    last = 0
+    for seg in segs:
+        if seg["resume"] is not None:  # where the previous attempt that trained stopped
+            assert seg["resume"]["step"] == last, (seg["resume"], last)
+        last = max([last, *(e["step"] for e in seg["train"])])
+    record("time_limit_attempts", len(attempts))
+    record("time_limit_resume_steps", [s["resume"]["step"] for s in segs[1:]])
+    record("time_limit_steps_recomputed", recomputed_steps(run_dir))
