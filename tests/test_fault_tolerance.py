@@ -29,6 +29,7 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.run_dir import last_complete_checkpoint
 from tests.conftest import REPO, kill_tree, run_cli, sacct_state
 from tests.slurm_cluster import slurm, slurm_node_pids, wait_for_job_state
 
@@ -421,16 +422,18 @@ def test_resume_on_fewer_nodes_restores_exact_state(ft_env: dict[str, str]) -> N
         scancel_quietly(job_id)
     assert slurm_restarts(job_id) in (0, None), "a cancelled job must not be requeued"
     assert not (run_dir / "final.json").exists()
+    newest = last_complete_checkpoint(run_dir)
+    assert newest is not None
+    # Read now: the resumed run prunes it (--keep-last) once it has saved newer ones.
+    marker = read_json(newest.path / "COMPLETE.json")
+    assert marker is not None and marker["world_size"] == 4
 
     res = run_cli(["resume", job_id, "--nodes", "1", "--wait", "--poll", "1"], ft_env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr + node_logs(run_dir)
     assert "resharding: checkpoint world size 4 -> 2" in res.stdout
     loaded = read_json(run_dir / "loaded.json")
     assert loaded is not None and loaded["world_size"] == 2
-    marker = read_json(Path(loaded["checkpoint"]) / "COMPLETE.json")
-    if marker is None:  # pruned since (keep_last): the run went on and saved newer ones
-        pytest.fail(f"checkpoint {loaded['checkpoint']} was pruned before it could be checked")
-    assert marker["world_size"] == 4 and marker["step"] == loaded["step"]
+    assert Path(loaded["checkpoint"]) == newest.path and loaded["step"] == marker["step"]
     for key in ("param_checksum", "optim_checksum"):
         assert math.isclose(loaded[key], marker[key], rel_tol=1e-12, abs_tol=1e-12), (key, loaded, marker)
     final = read_json(run_dir / "final.json")
