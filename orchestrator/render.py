@@ -22,9 +22,9 @@ import jinja2
 from orchestrator.errors import UserError
 from orchestrator.plan import LaunchPlan
 
-#: Size-based auto-wrap threshold when no layer class is named (Accelerate's default is 1e8,
-#: which leaves small models as one unit; 1e6 gives a model of a few million parameters
-#: several FSDP units, so sharding is real even for small runs).
+#: Size-based auto-wrap threshold when no layer class is named (Accelerate's default is 1e8).
+#: Blocks smaller than this are not units of their own: the train/ tiny preset (0.2M per block)
+#: then has only Accelerate's root/tail units, so name the block with --wrap-cls for real sharding.
 DEFAULT_MIN_NUM_PARAMS = 1_000_000
 
 SAMPLE_MAIN_IP = "10.0.0.1"
