@@ -42,7 +42,7 @@ CKPT_EVERY = 10
 RUN_ARGS = [*TINY, "--max-steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY)]
 TWO_NODES_FSDP = ["--profile", "slurm_test", "--strategy", "full_shard", "--nodes", "2", "--procs-per-node", "1"]
 #: The time-limit job: work sized (from a measured step rate) to outlast what one attempt can do.
-TIME_LIMIT_WORK_S = 50.0
+TIME_LIMIT_WORK_S = 60.0
 TIME_LIMIT_CKPT_EVERY = 25
 TIME_LIMIT_DEADLINE_S = 330.0
 
@@ -291,7 +291,7 @@ def time_limit_job(request: pytest.FixtureRequest, ft_env: dict[str, str],
     tmp = tmp_path_factory.mktemp("time_limit")
     rate = measure_step_rate(ft_env, tmp)
     # One attempt trains at most ~35 s: with --signal=USR2@10, Slurm (checking every 30 s) signals
-    # 10-40 s before the 60 s limit, and start-up takes 15-25 s. 50 s of work needs >= 2 attempts.
+    # 10-40 s before the 60 s limit, and start-up takes 15-25 s. A minute of work needs >= 2 attempts.
     max_steps = max(200, int(rate * TIME_LIMIT_WORK_S))
     data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
     data["signal"] = {"name": "USR2", "seconds_before": 10}
