@@ -58,7 +58,7 @@ from orchestrator.run_dir import verify_checkpoint  # noqa: E402
 TRAIN = str(REPO / "train" / "train.py")
 CKPT_EVERY = 5
 KEEP_LAST = 3
-MAX_STEPS = 300
+MAX_STEPS = 200
 TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1",
         "--max-steps", str(MAX_STEPS), "--ckpt-every", str(CKPT_EVERY), "--keep-last", str(KEEP_LAST)]
 ACTIONS = ("usr2", "requeue", "kill", "kill_in_save")
@@ -233,20 +233,27 @@ class Soak(threading.Thread):
         if not running:
             rec.update(ok=False, fatal=True, problem="the attempt never started training")
             return rec
-        if running[-1]["step"] > MAX_STEPS - 25:
+        if running[-1]["step"] > MAX_STEPS - 30:
             rec.update(ok=True, fatal=True, skipped="too close to max steps for another event")
             return rec
         if action.startswith("kill") and not wait(lambda: checkpoint_listing(self.run_dir)["complete"], 90):
             rec.update(ok=False, fatal=True, problem="no complete checkpoint to resume from after a kill")
             return rec
-        # 2. A random moment (or: while a checkpoint is being written).
-        delay = self.rng.uniform(0.0, 4.0)
-        rec["delay_s"] = round(delay, 2)
+        # 2. A random moment: a random number of steps into the attempt plus a sub-step jitter (counted in
+        # steps, not seconds, so that a fast machine does not run out of steps before the events do);
+        # kill_in_save then waits until a checkpoint is being written.
+        target = self.rng.randint(2, 12)
+        wait(lambda: len(self._steps_since_last_resume()) >= target, timeout=120, interval=0.05)
+        delay = self.rng.uniform(0.0, 0.4)
+        rec.update(steps_into_attempt=len(self._steps_since_last_resume()), jitter_s=round(delay, 2))
         time.sleep(delay)  # the random timing itself, not a synchronisation
         if action == "kill_in_save":
             root = self.run_dir / "checkpoints"
             caught = wait(lambda: any(p.name.startswith(".tmp-step_") for p in root.glob(".tmp-*")), 20, interval=0.02)
             rec["caught_in_save"] = bool(caught)
+        if job_state(job_id) != "RUNNING":
+            rec.update(ok=True, fatal=True, skipped=f"job {job_state(job_id)} at the moment of the event")
+            return rec
         before = checkpoint_listing(self.run_dir)
         resumes_before = len(self._resumes())
         last_step_before = max((e["step"] for e in events(self.run_dir) if e.get("event") == "train"), default=0)
@@ -380,6 +387,7 @@ def main() -> int:
     env = dict(os.environ, ORCHESTRATOR_HOME=str(work / "home"), ORCHESTRATOR_RUNS=str(work / "runs"))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     counts = [args.events // args.runs + (1 if r < args.events % args.runs else 0) for r in range(args.runs)]
+    cli(env, "list")  # create the registry before the runs submit side by side
     per_run = [[ACTIONS[(k + r) % len(ACTIONS)] for k in range(counts[r])] for r in range(args.runs)]
     strategies = ["full_shard", "ddp"]
     soaks = []
