@@ -247,16 +247,20 @@ class Soak(threading.Thread):
         delay = self.rng.uniform(0.0, 0.4)
         rec.update(steps_into_attempt=len(self._steps_since_last_resume()), jitter_s=round(delay, 2))
         time.sleep(delay)  # the random timing itself, not a synchronisation
-        if action == "kill_in_save":
-            root = self.run_dir / "checkpoints"
-            caught = wait(lambda: any(p.name.startswith(".tmp-step_") for p in root.glob(".tmp-*")), 20, interval=0.02)
-            rec["caught_in_save"] = bool(caught)
         if job_state(job_id) != "RUNNING":
             rec.update(ok=True, fatal=True, skipped=f"job {job_state(job_id)} at the moment of the event")
             return rec
+        victim, pids = "", []
+        if action.startswith("kill"):  # found beforehand: the kill itself must be immediate
+            nodes = job_nodes(job_id)
+            victim = self.rng.choice(nodes) if nodes else "n1"
+            pids = training_pids(victim, job_id)
         before = checkpoint_listing(self.run_dir)
         resumes_before = len(self._resumes())
-        last_step_before = max((e["step"] for e in events(self.run_dir) if e.get("event") == "train"), default=0)
+        if action == "kill_in_save":
+            root = self.run_dir / "checkpoints"
+            caught = wait(lambda: any(p.name.startswith(".tmp-step_") for p in root.glob(".tmp-*")), 20, interval=0.01)
+            rec["caught_in_save"] = bool(caught)
         t_event = time.time()
         # 3. Act.
         if action == "usr2":
@@ -264,9 +268,6 @@ class Soak(threading.Thread):
         elif action == "requeue":
             run("scontrol", "requeue", job_id, timeout=30)
         else:
-            nodes = job_nodes(job_id)
-            victim = self.rng.choice(nodes) if nodes else "n1"
-            pids = training_pids(victim, job_id)
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -291,6 +292,13 @@ class Soak(threading.Thread):
             rec.update(ok=False, fatal=True, problem="no resume event within 240 s")
             return rec
         resume = resumed[0]
+        # The previous attempt's last logged step: train events between the previous resume and this one.
+        last_step_before = 0
+        for e in events(self.run_dir):
+            if e.get("event") == "resume" and e.get("time") == resume["time"]:
+                break
+            if e.get("event") == "train":
+                last_step_before = max(last_step_before, int(e["step"]))
         after = checkpoint_listing(self.run_dir)
         first_step = wait(lambda: self._steps_since_last_resume(), timeout=90, interval=0.1)
         if first_step:
@@ -332,7 +340,7 @@ class Soak(threading.Thread):
         assert self.run_dir is not None
         left = self.deadline - time.monotonic()
         done = wait(lambda: (self.run_dir / "final.json").exists(), timeout=max(5.0, left), interval=1.0)
-        state = job_state(job_id)
+        state = wait(lambda: (s := job_state(job_id)) not in ("RUNNING", "COMPLETING", "PENDING") and s, 60) or job_state(job_id)
         self.summary.update(completed=bool(done), final_state=state)
         if not done:
             log(f"run {self.index}: not finished within the budget ({state}); cancelled")
