@@ -101,3 +101,29 @@ def sacct_state(job_id: str, timeout: float = 60.0) -> str:
             return state
         time.sleep(0.5)
     return state
+
+
+def job_and_run_dir(submit_stdout: str) -> tuple[str, Path]:
+    """Job id and run directory from what `orchestrator submit` prints."""
+    job_id = submit_stdout.split("submitted job ")[1].split()[0]
+    return job_id, Path(submit_stdout.split("run directory ")[1].split()[0])
+
+
+def user_profile_dir(tmp_path: Path, **overrides: object) -> Path:
+    """A user profile folder whose slurm_test overrides the built-in one by name."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+    data.update(overrides)
+    folder = tmp_path / "profiles"
+    folder.mkdir(exist_ok=True)
+    (folder / "slurm_test.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    """Losses of the train events rank 0 wrote into metrics.jsonl, in order."""
+    import json
+
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [e["loss"] for e in events if e.get("event") == "train"]

@@ -11,22 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, kill_tree, run_cli, sacct_state
+from tests.conftest import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
 
 pytestmark = pytest.mark.slurm
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TRAIN = str(REPO / "train" / "train.py")
 
 
-def _profiles(tmp_path: Path, **overrides: object) -> Path:
-    data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
-    data.update(overrides)
-    folder = tmp_path / "profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / "slurm_test.yaml").write_text(yaml.safe_dump(data))
-    return folder
 
 
 def _status(job_id: str, env: dict) -> dict:
@@ -37,7 +29,7 @@ def _status(job_id: str, env: dict) -> dict:
 
 def test_status_follows_pending_running_completed(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
     # --begin keeps the job PENDING for a few seconds: the first state is observable, not a race.
-    profiles = _profiles(tmp_path, extra_sbatch={"begin": "now+4"})
+    profiles = user_profile_dir(tmp_path, extra_sbatch={"begin": "now+4"})
     res = run_cli(["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--",
                    SCRIPT, "--expect-world-size", "2", "--out", str(tmp_path / "o")], orch_env)
     assert res.returncode == 0, res.stderr

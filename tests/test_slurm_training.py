@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import REPO, run_cli, sacct_state
+from tests.conftest import REPO, job_and_run_dir, run_cli, sacct_state, train_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TRAIN = str(REPO / "train" / "train.py")
@@ -18,13 +17,8 @@ TRAIN_ARGS = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "-
               "--log-every", "1"]
 
 
-def _job_and_dir(stdout: str) -> tuple[str, Path]:
-    return stdout.split("submitted job ")[1].split()[0], Path(stdout.split("run directory ")[1].split()[0])
 
 
-def _losses(run_dir: Path) -> list[float]:
-    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [e["loss"] for e in events if e.get("event") == "train"]
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "hybrid_shard"])
@@ -34,12 +28,12 @@ def test_two_node_training_equals_local_mode(slurm_cluster: dict, orch_env: dict
         common += ["--wrap-cls", "TransformerBlock"]
     slurm = run_cli(["submit", "--profile", "slurm_test", *common, "--", TRAIN, *TRAIN_ARGS], orch_env, timeout=400)
     assert slurm.returncode == 0, slurm.stdout + slurm.stderr
-    job_id, slurm_dir = _job_and_dir(slurm.stdout)
+    job_id, slurm_dir = job_and_run_dir(slurm.stdout)
     assert sacct_state(job_id) == "COMPLETED"
     local = run_cli(["submit", "--profile", "local", *common, "--", TRAIN, *TRAIN_ARGS], orch_env, timeout=400)
     assert local.returncode == 0, local.stdout + local.stderr
-    _, local_dir = _job_and_dir(local.stdout)
-    slurm_losses, local_losses = _losses(slurm_dir), _losses(local_dir)
+    _, local_dir = job_and_run_dir(local.stdout)
+    slurm_losses, local_losses = train_losses(slurm_dir), train_losses(local_dir)
     assert len(slurm_losses) == 12
     assert [round(x, 4) for x in slurm_losses] == [round(x, 4) for x in local_losses]
     first = json.loads((slurm_dir / "metrics.jsonl").read_text().splitlines()[0])
@@ -69,7 +63,7 @@ def test_killing_one_node_fails_the_job_promptly(slurm_cluster: dict, orch_env: 
         orch_env,
     )
     assert res.returncode == 0, res.stderr
-    job_id, run_dir = _job_and_dir(res.stdout)
+    job_id, run_dir = job_and_run_dir(res.stdout)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:  # training is really running: steps are being logged

@@ -8,33 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, kill_tree, run_cli, sacct_state
+from tests.conftest import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
 
 pytestmark = pytest.mark.slurm
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TRAIN = str(REPO / "train" / "train.py")
 
 
-def _job_and_dir(stdout: str) -> tuple[str, Path]:
-    job_id = stdout.split("submitted job ")[1].split()[0]
-    return job_id, Path(stdout.split("run directory ")[1].split()[0])
 
 
-def _profile_dir(tmp_path: Path, **overrides: object) -> Path:
-    """A user profile folder whose slurm_test overrides the built-in one by name."""
-    data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
-    data.update(overrides)
-    folder = tmp_path / "profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / "slurm_test.yaml").write_text(yaml.safe_dump(data))
-    return folder
 
 
-def _losses(run_dir: Path) -> list[float]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [e["loss"] for e in lines if e.get("event") == "train"]
 
 
 def test_unmodified_script_spans_both_nodes(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
@@ -45,7 +30,7 @@ def test_unmodified_script_spans_both_nodes(slurm_cluster: dict, orch_env: dict,
         orch_env, timeout=240,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    job_id, run_dir = _job_and_dir(res.stdout)
+    job_id, run_dir = job_and_run_dir(res.stdout)
     records = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(4)]
     assert {r["world_size"] for r in records} == {4}
     assert {r["rank_sum"] for r in records} == {6.0}
@@ -58,7 +43,7 @@ def test_unmodified_script_spans_both_nodes(slurm_cluster: dict, orch_env: dict,
 def test_shell_metacharacters_in_profile_are_inert(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     evil = f"$(touch {canary}1) `touch {canary}2`; touch {canary}3 'q\"\nline2"
-    profiles = _profile_dir(tmp_path, env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "MARKER_VALUE": evil})
+    profiles = user_profile_dir(tmp_path, env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "MARKER_VALUE": evil})
     out = tmp_path / "plain"
     res = run_cli(
         ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2",
@@ -72,7 +57,7 @@ def test_shell_metacharacters_in_profile_are_inert(slurm_cluster: dict, orch_env
 
 
 def test_two_jobs_on_the_same_nodes_both_complete(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
-    profiles = _profile_dir(tmp_path, extra_sbatch={"nodelist": "n1,n2"})
+    profiles = user_profile_dir(tmp_path, extra_sbatch={"nodelist": "n1,n2"})
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "submit", "--profile", "slurm_test", "--profiles-dir", str(profiles),
@@ -89,7 +74,7 @@ def test_two_jobs_on_the_same_nodes_both_complete(slurm_cluster: dict, orch_env:
         for p in procs:
             kill_tree(p.pid)
     assert [p.returncode for p in procs] == [0, 0], outputs
-    jobs = [_job_and_dir(o) for o in outputs]
+    jobs = [job_and_run_dir(o) for o in outputs]
     ports = {
         next(x for x in (d / "logs/attempt_0/accelerate_config.node0.yaml").read_text().splitlines() if "port" in x)
         for _, d in jobs
@@ -121,7 +106,7 @@ def test_bad_requests_exit_2_before_submitting(
 
 
 def test_unknown_partition_exits_2(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
-    profiles = _profile_dir(tmp_path, partition="nosuchpart")
+    profiles = user_profile_dir(tmp_path, partition="nosuchpart")
     res = run_cli(["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--", SCRIPT], orch_env)
     assert res.returncode == 2 and "partition 'nosuchpart' does not exist" in res.stderr, res.stderr
     assert not (tmp_path / "runs").exists()
