@@ -74,15 +74,11 @@ def reap_local_jobs(tmp_path: Path) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> dict[str, str]:
-    """The real test cluster started by tests/cluster/run_with_cluster.sh.
+    """The real test cluster started by tests/cluster/run_with_cluster.sh (skipped locally
+    without it, a failure in CI: see tests/slurm_cluster.require_cluster)."""
+    from tests.slurm_cluster import require_cluster
 
-    Never skipped in CI: a missing cluster there is a failure, not a pass.
-    """
-    if os.environ.get("ORCHESTRATOR_TEST_CLUSTER") != "1":
-        message = "needs the real Slurm test cluster: bash tests/cluster/run_with_cluster.sh python -m pytest ..."
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_cluster()
     return {k: v for k, v in os.environ.items() if k.startswith("ORCHESTRATOR_TEST_CLUSTER") or k == "SLURM_CONF"}
 
 
