@@ -133,6 +133,7 @@ def test_two_jobs_share_two_nodes_at_the_same_time(cluster, shared_dir):
     """
     barrier = shared_dir / "barrier"
     barrier.mkdir(mode=0o777)
+    release = shared_dir / "release"
     script = shared_dir / "job.sh"
     script.write_text(textwrap.dedent(f"""\
         #!/bin/bash
@@ -143,26 +144,35 @@ def test_two_jobs_share_two_nodes_at_the_same_time(cluster, shared_dir):
             [ $SECONDS -lt $end ] || {{ echo "alone: $(ls {barrier})"; exit 1; }}
             sleep 0.1
           done
-          echo "$SLURMD_NODENAME sees $(ls {barrier} | wc -l) tasks"'
+          n=$(ls {barrier} | wc -l)
+          # hold until the test has seen both jobs RUNNING in squeue (else they may end unseen)
+          until [ -e {release} ]; do
+            [ $SECONDS -lt $end ] || {{ echo "never released"; exit 1; }}
+            sleep 0.1
+          done
+          echo "$SLURMD_NODENAME sees $n tasks"'
     """))
     common = ["-N2", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=2G", "-w", "n1,n2",
               "-p", cluster.partition]
     a = sbatch(*common, "-o", str(shared_dir / "a.out"), str(script))
     b = sbatch(*common, "-o", str(shared_dir / "b.out"), str(script))
-
-    # both RUNNING at once, in squeue
-    deadline = time.monotonic() + 60
-    while True:
-        out = slurm("squeue", "-h", "-j", f"{a},{b}", "-o", "%i %T %N").stdout.split("\n")
-        running = {line.split()[0]: line.split()[2] for line in out if " RUNNING " in line}
-        if len(running) == 2:
-            break
-        assert time.monotonic() < deadline, f"never both running: {out}"
-        time.sleep(0.2)
-    assert running == {a: "n[1-2]", b: "n[1-2]"}
-
-    for job in (a, b):
-        wait_for_job_state(job, "COMPLETED", timeout=90)
+    try:
+        # both RUNNING at once, in squeue (the tasks hold until `release` exists)
+        deadline = time.monotonic() + 60
+        while True:
+            out = slurm("squeue", "-h", "-j", f"{a},{b}", "-o", "%i %T %N").stdout.split("\n")
+            running = {line.split()[0]: line.split()[2] for line in out if " RUNNING " in line}
+            if len(running) == 2:
+                break
+            assert time.monotonic() < deadline, f"never both running: {out}"
+            time.sleep(0.2)
+        assert running == {a: "n[1-2]", b: "n[1-2]"}
+        release.touch()
+        for job in (a, b):
+            wait_for_job_state(job, "COMPLETED", timeout=90)
+    finally:
+        release.touch()
+        slurm("scancel", a, b, check=False)
     assert "sees 4 tasks" in (shared_dir / "a.out").read_text()
     assert "sees 4 tasks" in (shared_dir / "b.out").read_text()
 
