@@ -49,6 +49,11 @@ class LaunchPlan:
     job_name: str = "orchestrator"
     time_limit: str = "01:00:00"
     max_requeues: int = 3
+    auto_resume: bool = False
+    """After a node failure (a node stops answering), submit a new attempt without that node, from the
+    last complete checkpoint. Bounded by ``max_requeues`` like the scheduler's own requeues."""
+    exclude_nodes: tuple[str, ...] = ()
+    """Nodes this job must not run on (``--exclude``): the ones earlier attempts lost."""
 
     @property
     def strategy(self) -> Strategy:
@@ -76,6 +81,8 @@ class LaunchPlan:
             "job_name": self.job_name,
             "time_limit": self.time_limit,
             "max_requeues": self.max_requeues,
+            "auto_resume": self.auto_resume,
+            "exclude_nodes": list(self.exclude_nodes),
         }
 
     @classmethod
@@ -91,6 +98,8 @@ class LaunchPlan:
             job_name=data["job_name"],
             time_limit=data["time_limit"],
             max_requeues=int(data["max_requeues"]),
+            auto_resume=bool(data.get("auto_resume", False)),
+            exclude_nodes=tuple(data.get("exclude_nodes", ())),
         )
 
 
@@ -215,11 +224,20 @@ def build_plan(
     job_name: str | None = None,
     time_limit: str | None = None,
     max_requeues: int | None = None,
+    auto_resume: bool = False,
+    exclude_nodes: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """Check everything and return the plan; raises UserError with the reason."""
     node_count = profile.nodes.default if nodes is None else nodes
     procs = profile.default_procs_per_node if procs_per_node is None else procs_per_node
     check_combination(profile_name, profile, options, node_count, procs)
+    if auto_resume and profile.scheduler != "slurm":
+        raise UserError(
+            f"--auto-resume: profile '{profile_name}' runs locally, where there is no node to lose or exclude; "
+            "use `orchestrator resume JOB` after a failure"
+        )
+    if max_requeues is not None and max_requeues < 0:
+        raise UserError(f"--max-requeues: expected an integer >= 0, got {max_requeues}")
     if time_limit is not None:
         from orchestrator.profiles import _TIME_RE
 
@@ -236,6 +254,8 @@ def build_plan(
         job_name=job_name or f"{options.strategy}-{node_count}n",
         time_limit=time_limit or profile.time_limit,
         max_requeues=profile.max_requeues if max_requeues is None else max_requeues,
+        auto_resume=auto_resume,
+        exclude_nodes=tuple(sorted(set(exclude_nodes))),
     )
 
 

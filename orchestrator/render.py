@@ -122,8 +122,9 @@ def gres_for(plan: LaunchPlan) -> str:
     return f"gpu:{gpu}:{plan.profile.gpus_per_node}" if gpu else f"gpu:{plan.profile.gpus_per_node}"
 
 
-def render_sbatch(plan: LaunchPlan, command: str, run_dir: str, submitit_folder: str) -> str:
-    """The sbatch script; ``command`` is submitit's per-task command, already shell-safe."""
+def render_sbatch(plan: LaunchPlan, command: str, run_dir: str, submitit_folder: str, python: str = "python3") -> str:
+    """The sbatch script; ``command`` is submitit's per-task command, already shell-safe.
+    ``python`` runs the after-step check of ``--auto-resume`` (the interpreter that submitted)."""
     if plan.profile.scheduler != "slurm":
         raise UserError(f"profile '{plan.profile_name}' runs locally: there is no sbatch script")
     template = _environment().get_template("sbatch.sh.j2")
@@ -144,6 +145,9 @@ def render_sbatch(plan: LaunchPlan, command: str, run_dir: str, submitit_folder:
         task_stdout=f"{folder}/%j_%t_log.out",
         task_stderr=f"{folder}/%j_%t_log.err",
         command=command,
+        auto_resume=plan.auto_resume,
+        exclude_nodes=",".join(plan.exclude_nodes),
+        python=python,
     )
 
 

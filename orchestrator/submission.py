@@ -110,7 +110,7 @@ def _slurm_executor_class() -> Any:
         run_dir: Path
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            text = render_sbatch(self.plan, command, str(self.run_dir), str(self.folder))
+            text = render_sbatch(self.plan, command, str(self.run_dir), str(self.folder), sys.executable)
             (self.run_dir / "sbatch.sh").write_text(text)
             return text
 

@@ -25,7 +25,7 @@ def render_files(plan: LaunchPlan, node_rank: int | None, python: str) -> dict[s
     files: dict[str, str] = {}
     if plan.profile.scheduler == "slurm":
         folder = f"{SAMPLE_RUN_DIR}/submitit"
-        sbatch = render_sbatch(plan, submitit_command(python, folder), SAMPLE_RUN_DIR, folder)
+        sbatch = render_sbatch(plan, submitit_command(python, folder), SAMPLE_RUN_DIR, folder, python)
         shebang, _, body = sbatch.partition("\n")
         files["sbatch.sh"] = f"{shebang}\n# SAMPLE run directory: each job gets its own.\n{body}"
     ranks = range(plan.nodes) if node_rank is None else [node_rank]
