@@ -44,12 +44,32 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
     parser.add_argument("--name", default=None, help="job name (default: <strategy>-<nodes>n)")
     parser.add_argument("--time", default=None, help="time limit, Slurm format (default: the profile's)")
     parser.add_argument(
+        "--max-requeues", type=int, default=None, metavar="N",
+        help="requeues after preemption/time limit, and auto-resumes (default: the profile's max_requeues)",
+    )
+    parser.add_argument(
+        "--auto-resume", action="store_true",
+        help="after a node failure, submit a new attempt without the lost node from the last checkpoint (Slurm)",
+    )
+    parser.add_argument("--exclude", default=None, metavar="NODES", help="nodes not to run on (Slurm host list, comma-separated)")
+    parser.add_argument(
         "script_and_args",
         nargs=argparse.REMAINDER,
         metavar="-- SCRIPT [ARGS...]",
         help="training script and its arguments, after --",
     )
     parser.set_defaults(script_required=script_required)
+
+
+def parse_exclude(text: str | None) -> tuple[str, ...]:
+    """``n1,n2`` -> ("n1", "n2"); Slurm expands bracketed host lists itself, so they pass as they are."""
+    if text is None:
+        return ()
+    names = tuple(part.strip() for part in text.split(",") if part.strip()) if "[" not in text else (text.strip(),)
+    for name in names:
+        if not all(c.isalnum() or c in "-_.[]," for c in name):
+            raise UserError(f"--exclude: expected node names such as n1,n2 or n[1-2], got {text!r}")
+    return names
 
 
 def split_script(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -89,6 +109,9 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
             procs_per_node=args.procs_per_node,
             job_name=args.name,
             time_limit=args.time,
+            max_requeues=args.max_requeues,
+            auto_resume=args.auto_resume,
+            exclude_nodes=parse_exclude(args.exclude),
         )
     except UserError as exc:
         raise UserError(_blame_profile(str(exc), args, display_path(_path))) from None
