@@ -31,7 +31,14 @@ import yaml
 
 from orchestrator.run_dir import last_complete_checkpoint
 from tests.conftest import REPO, kill_tree, run_cli, sacct_state
-from tests.slurm_cluster import slurm, slurm_node_pids, wait_for_job_state
+from tests.slurm_cluster import (
+    kill_node_processes,
+    revive_nodes,
+    slurm,
+    slurm_node_pids,
+    wait_for_job_state,
+    wait_for_node_state,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -238,7 +245,8 @@ def selected(request: pytest.FixtureRequest, *names: str) -> bool:
 def reference(request: pytest.FixtureRequest, ft_env: dict[str, str]) -> Background | None:
     """The uninterrupted run, in local mode at the same world size, started once in the background."""
     if not selected(request, "test_preemption_usr2_then_scontrol_requeue_resume_exactly",
-                    "test_sigkill_on_one_node_fails_then_resume_completes_exactly"):
+                    "test_sigkill_on_one_node_fails_then_resume_completes_exactly",
+                    "test_node_death_with_auto_resume_continues_without_that_node"):
         yield None
         return
     bg = Background(["submit", "--profile", "local", "--strategy", "full_shard", "--nodes", "2",
@@ -406,6 +414,68 @@ def test_sigkill_on_one_node_fails_then_resume_completes_exactly(ft_env: dict[st
     assert_same_result(run_dir, reference_dir(reference))
 
 
+# ----------------------------------------------------------------------------------------- 3b. node death
+def test_node_death_with_auto_resume_continues_without_that_node(
+    ft_env: dict[str, str], reference: Background, slurm_cluster: dict[str, str]
+) -> None:
+    """A whole node dies (slurmd and every process on it, as at a power loss): the job fails within
+    the measured bound, ``--auto-resume`` submits a new attempt that excludes the dead node, from the
+    last complete checkpoint, and it completes with the uninterrupted run's result."""
+    if slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") != "netns":
+        pytest.skip("needs nodes in network namespaces to kill one node")
+    job_id, run_dir = submit(ft_env, [*TWO_NODES_FSDP, "--auto-resume"], RUN_ARGS)
+    show = diag(job_id, run_dir)
+    new_job = None
+    victim = ""
+    try:
+        first_ckpt = run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json"
+        poll(lambda: first_ckpt.exists() and len(trains(run_dir)) >= CKPT_EVERY + 2, 240,
+             "a complete checkpoint and two more steps", diagnostics=show)
+        nodes = job_nodes(job_id)
+        assert len(nodes) == 2, nodes
+        victim = nodes[-1]  # not the batch host: its batch script runs the after-step check
+        poll(lambda: training_pids(victim, job_id), 30, f"training processes on {victim}")
+        killed_at = time.monotonic()
+        assert kill_node_processes(victim, include_daemons=True)
+        decision = poll(lambda: read_json_lines(run_dir / "auto_resume.jsonl"), 120,
+                        "the after-step check's decision", diagnostics=show)[0]
+        record("node_death_to_resubmission_s", round(time.monotonic() - killed_at, 1))
+        assert decision["action"] == "resubmitted", decision
+        assert decision["lost_nodes"] == [victim] and decision["exclude_nodes"] == [victim], decision
+        new_job = decision["new_job_id"]
+        assert sacct_state(job_id, timeout=90) in ("FAILED", "NODE_FAIL"), sacct_state(job_id, 1)
+        newest = decision["checkpoint"]
+        assert newest is not None and int(Path(newest).name.split("_")[1]) % CKPT_EVERY == 0, newest
+        poll(lambda: job_nodes(new_job), 120, f"job {new_job} running", diagnostics=diag(new_job, run_dir))
+        assert victim not in job_nodes(new_job)
+        assert victim in slurm("scontrol", "show", "job", new_job).stdout.split("ExcNodeList=")[1].split()[0]
+        poll(lambda: (run_dir / "final.json").exists(), 300, "final.json", diagnostics=diag(new_job, run_dir))
+        assert sacct_state(new_job, timeout=90) == "COMPLETED"
+    finally:
+        for job in (job_id, new_job):
+            if job:
+                scancel_quietly(job)
+        if victim:
+            revive_nodes()
+            wait_for_node_state(victim, ("idle", "mixed"), timeout=60)
+    resumed = resumes(run_dir)
+    assert len(resumed) == 1 and Path(resumed[0]["checkpoint"]).name == Path(newest).name, resumed
+    record("node_death_steps_recomputed", recomputed_steps(run_dir))
+    assert all(r <= CKPT_EVERY + 1 for r in recomputed_steps(run_dir))
+    # the registry knows the new attempt, and where it started from
+    status = run_cli(["status", job_id, "--json"], ft_env, timeout=60)
+    row = json.loads(status.stdout)["jobs"][0]
+    assert row["resumes"] == 1 and row["state"] == "FAILED", row
+    assert_same_result(run_dir, reference_dir(reference))
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
 # ----------------------------------------------------------------------------------------- 4. resharding
 def test_resume_on_fewer_nodes_restores_exact_state(ft_env: dict[str, str]) -> None:
     options = ["--profile", "slurm_test", "--strategy", "full_shard", "--nodes", "2", "--procs-per-node", "2"]
@@ -444,8 +514,9 @@ def test_resume_on_fewer_nodes_restores_exact_state(ft_env: dict[str, str]) -> N
 def test_script_that_raises_is_not_requeued(ft_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "boom.py"
     script.write_text("import sys\nprint('about to fail', flush=True)\nraise SystemExit('boom: the script failed by itself')\n")
-    res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "1", "--wait", "--poll", "0.5", "--", str(script)],
-                  ft_env, timeout=180)
+    # --auto-resume too: every node still answers, so the after-step check must not resubmit.
+    res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "1", "--auto-resume", "--wait", "--poll", "0.5",
+                   "--", str(script)], ft_env, timeout=180)
     job_id, run_dir = job_and_dir(res.stdout)
     assert res.returncode == 1, res.stdout + res.stderr
     assert sacct_state(job_id) == "FAILED"
@@ -454,6 +525,9 @@ def test_script_that_raises_is_not_requeued(ft_env: dict[str, str], tmp_path: Pa
     assert row["state"] == "FAILED" and row["requeues"] == 0, row
     assert slurm_restarts(job_id) in (0, None)
     assert [p.name for p in (run_dir / "logs").iterdir()] == ["attempt_0"]
+    decisions = poll(lambda: read_json_lines(run_dir / "auto_resume.jsonl"), 30, "the after-step decision")
+    assert [d["action"] for d in decisions] == ["none"] and decisions[0]["lost_nodes"] == [], decisions
+    assert "every node still answers" in decisions[0]["reason"]
 
 
 # ----------------------------------------------------------------------------------------- 2. time limit

@@ -1,0 +1,129 @@
+"""The batch script's training step: ``srun`` under a supervisor that does not wait for a dead node.
+
+``exec python -m orchestrator.batch_step [--auto-resume] -- srun ...`` is the last line of every
+sbatch script. Why a supervisor instead of a bare ``srun``: when a whole node dies, the tasks on
+the other nodes fail within seconds (a broken collective), ``--kill-on-bad-exit`` ends them, and
+then srun waits for the dead node's tasks to report, which they never do. It returns only once
+slurmctld declares the node DOWN (``SlurmdTimeout``: 20 s on the test cluster, 300 s by default),
+and Slurm then ends the job NODE_FAIL. Measured on the test cluster: first task failure 1-3 s
+after the kill, srun back 26 s after it.
+
+So the supervisor reads srun's own error lines (``srun: error: n1: task 0: Exited with exit code
+1``); when a task has failed and srun is still there ``GRACE_S`` later, it probes every node of the
+allocation (:mod:`orchestrator.auto_resume`). A lost node ends the step at once; with
+``--auto-resume`` a new attempt without it is submitted from the last complete checkpoint.
+
+Signals: Slurm sends SIGTERM (cancel, preemption) to every process of the batch step, srun
+included, and srun forwards it to the tasks. The supervisor survives it (a no-op handler, reset to
+the default at exec, so srun's own disposition is untouched) and reports srun's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+#: After the first failed task, how long srun may take to end the step by itself. With
+#: ``--kill-on-bad-exit`` and live nodes it ends within about a second; measured 1-3 s.
+GRACE_S = 5.0
+#: srun's line for a task that ended badly, e.g. ``srun: error: n1: task 0: Exited with exit code 1``
+#: or ``srun: error: n2: tasks 2-3: Killed``.
+TASK_FAILURE_RE = re.compile(rb"srun: error: (\S+): tasks? [0-9,-]+: ")
+#: Signals the supervisor must outlive (srun receives them from Slurm directly).
+SURVIVED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def say(line: str) -> None:
+    print(f"[orchestrator step] {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
+class StepWatch:
+    """srun as a child; its stderr copied through while noting the first task failure."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.first_failure_at: float | None = None
+        self.failed_line = ""
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self._reader = threading.Thread(target=self._copy_stderr, daemon=True)
+        self._reader.start()
+
+    def _copy_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        out = sys.stderr.buffer
+        for line in iter(self.proc.stderr.readline, b""):
+            out.write(line)
+            out.flush()
+            if self.first_failure_at is None and TASK_FAILURE_RE.search(line):
+                self.first_failure_at = time.monotonic()
+                self.failed_line = line.decode(errors="replace").strip()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def finish(self) -> None:
+        self._reader.join(timeout=5)
+
+
+def supervise(argv: list[str], auto_resume: bool, probe_timeout: float, grace_s: float = GRACE_S) -> int:
+    from orchestrator import auto_resume as ar
+
+    run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    superseded = ar.superseded_by(run_dir, job_id)
+    if superseded:
+        # Slurm requeued a job (NODE_FAIL) whose after-step check had already submitted its successor.
+        say(f"job {job_id} was already auto-resumed as job {superseded}: not training twice")
+        return 1
+    started = time.time()
+    watch = StepWatch(argv)
+    probes: list[ar.ProbeResult] | None = None
+    status: int | None = None
+    while status is None:
+        status = watch.wait(0.5)
+        if status is not None or probes is not None or watch.first_failure_at is None:
+            continue
+        if time.monotonic() - watch.first_failure_at < grace_s:
+            continue
+        say(f"a task failed ({watch.failed_line}) and srun is still waiting after {grace_s:.0f} s: probing the nodes")
+        probes = ar.probe_nodes(ar.allocation_nodes(), probe_timeout)
+        for p in probes:
+            say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")
+        if any(not p.alive for p in probes):
+            say("ending the step now instead of waiting for Slurm to declare the node down")
+            watch.proc.kill()
+            watch.proc.wait()
+            status = 1
+    watch.finish()
+    if status < 0:  # srun killed by a signal
+        status = 128 - status
+    if status != 0:
+        ar.after_failed_step(run_dir, job_id, status, started, probes, auto_resume, probe_timeout)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.batch_step", description=__doc__.splitlines()[0])
+    parser.add_argument("--auto-resume", action="store_true")
+    parser.add_argument("--probe-timeout", type=float, default=20.0)
+    parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun ARGS...")
+    args = parser.parse_args(argv)
+    command = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
+    if not command:
+        parser.error("no step command after --")
+    for sig in SURVIVED_SIGNALS:
+        signal.signal(sig, lambda *_: None)
+    return supervise(command, args.auto_resume, args.probe_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
