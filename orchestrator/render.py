@@ -1,7 +1,9 @@
 """Rendering: a plan in, text out (the sbatch script and each node's Accelerate config).
 
 Jinja2 with StrictUndefined, so a missing value is an error rather than an empty
-string in a shell line. Every value that reaches a shell line goes through
+string in a shell line. jinja2 is imported on first render, not with this module, and compiled
+templates are kept in Jinja's own per-user bytecode cache: compiling the two templates cost
+``orchestrator render`` about as much as everything else it does (issue #7). Every value that reaches a shell line goes through
 ``shq`` (shlex.quote); YAML values go through ``yaml`` (a JSON-style quoted
 scalar), so a profile cannot inject code or keys.
 """
@@ -15,12 +17,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.plan import LaunchPlan
+
+if TYPE_CHECKING:
+    import jinja2
 
 #: Size-based auto-wrap threshold when no layer class is named (Accelerate's default is 1e8).
 #: Blocks smaller than this are not units of their own: the train/ tiny preset (0.2M per block)
@@ -50,13 +53,28 @@ def yaml_scalar(value: Any) -> str:
     return json.dumps(value)
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Jinja's per-user cache of compiled templates (a private 0700 folder it checks itself, keyed
+    by template name and source checksum, so an edited template is recompiled); None where no
+    such folder can be had: rendering then just compiles, as before."""
+    import jinja2
+
+    try:
+        return jinja2.FileSystemBytecodeCache()
+    except (OSError, RuntimeError):
+        return None
+
+
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
+        bytecode_cache=_bytecode_cache(),
     )
     env.filters["shq"] = shell_quote
     env.filters["yaml"] = yaml_scalar
