@@ -446,10 +446,16 @@ class Registry:
         """
         if not states:
             return []
+        # Read first, write only what differs: a poll where nothing changed (the usual case) then
+        # takes no write lock and writes nothing, instead of 1,000 no-op UPDATEs under the lock.
+        current = self._columns(states, "last_state")
+        todo = {j: s for j, s in states.items() if j in current and current[j][0] != s.value}
+        if not todo:
+            return []
         now = time.time() if at is None else at
         changed: list[str] = []
         with self._write() as conn:
-            for job_id, state in states.items():
+            for job_id, state in todo.items():
                 cur = conn.execute(
                     "UPDATE jobs SET last_state = ?, last_state_at = ? WHERE job_id = ? AND last_state != ?",
                     (state.value, now, job_id, state.value),
@@ -461,6 +467,18 @@ class Registry:
                     )
                     changed.append(job_id)
         return changed
+
+    def _columns(self, job_ids: Iterable[str], columns: str) -> dict[str, tuple[Any, ...]]:
+        """``{job_id: (columns...)}`` for the ids that exist, in a few ``IN`` queries."""
+        ids = list(job_ids)
+        out: dict[str, tuple[Any, ...]] = {}
+        for i in range(0, len(ids), 500):  # under SQLite's bound-parameter limit on any version
+            chunk = ids[i : i + 500]
+            rows = self._conn.execute(
+                f"SELECT job_id, {columns} FROM jobs WHERE job_id IN ({','.join('?' * len(chunk))})", chunk
+            ).fetchall()
+            out.update((r[0], tuple(r[1:])) for r in rows)
+        return out
 
     def _exists(self, job_id: str) -> bool:
         return self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None
@@ -487,8 +505,16 @@ class Registry:
         where the scheduler now reports nothing (sacct forgets, the registry should not)."""
         if not info:
             return
+        current = self._columns(info, "node_list, exit_code, reason")
+        todo = {
+            j: v
+            for j, v in info.items()
+            if j in current and tuple(new or old for new, old in zip(v, current[j], strict=True)) != current[j]
+        }
+        if not todo:
+            return  # the usual poll: the scheduler says what the registry already holds
         with self._write() as conn:
-            for job_id, (node_list, exit_code, reason) in info.items():
+            for job_id, (node_list, exit_code, reason) in todo.items():
                 conn.execute(
                     "UPDATE jobs SET node_list = COALESCE(?, node_list), exit_code = COALESCE(?, exit_code), "
                     "reason = COALESCE(?, reason) WHERE job_id = ?",
