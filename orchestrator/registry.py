@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, parse_state
@@ -33,6 +34,7 @@ HOME_ENV = "ORCHESTRATOR_HOME"
 BUSY_TIMEOUT_MS = 30_000
 
 SchedulerKind = Literal["slurm", "local"]
+_T = TypeVar("_T")
 
 # Ordered migrations: index i (1-based) brings the schema from version i-1 to i. Never edit a
 # released entry -- append a new one -- so every existing registry upgrades along the same path.
@@ -204,6 +206,36 @@ def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
     return "not a database" in msg or "malformed" in msg
 
 
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
+def _retry_when_locked(step: Callable[[], _T], budget_s: float = BUSY_TIMEOUT_MS / 1000) -> _T:
+    """Run ``step`` again (bounded exponential backoff with jitter) while SQLite says "locked".
+
+    The busy timeout does not cover everything ``open`` does: switching a new file to WAL while
+    another process holds a RESERVED lock on it (a second first-time ``submit`` creating the
+    schema) fails at once with "database is locked", whatever busy_timeout says, and in rollback
+    mode two writers can meet in a lock upgrade SQLite refuses to wait on (deadlock avoidance).
+    Both steps are safe to repeat: the journal-mode switch is idempotent, and a failed migration
+    rolled back and re-reads the schema version under its lock.
+    """
+    deadline = time.monotonic() + budget_s
+    delay = 0.005
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, 0.25)
+
+
 class Registry:
     """Handle on the registry database. Cheap to open; use as a context manager or call close()."""
 
@@ -234,7 +266,7 @@ class Registry:
             raise UserError(f"cannot open registry {path}: {exc}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            mode = _retry_when_locked(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
             if mode is None or str(mode[0]).lower() != "wal":
                 # A network file system without shared memory refuses WAL; rollback mode still
                 # works (with less concurrency), so carry on rather than refuse to run.
@@ -242,7 +274,7 @@ class Registry:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
             reg = cls(conn, path)
-            reg._migrate()
+            _retry_when_locked(reg._migrate)
         except sqlite3.DatabaseError as exc:
             conn.close()
             if _is_corruption(exc):
