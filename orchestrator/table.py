@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import json.encoder
+from collections.abc import Callable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 
@@ -14,3 +17,60 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], head
     for r in cells:
         lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
     return "\n".join(lines)
+
+
+def dumps_indented(obj: Any) -> str:
+    """``json.dumps(obj, indent=2)``, byte for byte, several times faster on lists of flat dicts.
+
+    With ``indent`` set, the json module falls back to its pure-Python encoder: that was ~60 ms of
+    ``status --json`` over 1,000 jobs. A mapping whose values are all scalars has a constant
+    indentation, so the C encoder can write it with the newline and indent as item separator;
+    everything else is assembled here around such pieces (tests compare with json.dumps).
+    """
+    return _dumps(obj, 0)
+
+
+_ENCODERS: dict[int, Callable[[Any], str]] = {}
+
+
+def _flat_encoder(level: int) -> Callable[[Any], str]:
+    """The C encoder writing a flat mapping whose items sit at ``level`` (built once per level).
+
+    ``json.encoder.c_make_encoder`` directly: ``JSONEncoder.encode`` rebuilds it on every call,
+    which costs more than encoding one row. Where it is missing or its signature differs, the
+    public (slower, same output) route is used.
+    """
+    enc = _ENCODERS.get(level)
+    if enc is None:
+        item_sep = ",\n" + "  " * level
+        try:
+            c_enc = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+                None, None, encode_basestring_ascii, None, ": ", item_sep, False, False, True
+            )
+
+            def enc(obj: Any, _c: Any = c_enc) -> str:
+                return "".join(_c(obj, 0))
+
+            enc({"probe": 1.5})
+        except (TypeError, AttributeError):
+            enc = json.JSONEncoder(separators=(item_sep, ": ")).encode
+        _ENCODERS[level] = enc
+    return enc
+
+
+_STR = frozenset({str})
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _dumps(obj: Any, level: int) -> str:
+    pad = "\n" + "  " * level
+    if isinstance(obj, dict) and obj and _STR.issuperset(map(type, obj)):
+        if _SCALARS.issuperset(map(type, obj.values())):  # C-speed checks: one row is ~25 values
+            return "{" + pad + "  " + _flat_encoder(level + 1)(obj)[1:-1] + pad + "}"
+        items = (pad + "  " + encode_basestring_ascii(k) + ": " + _dumps(v, level + 1) for k, v in obj.items())
+        return "{" + ",".join(items) + pad + "}"
+    if isinstance(obj, (list, tuple)) and obj:
+        return "[" + ",".join(pad + "  " + _dumps(v, level + 1) for v in obj) + pad + "]"
+    # Scalars, empty containers and anything unusual (non-str keys): the json module itself.
+    # JSON text holds no raw newline, so re-indenting its lines is exact.
+    return json.dumps(obj, indent=2).replace("\n", pad)

@@ -8,7 +8,6 @@ than ``list`` so it does not shadow the builtin inside the package.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from datetime import datetime
@@ -16,6 +15,7 @@ from datetime import datetime
 from orchestrator.errors import UserError
 from orchestrator.job_states import parse_state
 from orchestrator.registry import JobRecord, Registry
+from orchestrator.table import dumps_indented
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     with Registry.open() as registry:
         jobs = registry.list_jobs(state=state, since=since)
     if args.json:
-        print(json.dumps([j.to_json() for j in jobs], indent=2))
+        print(dumps_indented([j.to_json() for j in jobs]))
     elif jobs:
         print(render_list_table(jobs))
     else:

@@ -23,6 +23,7 @@ from orchestrator.job_states import JobState, normalize_slurm_state
 from orchestrator.registry import JobRecord, Registry
 from orchestrator.run_dir import RunSummary, summarize
 from orchestrator.scheduler_query import QueryResult, refresh_states
+from orchestrator.table import dumps_indented
 
 #: ``status`` with no ids shows every non-terminal job plus those active within this window.
 RECENT_S = 24 * 3600.0
@@ -243,7 +244,8 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             rows, result = collect_status(registry, jobs, timeout_s=args.timeout)
             if args.json:
-                print(json.dumps(status_json(rows, result), indent=None if args.watch else 2), flush=True)
+                data = status_json(rows, result)
+                print(json.dumps(data) if args.watch else dumps_indented(data), flush=True)
             else:
                 if args.watch and sys.stdout.isatty():
                     sys.stdout.write("\x1b[H\x1b[2J")

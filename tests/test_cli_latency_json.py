@@ -1,0 +1,47 @@
+"""``dumps_indented`` (status --json, list --json) writes exactly what ``json.dumps(indent=2)`` writes."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.table import dumps_indented
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8)
+)
+documents = st.recursive(
+    scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.text(max_size=6), children, max_size=5),
+        st.dictionaries(st.one_of(st.integers(), st.booleans(), st.none()), children, max_size=3),
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(documents)
+def test_same_bytes_as_json_dumps(document: Any) -> None:
+    assert dumps_indented(document) == json.dumps(document, indent=2)
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+
+
+def test_status_shaped_document_and_odd_values() -> None:
+    row = {"job_id": "1", "loss": 0.5, "eta_s": None, "stale": True, "name": "é\n\"x\"", "n": float("nan")}
+    doc = {
+        "source": "squeue",
+        "errors": [],
+        "scheduler_calls": {"squeue": 1, "sacct": 0},
+        "jobs": [row, {**row, "color": Color.RED, "t": (1, 2), "sub": {}, "big": 10**30}],
+    }
+    assert dumps_indented(doc) == json.dumps(doc, indent=2)
+    assert dumps_indented([]) == "[]" and dumps_indented({}) == "{}"
