@@ -19,10 +19,10 @@ Inside a checkpoint (Accelerate's own layout): ``pytorch_model_fsdp_0/`` and
 ``custom_checkpoint_0.pkl`` (LR scheduler), ``custom_checkpoint_1.pkl``
 (``TrainState``: step, data position, ...).
 
-``--async-ckpt`` writes the same files with ``torch.distributed.checkpoint.async_save``
-(FSDP) or a writer thread (DDP, rank 0), each on its own gloo process group so
-its background collectives never interleave with training's; the marker is
-written, and the folder renamed, when the save has completed on every rank.
+``--async-ckpt`` writes the same files from a writer thread per rank (FSDP: DCP ``save`` of a
+staged copy on a gloo process group of its own, so its collectives never interleave with
+training's; DDP: rank 0 only); rank 0's thread computes the checksums, writes the marker and
+renames the folder once the save has completed on every rank (see ``AsyncCheckpointer``).
 """
 
 from __future__ import annotations
@@ -234,19 +234,38 @@ def _rng_states(step: int) -> dict:
 
 
 class AsyncCheckpointer:
-    """``--async-ckpt``: one save in flight at a time; same files and marker protocol as ``save``."""
+    """``--async-ckpt``: one save in flight at a time; same files and marker protocol as ``save``.
 
-    def __init__(self, accelerator, run_dir: str | os.PathLike, keep_last: int):
+    The training thread only stages (copies this rank's shards, ~0.1 s for the ``small`` preset) and
+    writes the tiny per-rank files; one background thread per rank then writes the shards (DCP
+    ``save`` on a gloo group of its own, so its collectives never interleave with training's) and,
+    on rank 0, computes the marker's checksums, fsyncs, writes ``COMPLETE.json``, renames the folder
+    into place and prunes. Measured (bench ``ckpt``, small preset, 2 ranks on 2 cores): the previous
+    design stalled training 1.56 s per checkpoint against 6.19 s for a synchronous save, because the
+    checksums (a full-state gather plus a float64 pass over every tensor, on every rank) ran on the
+    training thread before the save started, and rank 0 fsynced, wrote the marker and pruned on the
+    training thread when it noticed the save had finished.
+
+    Checksums are identical to the synchronous save's (same function over the same full tensors):
+    for FSDP, rank 0 reads the just-written DCP checkpoint back (no collective, page cache) and sums
+    it; for DDP, rank 0 sums its staged copies. A torn checkpoint is never chosen for resume: the
+    marker is written only after every rank's shards and rank 0's checksums are done.
+    """
+
+    def __init__(self, accelerator, run_dir: str | os.PathLike, keep_last: int, want_checksums: bool = True):
         self.accelerator = accelerator
         self.run_dir = Path(run_dir)
         self.keep_last = keep_last
-        # Own gloo groups: the background threads' collectives must never interleave with training's.
-        self.groups = [dist.new_group(backend="gloo"), dist.new_group(backend="gloo")] if accelerator.num_processes > 1 else [None, None]
+        self.want_checksums = want_checksums
+        # Own gloo group: the background thread's collectives must never interleave with training's.
+        self.group = dist.new_group(backend="gloo") if accelerator.num_processes > 1 else None
         self.pending: dict | None = None
         self.completed: list[SaveResult] = []
 
     def start(self, model, optimizer, step: int, marker: dict) -> None:
-        """All ranks. Stages the state (copies) and returns; writing goes on in the background."""
+        """All ranks. Stages the state (copies) and returns; writing goes on in the background.
+
+        ``marker`` holds no checksums: rank 0 adds them in the background (``want_checksums``)."""
         self.wait()
         acc = self.accelerator
         started = time.monotonic()
@@ -254,16 +273,10 @@ class AsyncCheckpointer:
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".tmp-{step_name(step)}-{_common_id(acc)}"
         tmp.mkdir(parents=True, exist_ok=True)
-        futures = []
-        thread = None
         plugin = getattr(acc.state, "fsdp_plugin", None)
         inner = getattr(optimizer, "optimizer", optimizer)
+        job: dict = {"kind": None}
         if acc.distributed_type.value == "FSDP":
-            import torch.distributed.checkpoint as dcp
-
-            model_dir, optim_dir = tmp / "pytorch_model_fsdp_0", tmp / "optimizer_0"
-            model_dir.mkdir(exist_ok=True)
-            optim_dir.mkdir(exist_ok=True)
             if plugin.fsdp_version == 1:
                 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -278,56 +291,101 @@ class AsyncCheckpointer:
 
                 model_sd = get_model_state_dict(model)
                 optim_sd = get_optimizer_state_dict(model, inner)
-            futures.append(
-                dcp.async_save({"model": model_sd}, storage_writer=dcp.FileSystemWriter(str(model_dir)), process_group=self.groups[0])
-            )
-            futures.append(
-                dcp.async_save({"optimizer": optim_sd}, storage_writer=dcp.FileSystemWriter(str(optim_dir)), process_group=self.groups[1])
-            )
+            both = {"model": model_sd, "optimizer": optim_sd}
+            if plugin.fsdp_version == 1:
+                # FSDP1 hands out ShardedTensors, which DCP's DefaultStager cannot copy (data_ptr is
+                # unsupported; dcp.async_save failed the same way); these helpers copy their local shards.
+                from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+                staged = _copy_state_dict(both, _create_cpu_state_dict(both))
+            else:
+                # The copy dcp.async_save would make (same stager, CPU options), made here so that one
+                # thread can write both state dicts and then finalise, in order.
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+                stager = DefaultStager(StagingOptions(False, False, False, False))
+                try:
+                    staged = stager.stage(both)
+                finally:
+                    stager.close()
+            job = {"kind": "dcp", "model": {"model": staged["model"]}, "optimizer": {"optimizer": staged["optimizer"]}}
         elif acc.is_main_process:
             # DDP: every replica is identical; rank 0 writes Accelerate's model.safetensors + optimizer.bin.
-            from accelerate.utils import save as acc_save
-
             model_sd = {k: v.detach().clone() for k, v in acc.get_state_dict(model, unwrap=True).items()}
             optim_sd = copy.deepcopy(inner.state_dict())
-
-            def write() -> None:
-                acc_save(model_sd, tmp / "model.safetensors", safe_serialization=True)
-                torch.save(optim_sd, tmp / "optimizer.bin")
-
-            thread = threading.Thread(target=write, name=f"ckpt-{step}", daemon=False)
-            thread.start()
+            job = {"kind": "ddp", "model": model_sd, "optimizer": optim_sd, "fqns": _optimizer_fqns(acc, model, inner)}
         # Small per-rank files: synchronously, exactly as save_state writes them.
         torch.save(_rng_states(step), tmp / f"random_states_{acc.process_index}.pkl")
         if acc.is_main_process:
             for i, obj in enumerate(acc._custom_objects):
                 torch.save(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pkl")
         acc.wait_for_everyone()
-        self.pending = {
+        pending = {
             "step": step,
             "tmp": tmp,
             "final": root / step_name(step),
-            "futures": futures,
-            "thread": thread,
             "marker": {"step": step, "async": True, **marker},
             "started": started,
+            "result": None,
+            "error": None,
         }
+        if job["kind"] is not None or acc.is_main_process:
+            pending["thread"] = threading.Thread(target=self._background, args=(pending, job), name=f"ckpt-{step}", daemon=False)
+            pending["thread"].start()
+        else:
+            pending["thread"] = None
+        self.pending = pending
+
+    def _background(self, p: dict, job: dict) -> None:
+        """The writer thread: shards, then (rank 0) checksums, marker, rename, prune."""
+        try:
+            tmp: Path = p["tmp"]
+            sums: dict | None = None
+            if job["kind"] == "dcp":
+                import torch.distributed.checkpoint as dcp
+
+                for name, sub in (("model", "pytorch_model_fsdp_0"), ("optimizer", "optimizer_0")):
+                    (tmp / sub).mkdir(exist_ok=True)
+                    dcp.save(job[name], storage_writer=dcp.FileSystemWriter(str(tmp / sub)), process_group=self.group)
+                    job[name] = None  # free the staged copy as soon as it is on disk
+                if self.accelerator.is_main_process and self.want_checksums:
+                    # Rank 0's dcp.save returns after the coordinator gathered every rank's write
+                    # results and wrote .metadata, so every shard is readable now.
+                    from train.checksum import checksums_of_dcp_checkpoint
+
+                    sums = checksums_of_dcp_checkpoint(tmp / "pytorch_model_fsdp_0", tmp / "optimizer_0")
+            elif job["kind"] == "ddp":
+                from accelerate.utils import save as acc_save
+
+                acc_save(job["model"], tmp / "model.safetensors", safe_serialization=True)
+                torch.save(job["optimizer"], tmp / "optimizer.bin")
+                if self.want_checksums:
+                    from train.checksum import checksums_of_full_state
+
+                    sums = checksums_of_full_state(job["model"], job["optimizer"], job["fqns"])
+            if not self.accelerator.is_main_process:
+                return
+            marker = p["marker"]
+            if sums is not None:
+                marker.update(sums)
+            marker["time"] = time.time()
+            written = finalize(tmp, p["final"], marker)
+            prune(self.run_dir, self.keep_last)
+            p["result"] = SaveResult(p["step"], p["final"], time.monotonic() - p["started"], written)
+        except BaseException as exc:  # re-raised on the training thread by _finish
+            p["error"] = exc
 
     def _done_locally(self, block: bool) -> bool:
         p = self.pending
-        if p is None:
+        if p is None or p["thread"] is None:
             return True
         if block:
-            for fut in p["futures"]:
-                fut.result()
-            if p["thread"] is not None:
-                p["thread"].join()
-            return True
-        return all(f.done() for f in p["futures"]) and (p["thread"] is None or not p["thread"].is_alive())
+            p["thread"].join()
+        return not p["thread"].is_alive()
 
     def poll(self) -> SaveResult | None:
-        """Rank 0 finalises a finished save (marker, rename); other ranks only reap their futures.
-        Never collective: may be called by each rank at any step boundary."""
+        """Reap a finished save (rank 0: already finalised in the background). Never collective:
+        may be called by each rank at any step boundary."""
         if self.pending is None or not self._done_locally(block=False):
             return None
         return self._finish()
@@ -341,18 +399,18 @@ class AsyncCheckpointer:
 
     def _finish(self) -> SaveResult | None:
         p, self.pending = self.pending, None
-        for fut in p["futures"]:
-            fut.result()  # raise a background failure here, loudly
-        if not self.accelerator.is_main_process:
-            return None
-        # Rank 0's DCP future completes only after the coordinator has gathered every rank's write
-        # results and written .metadata, so every shard is on disk now.
-        p["marker"]["time"] = time.time()
-        written = finalize(p["tmp"], p["final"], p["marker"])
-        prune(self.run_dir, self.keep_last, keep_tmp=set())
-        result = SaveResult(p["step"], p["final"], time.monotonic() - p["started"], written)
-        self.completed.append(result)
-        return result
+        if p["error"] is not None:
+            raise RuntimeError(f"async checkpoint of step {p['step']} failed") from p["error"]  # loudly
+        if p["result"] is not None:
+            self.completed.append(p["result"])
+        return p["result"]
+
+
+def _optimizer_fqns(accelerator, model, optimizer) -> list[str]:
+    """Parameter names in ``optimizer.state_dict()`` index order (its ``state`` keys are positions),
+    so that checksums over a DDP optimizer copy use the names ``get_optimizer_state_dict`` uses."""
+    names = {id(p): n for n, p in accelerator.unwrap_model(model).named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 # ---------------------------------------------------------------------------

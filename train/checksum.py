@@ -60,12 +60,7 @@ def full_state(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, tor
     inner = getattr(optimizer, "optimizer", optimizer)
     params = get_model_state_dict(model, options=options)
     optim = get_optimizer_state_dict(model, inner, options=options)
-    flat: dict[str, torch.Tensor] = {}
-    for fqn, state in optim.get("state", {}).items():
-        for key, value in state.items():
-            if isinstance(value, (torch.Tensor, int, float)):
-                flat[f"{fqn}/{key}"] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-    return params, flat
+    return params, _flat_optimizer_state(optim.get("state", {}))
 
 
 def checksums(model, optimizer, num_params: int) -> dict[str, float | None]:
@@ -76,6 +71,46 @@ def checksums(model, optimizer, num_params: int) -> dict[str, float | None]:
         return {"param_checksum": None, "optim_checksum": None}
     params, optim = full_state(model, optimizer)
     return {"param_checksum": tensor_checksum(params), "optim_checksum": tensor_checksum(optim)}
+
+
+def _flat_optimizer_state(state: Mapping) -> dict[str, torch.Tensor]:
+    """``{"<fqn>/<key>": tensor}`` over an optimizer state keyed by parameter name (as in ``full_state``)."""
+    flat: dict[str, torch.Tensor] = {}
+    for fqn, per_param in state.items():
+        for key, value in per_param.items():
+            if isinstance(value, (torch.Tensor, int, float)):
+                flat[f"{fqn}/{key}"] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+    return flat
+
+
+def checksums_of_full_state(params: Mapping[str, torch.Tensor], optim_state_dict: Mapping, fqns: list[str]) -> dict[str, float | None]:
+    """:func:`checksums` over full tensors already at hand (a DDP rank's staged copies), no communication.
+
+    ``optim_state_dict`` is ``optimizer.state_dict()`` (state keyed by position); ``fqns`` names those
+    positions. Same names and tensors as ``full_state`` gives, so the same floats bit for bit."""
+    named = {fqns[int(index)]: per_param for index, per_param in optim_state_dict.get("state", {}).items()}
+    return {"param_checksum": tensor_checksum(params), "optim_checksum": tensor_checksum(_flat_optimizer_state(named))}
+
+
+def checksums_of_dcp_checkpoint(model_dir, optim_dir) -> dict[str, float | None]:
+    """:func:`checksums` of a DCP checkpoint read back from disk by one process (no collectives).
+
+    Used by the async save on rank 0, off the training thread: the saved files hold the same full
+    tensors the training-time gather would produce (``{"model": {fqn: ...}}`` and
+    ``{"optimizer": {"state": {fqn: {...}}}}``), so the checksums are identical. The caller applies
+    ``MAX_PARAMS_FOR_CHECKSUM`` (the read-back holds the full state in memory, like the gather)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    def read(folder) -> dict:
+        loaded: dict = {}
+        _load_state_dict(loaded, storage_reader=FileSystemReader(str(folder)), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        return loaded
+
+    params = read(model_dir).get("model", {})
+    optim = read(optim_dir).get("optimizer", {})
+    return {"param_checksum": tensor_checksum(params), "optim_checksum": tensor_checksum(_flat_optimizer_state(optim.get("state", {})))}
 
 
 def main(argv: list[str] | None = None) -> int:

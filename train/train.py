@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from train import accelerate_workarounds, checkpointing, selfcheck
-from train.checksum import checksums, local_shard_checksum
+from train.checksum import MAX_PARAMS_FOR_CHECKSUM, checksums, local_shard_checksum
 from train.data import Batcher, make_source
 from train.metrics import Metrics
 from train.model import build_model, count_params
@@ -288,17 +288,25 @@ def main(argv: list[str] | None = None) -> int:
         train_state.strategy = strategy
         train_state.fsdp_version = fsdp_version
 
-    async_ckpt = checkpointing.AsyncCheckpointer(accelerator, run_dir, args.keep_last) if args.async_ckpt else None
+    async_ckpt = (
+        checkpointing.AsyncCheckpointer(accelerator, run_dir, args.keep_last, want_checksums=num_params <= MAX_PARAMS_FOR_CHECKSUM)
+        if args.async_ckpt
+        else None
+    )
 
     def save_checkpoint(step: int) -> float:
         """All ranks; returns seconds spent blocking training."""
         nonlocal last_saved_step
         t0 = time.monotonic()
-        sums = checksums(model, optimizer, num_params)
-        marker = {"world_size": world, "strategy": strategy, "fsdp_version": fsdp_version, "samples_seen": train_state.samples_seen, **sums}
+        marker = {"world_size": world, "strategy": strategy, "fsdp_version": fsdp_version, "samples_seen": train_state.samples_seen}
         if async_ckpt is not None:
+            # Checksums are computed by the writer thread from the staged/written state (measured: the
+            # gather + float64 pass here was most of the async stall).
+            if num_params > MAX_PARAMS_FOR_CHECKSUM:
+                marker.update(param_checksum=None, optim_checksum=None)
             async_ckpt.start(model, optimizer, step, marker)
         else:
+            marker.update(checksums(model, optimizer, num_params))
             result = checkpointing.save(accelerator, run_dir, step, marker, args.keep_last)
             if accelerator.is_main_process:
                 metrics.say(f"checkpoint step {step} saved in {result.seconds:.2f}s: {result.path}")
