@@ -1,0 +1,143 @@
+"""Checkpoint save AND load of the ``base`` preset (~128M parameters, 2 ranks, FSDP2 full_shard):
+sharded (SHARDED_STATE_DICT, DCP, every rank writes its shard) against a gathered full state dict
+(``--state-dict full``: FULL_STATE_DICT, rank 0 writes pytorch_model_fsdp.bin + optimizer.bin), and
+both against the disk: a Python write + fsync of the same byte count, and a plain read of the
+checkpoint's files.
+
+Per repetition (order flipped every repetition):
+
+* save: ``accelerate launch --config_file <render --strategy full_shard --wrap-cls TransformerBlock
+  [--state-dict full]> train/train.py --preset base --max-steps 1 --ckpt-every 1`` (a fresh run dir);
+  the time is train's own ``checkpoint step 1 saved in X s`` (accelerator.save_state into a temp
+  folder, barrier, fsync of every file, marker, rename: train/checkpointing.py ``save``), bytes from
+  COMPLETE.json;
+* load: the same command again on the same run dir (``--resume auto``; max steps reached, so no step
+  and no new save); the time is ``load_s`` from loaded.json (accelerator.load_state);
+* raw write: write + fsync of the same byte count (8 MiB chunks, one file) on the same disk;
+* raw read: reading every file of the checkpoint just written (page cache warm, as the load found it).
+
+Tiny batches (1 x 16 tokens, one eval batch) keep the compute out of the way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+TRAIN_ARGS = ["--preset", "base", "--data", "synthetic", "--max-steps", "1", "--ckpt-every", "1", "--keep-last", "2",
+              "--log-every", "1000", "--batch-size", "1", "--seq-len", "16", "--eval-batches", "1", "--warmup-steps", "1"]
+
+
+def render(out: Path, env: dict, state_dict: str) -> Path:
+    subprocess.run([PY, "-m", "orchestrator", "render", "--profile", "local", "--nodes", "1", "--procs-per-node", "2",
+                    "--strategy", "full_shard", "--wrap-cls", "TransformerBlock", "--state-dict", state_dict,
+                    "--out", str(out), "--", "train/train.py"], env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return next(out.glob("accelerate_config*.yaml"))
+
+
+def launch(cfg: Path, run_dir: Path, env: dict, port: int) -> str:
+    acc = shutil.which("accelerate") or "accelerate"
+    env = dict(env, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
+    cmd = [acc, "launch", "--config_file", str(cfg), "--main_process_port", str(port), "train/train.py", *TRAIN_ARGS,
+           "--run-dir", str(run_dir)]
+    res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr[-3000:]}")
+    return res.stdout
+
+
+def raw_read(folder: Path, chunk: int = 8 << 20) -> float:
+    t = time.perf_counter()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb", buffering=0) as f:
+                while f.read(chunk):
+                    pass
+    return time.perf_counter() - t
+
+
+def one(kind: str, cfg: Path, run_dir: Path, env: dict, port) -> dict:
+    out = launch(cfg, run_dir, env, port())
+    m = re.search(r"saved in ([\d.]+)s", out)
+    if not m:
+        raise RuntimeError(f"{kind}: no 'saved in' line: {out[-2000:]}")
+    folder = run_dir / "checkpoints" / "step_00000001"
+    marker = json.loads((folder / "COMPLETE.json").read_text())
+    nbytes = sum(marker["files"].values())
+    launch(cfg, run_dir, env, port())
+    loaded = json.loads((run_dir / "loaded.json").read_text())
+    read_s = raw_read(folder)
+    return {"save_s": float(m.group(1)), "load_s": float(loaded["load_s"]), "bytes": nbytes, "raw_read_s": read_s,
+            "files": len(marker["files"])}
+
+
+def bench_ckpt_base(tmp: Path, reps: int, env: dict, free_port, raw_write, log=print) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfgs = {"sharded": render(tmp / "cfg_sharded", env, "sharded"), "full": render(tmp / "cfg_full", env, "full")}
+    runs: dict[str, list[dict]] = {"sharded": [], "full": []}
+    raw_w: list[float] = []
+    n = 0
+    for r in range(reps):
+        order = ["sharded", "full"] if r % 2 == 0 else ["full", "sharded"]
+        for kind in order:
+            n += 1
+            log(f"checkpoints (base): {kind} save + load, repetition {r + 1}")
+            run_dir = tmp / f"run{n}_{kind}"
+            runs[kind].append(one(kind, cfgs[kind], run_dir, env, free_port))
+            shutil.rmtree(run_dir, ignore_errors=True)  # 1.5 GB each
+        raw_w.append(raw_write(tmp / "raw.bin", runs["sharded"][-1]["bytes"]))
+
+    def med(xs):
+        return statistics.median(xs)
+
+    res: dict = {"preset": "base", "strategy": "full_shard (FSDP2, wrap TransformerBlock), 2 ranks, CPU", "reps": reps,
+                 "train_args": TRAIN_ARGS}
+    nbytes = med([x["bytes"] for x in runs["sharded"]])
+    raw_s = med(raw_w)
+    res["raw_write_fsync_median_s"] = round(raw_s, 3)
+    res["raw_write_fsync_all_s"] = [round(x, 3) for x in raw_w]
+    res["raw_write_MBps"] = round(nbytes / raw_s / 1e6, 1)
+    for kind, rows in runs.items():
+        b = med([x["bytes"] for x in rows])
+        s, ld, rd = med([x["save_s"] for x in rows]), med([x["load_s"] for x in rows]), med([x["raw_read_s"] for x in rows])
+        res[kind] = {
+            "bytes": int(b), "files": rows[0]["files"],
+            "save_median_s": round(s, 3), "save_all_s": [x["save_s"] for x in rows], "save_MBps": round(b / s / 1e6, 1),
+            "load_median_s": round(ld, 3), "load_all_s": [round(x["load_s"], 3) for x in rows], "load_MBps": round(b / ld / 1e6, 1),
+            "raw_read_median_s": round(rd, 3), "raw_read_MBps": round(b / rd / 1e6, 1),
+            "save_vs_raw_write": round((b / s) / (nbytes / raw_s), 3),
+        }
+    return res
+
+
+def goal_rows(c: dict) -> list[dict]:
+    s, f = c["sharded"], c["full"]
+    return [
+        {"item": f"sharded save, base ({s['bytes'] / 1e9:.2f} GB) vs raw write+fsync", "goal": ">= 0.5x raw disk bandwidth",
+         "measured": f"{s['save_median_s']:.2f} s = {s['save_MBps']} MB/s vs raw {c['raw_write_fsync_median_s']:.2f} s = {c['raw_write_MBps']} MB/s",
+         "ratio": f"{s['save_vs_raw_write']:.2f}x of disk", "met": s["save_vs_raw_write"] >= 0.5},
+        {"item": "sharded load, base vs reading its files", "goal": "report",
+         "measured": f"{s['load_median_s']:.2f} s = {s['load_MBps']} MB/s vs raw read {s['raw_read_median_s']:.2f} s = {s['raw_read_MBps']} MB/s (page cache warm)",
+         "ratio": f"{s['load_MBps'] / s['raw_read_MBps']:.2f}x of read", "met": None},
+        {"item": f"full state dict save / load, base ({f['bytes'] / 1e9:.2f} GB, rank 0 writes)", "goal": "report (vs sharded)",
+         "measured": f"save {f['save_median_s']:.2f} s = {f['save_MBps']} MB/s, load {f['load_median_s']:.2f} s = {f['load_MBps']} MB/s",
+         "ratio": f"sharded save {f['save_median_s'] / s['save_median_s']:.2f}x faster, load {f['load_median_s'] / s['load_median_s']:.2f}x faster",
+         "met": None},
+    ]
+
+
+if __name__ == "__main__":  # pragma: no cover - manual run
+    sys.path.insert(0, str(REPO / "bench"))
+    from run import BASE_ENV, free_port, raw_write_fsync
+
+    print(json.dumps(bench_ckpt_base(Path(os.environ.get("TMPDIR", "/tmp")) / "ckpt_base", 1, BASE_ENV, free_port,
+                                     raw_write_fsync), indent=1))
