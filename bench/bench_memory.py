@@ -99,12 +99,15 @@ def summarise(variant: str, raw: dict) -> dict:
     }
 
 
-def bench_memory(tmp: Path, env: dict, presets: list[str], steps: int, free_port, log=print) -> dict:
+def bench_memory(tmp: Path, env: dict, presets: list[str], steps: int, free_port, log=print,
+                 skip: set[tuple[str, str]] = frozenset()) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     cfgs = {v: render(v, tmp / f"cfg_{v}", env) for v in VARIANTS}
     rows = []
     for preset in presets:
         for v, cfg in cfgs.items():
+            if (preset, v) in skip:
+                continue
             log(f"memory: {preset} {v}")
             raw = probe(cfg, preset, steps, tmp / f"{preset}_{v}.json", env, free_port())
             rows.append(summarise(v, raw))

@@ -14,6 +14,17 @@ from other work on the machine hits both sides alike. Writes bench/results.md an
    COMPLETE.json) vs a Python write+fsync of the same byte count; async save stall vs sync stall
    (stall = gap between the train events around the checkpoint minus the next step's time, less the
    median gap elsewhere).
+5. Memory (``mem``, bench_memory.py + memory_probe.py): per-rank model-state bytes and peak RSS of ddp /
+   shard_grad_op / full_shard (+ CPU offload), small and base presets, 2 ranks, vs the ZeRO formulas
+   restated for fp32 on CPU.
+6. Checkpoints of the base preset (``ckpt_base``, bench_ckpt_load.py): sharded and full-state-dict
+   save and load vs raw write+fsync / read of the same bytes.
+7. Requeue round trip (``requeue``, bench_requeue.py) on the Slurm test cluster: USR2 -> first resumed
+   step, broken into checkpoint / exit / scheduler requeue / start-up / load / first step.
+8. GPU (``gpu``): a row that says it was not measured when no GPU is lent.
+
+``--only`` runs some items and merges them into the existing results.json / results.md of ``--out``
+(other items' rows are kept); without ``--only`` everything runs and the files are rewritten.
 """
 
 from __future__ import annotations
@@ -181,7 +192,7 @@ def run_until_first_step(cmd: list[str], env: dict, metrics_glob: tuple[Path, st
 
 
 def step_stats(metrics: Path, skip: int) -> dict:
-    ev = [json.loads(l) for l in metrics.read_text().splitlines() if '"train"' in l]
+    ev = [json.loads(line) for line in metrics.read_text().splitlines() if '"train"' in line]
     times = [e["step_time_s"] for e in ev[skip:]]
     m = med(times)
     return {"steps": len(ev), "median_step_time_s": m, "steps_per_s": 1.0 / m if m else float("nan")}
@@ -285,7 +296,7 @@ def ckpt_run(L: Launcher, preset: str, steps: int, every: int, async_: bool) -> 
     async_done = [float(m.group(1)) for m in re.finditer(r"complete \(async, ([\d.]+)s\)", res.stdout)]
     markers = sorted((run / "checkpoints").glob("step_*/COMPLETE.json"))
     sizes = [sum(json.loads(m.read_text())["files"].values()) for m in markers]
-    ev = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
+    ev = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
     # Gap between consecutive train events, minus the later step's own time = time outside steps.
     outside = {ev[i]["step"]: ev[i + 1]["time"] - ev[i]["time"] - ev[i + 1]["step_time_s"] for i in range(len(ev) - 1)}
     ck = [s for s in outside if s % every == 0]
@@ -330,7 +341,10 @@ def fmt(x, unit="s", nd=3):
 
 
 def report(R: dict, quick: bool, wall: float) -> str:
-    rows = []
+    from bench_ckpt_load import goal_rows as ckpt_base_goals
+    from bench_memory import goal_rows as mem_goals
+    from bench_memory import table as mem_table
+
     cli = R.get("cli", {})
     floor = cli.get("python -c pass", {}).get("median_s")
     acc_help = cli.get("accelerate --help", {}).get("median_s")
@@ -361,12 +375,38 @@ def report(R: dict, quick: bool, wall: float) -> str:
                       "measured": f"{c['async_stall_median_s']:.3f} s vs {c['sync_stall_median_s']:.3f} s (async completes in {c['async_complete_median_s']:.3f} s)",
                       "ratio": f"{c['async_stall_median_s'] / c['sync_stall_median_s']:.2f}x" if c["sync_stall_median_s"] > 0 else "n/a",
                       "met": c["async_stall_median_s"] < c["sync_stall_median_s"]})
+    if "ckpt_base" in R:
+        goals += ckpt_base_goals(R["ckpt_base"])
+    if "mem" in R:
+        goals += mem_goals(R["mem"])
+    if "requeue" in R:
+        q = R["requeue"]
+        if q.get("skipped") or not q.get("round_trip_median_s"):
+            goals.append({"item": "requeue round trip (USR2 -> first resumed step, Slurm test cluster)", "goal": "<= 60 s",
+                          "measured": f"not measured: {q.get('skipped') or q.get('error')}", "ratio": "n/a", "met": None})
+        else:
+            ph = q["phases_median_s"]
+            goals.append({"item": f"requeue round trip (USR2 -> first resumed step, Slurm test cluster, {q['reps']} reps)",
+                          "goal": "<= 60 s",
+                          "measured": f"{q['round_trip_median_s']:.1f} s (" + ", ".join(
+                              f"{k.replace('_', ' ')} {v:.1f}" for k, v in ph.items() if v is not None) + ")",
+                          "ratio": f"{q['round_trip_median_s'] / 60:.2f}x of goal", "met": q["round_trip_median_s"] <= 60})
+    if "gpu" in R:
+        goals.append({"item": "GPU (NCCL) launch / hot path / memory / checkpoints", "goal": "as the CPU items",
+                      "measured": R["gpu"]["measured"], "ratio": "n/a", "met": None})
+    runs = R.get("runs", {})
+    when = "; ".join(f"{k}: {v['when']}{' --quick' if v.get('quick') else ''} {v['wall_s']:.0f} s" for k, v in runs.items())
+    older = [k for k in ITEMS if k in R and k not in runs]
+    if older:
+        when += ("; " if when else "") + ", ".join(older) + ": an earlier --quick run (before per-item records)"
     lines = [
         "# orchestrator benchmarks",
         "",
         f"`python bench/run.py{' --quick' if quick else ''}` on {R['machine']['cpus']} CPUs, Python {R['machine']['python']}, "
-        f"torch {R['machine']['torch']}, accelerate {R['machine']['accelerate']}; total {wall:.0f} s. "
+        f"torch {R['machine']['torch']}, accelerate {R['machine']['accelerate']}; last invocation {wall:.0f} s. "
         "Baseline and candidate interleaved in one invocation; medians; the machine is shared (other load).",
+        "",
+        f"Items (when run, wall): {when}." if when else "",
         "",
         "| item | goal | measured (median) | ratio | met? |",
         "|---|---|---|---|---|",
@@ -385,44 +425,102 @@ def report(R: dict, quick: bool, wall: float) -> str:
                 lines.append(f"- `{n}`: {v['median_s']:.3f} s (min {v['min_s']:.3f}); heaviest imports: {tops}")
     for note in R.get("notes", []):
         lines.append(f"- {note}")
+    if "mem" in R:
+        m = R["mem"]
+        lines += ["", f"## Memory per rank (2 ranks, fp32 on CPU, AdamW; {m['steps']} steps of {m['batch_size']} x {m['seq_len']} tokens)", "",
+                  "Formulas restated for fp32 on CPU (params 4Ψ, grads 4Ψ, Adam m+v 8Ψ bytes; the issue's 16Ψ / 2Ψ + 14Ψ/N / "
+                  "16Ψ/N are for Adam in mixed precision). Model state = bytes of the local shards of params + grads + "
+                  "optimizer state on a rank after the last optimizer.step (DTensor.to_local() for FSDP2); in-step = that "
+                  "plus the all-gathered parameters FSDP keeps between forward and backward; peak RSS − baseline = VmHWM "
+                  "over the steps (reset after prepare) minus RSS before the model was built (MALLOC_MMAP_THRESHOLD_=65536). "
+                  "Worst rank shown.", ""]
+        lines += mem_table(m)
+    if "requeue" in R and R["requeue"].get("records"):
+        q = R["requeue"]
+        lines += ["", "## Requeue round trip (seconds per phase; see bench_requeue.py for the timestamps used)", "",
+                  "| rep | round trip | checkpoint | exit | scheduler requeue | start-up | load | first step | start-up split | pending reasons |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for i, r in enumerate(q["records"], 1):
+            ph = r["phases_s"]
+            split = ", ".join(f"{k} {v}" for k, v in (r.get("startup_split_s") or {}).items())
+            lines.append(f"| {i} | {r['round_trip_s']} | " + " | ".join(str(ph[k]) for k in
+                         ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")) +
+                         f" | {split} | {', '.join(r.get('pending_reasons', []))} |")
     lines.append("")
     lines.append("Raw figures (all repetitions): `bench/results.json`.")
     return "\n".join(lines) + "\n"
 
 
+ITEMS = ["cli", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
+
+
+def gpu_row() -> dict:
+    import torch
+
+    if torch.cuda.is_available():
+        return {"measured": "not measured: no GPU benchmark in this harness yet", "cuda": True}
+    return {"measured": "not measured: no GPU lent (torch.cuda.is_available() is False)", "cuda": False}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (whole bench in ~6 minutes)")
-    ap.add_argument("--only", nargs="*", choices=["cli", "launch", "hot", "ckpt"], default=None)
+    ap.add_argument("--only", nargs="*", choices=ITEMS, default=None,
+                    help="run these items and merge them into the existing results of --out")
     ap.add_argument("--out", default=str(BENCH), help="folder for results.md / results.json")
     a = ap.parse_args()
     q = a.quick
-    parts = a.only or ["cli", "launch", "hot", "ckpt"]
+    parts = a.only or ITEMS
     import accelerate
     import torch
 
-    R: dict = {"quick": q, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                       "torch": torch.__version__, "accelerate": accelerate.__version__,
-                                       "platform": platform.platform()}, "notes": []}
+    out = Path(a.out)
+    R: dict = {}
+    if a.only and (out / "results.json").exists():
+        R = json.loads((out / "results.json").read_text())  # merge: keep the other items' figures
+        R.pop("goals", None)
+    R.update({"quick": q, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                      "torch": torch.__version__, "accelerate": accelerate.__version__,
+                                      "platform": platform.platform()}})
+    R.setdefault("notes", [])
+    runs = R.setdefault("runs", {})
     t0 = time.perf_counter()
+
+    def item(name: str, fn) -> None:
+        log(name)
+        t = time.perf_counter()
+        R[name] = fn()
+        runs[name] = {"when": time.strftime("%Y-%m-%d %H:%M"), "quick": q, "wall_s": round(time.perf_counter() - t, 1)}
+
     with tempfile.TemporaryDirectory(prefix="orch_bench_") as tmp_s:
         tmp = Path(tmp_s)
         if "cli" in parts:
-            log("CLI latency")
-            R["cli"] = bench_cli(tmp / "cli", reps=5 if q else 10, warmup=1, jobs=1000)
+            item("cli", lambda: bench_cli(tmp / "cli", reps=5 if q else 10, warmup=1, jobs=1000))
         if "launch" in parts:
-            log("launch overhead")
-            R["launch"] = bench_launch(tmp, reps=2 if q else 4, warmup=1 if not q else 0)
+            item("launch", lambda: bench_launch(tmp, reps=2 if q else 4, warmup=1 if not q else 0))
         if "hot" in parts:
-            log("hot path")
-            R["hot"] = bench_hot(tmp, reps=1 if q else 3, steps=40 if q else 80, skip=5)
+            item("hot", lambda: bench_hot(tmp, reps=1 if q else 3, steps=40 if q else 80, skip=5))
         if "ckpt" in parts:
-            log("checkpoints")
-            R["ckpt"] = bench_ckpt(tmp, reps=1 if q else 2, preset="small", steps=4 if q else 6, every=2)
+            item("ckpt", lambda: bench_ckpt(tmp, reps=1 if q else 2, preset="small", steps=4 if q else 6, every=2))
+        if "ckpt_base" in parts:
+            from bench_ckpt_load import bench_ckpt_base
+
+            item("ckpt_base", lambda: bench_ckpt_base(tmp / "ckpt_base", 1 if q else 2, BASE_ENV, free_port, raw_write_fsync, log))
+        if "mem" in parts:
+            from bench_memory import bench_memory
+
+            # --quick: the small preset only for ddp and full_shard (offload moves nothing on CPU).
+            skip = {("small", "shard_grad_op"), ("small", "full_shard+offload")} if q else set()
+            item("mem", lambda: bench_memory(tmp / "mem", BASE_ENV, ["small", "base"], 2, free_port, log, skip=skip))
+        if "requeue" in parts:
+            from bench_requeue import bench_requeue
+
+            item("requeue", lambda: bench_requeue(tmp / "requeue", 2 if q else 3, log))
+        if "gpu" in parts:
+            item("gpu", gpu_row)
     wall = time.perf_counter() - t0
     R["wall_s"] = round(wall, 1)
     md = report(R, q, wall)
-    out = Path(a.out)
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(json.dumps(R, indent=1) + "\n")
     print(md)
