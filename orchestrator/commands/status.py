@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
 from orchestrator.registry import JobRecord, Registry
-from orchestrator.run_dir import RunSummary, summarize
+from orchestrator.run_dir import SUMMARY_CACHE_FILE, RunSummary, SummaryCache
 from orchestrator.scheduler_query import QueryResult, refresh_states
 from orchestrator.table import dumps_indented
 
@@ -127,7 +127,11 @@ def collect_status(
     """Refresh states (one batched scheduler query), summarise run dirs, build rows in job order."""
     result = refresh_states(registry, jobs, timeout_s=timeout_s)
     counts = registry.attempt_counts([j.job_id for j in jobs])
-    rows = [_row(j, result, summarize(j.run_dir), counts.get(j.job_id, 0)) for j in jobs]
+    # Unchanged run directories come from the summary cache next to the registry (a few stats
+    # each instead of reading job.json, metrics.jsonl, checkpoints and logs again).
+    cache = SummaryCache(registry.path.parent / SUMMARY_CACHE_FILE)
+    rows = [_row(j, result, cache.summarize(j.run_dir), counts.get(j.job_id, 0)) for j in jobs]
+    cache.save()
     return rows, result
 
 
