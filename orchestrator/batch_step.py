@@ -74,6 +74,33 @@ class StepWatch:
         self._reader.join(timeout=5)
 
 
+def attempt_base(run_dir: Path) -> int:
+    """The attempt number this scheduler job started at: 0, or N of the ``job.attempt_N.json`` that
+    ``resume``/auto-resume wrote for it (the newest; only the running job or a later one writes one)."""
+    numbers = [int(p.stem.split("_")[-1]) for p in run_dir.glob("job.attempt_*.json") if p.stem.split("_")[-1].isdigit()]
+    return max(numbers, default=0)
+
+
+def record_requeued_attempt(run_dir: Path, job_id: str) -> None:
+    """A requeued job (same id, ``SLURM_RESTART_COUNT`` > 0) is a new attempt the submitting side never
+    saw: record it with the checkpoint it will start from (training picks the newest complete one,
+    the same rule). Best effort: the registry must not stop training."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if restarts == 0 or not job_id:
+        return
+    try:
+        from orchestrator.registry import Registry
+        from orchestrator.run_dir import last_complete_checkpoint
+
+        checkpoint = last_complete_checkpoint(run_dir)
+        Registry.open().add_attempt(
+            job_id, attempt=attempt_base(run_dir) + restarts, scheduler_job_id=job_id,
+            started_from_checkpoint=str(checkpoint.path) if checkpoint else None,
+        )
+    except Exception as exc:  # noqa: BLE001
+        say(f"attempt not recorded in the registry: {exc}")
+
+
 def supervise(argv: list[str], auto_resume: bool, probe_timeout: float, grace_s: float = GRACE_S) -> int:
     from orchestrator import auto_resume as ar
 
@@ -84,6 +111,7 @@ def supervise(argv: list[str], auto_resume: bool, probe_timeout: float, grace_s:
         # Slurm requeued a job (NODE_FAIL) whose after-step check had already submitted its successor.
         say(f"job {job_id} was already auto-resumed as job {superseded}: not training twice")
         return 1
+    record_requeued_attempt(run_dir, job_id)
     started = time.time()
     watch = StepWatch(argv)
     probes: list[ar.ProbeResult] | None = None

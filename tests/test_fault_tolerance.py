@@ -373,6 +373,13 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(ft_env: dict[str, 
     assert "exit=75" in (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
     assert "exit=75" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
     assert "exit=0" in (run_dir / "logs" / f"attempt_{attempts[-1]}" / "node_0.log").read_text()
+    # the registry knows each requeued attempt and the checkpoint it started from
+    from orchestrator.registry import Registry
+
+    recorded = Registry.open(Path(ft_env["ORCHESTRATOR_HOME"])).attempts(job_id)
+    assert [a.attempt for a in recorded] == attempts, recorded
+    started = [Path(a.started_from_checkpoint).name if a.started_from_checkpoint else None for a in recorded]
+    assert started[:3] == [None, Path(first["checkpoint"]).name, Path(second["checkpoint"]).name], started
     assert_same_result(run_dir, reference_dir(reference))
 
 
