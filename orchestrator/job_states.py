@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from functools import lru_cache
 
 
 class JobState(str, Enum):
@@ -134,6 +135,7 @@ SLURM_COMPACT_CODES: dict[str, str] = {
 _DECORATION = re.compile(r"[+\s].*$")
 
 
+@lru_cache(maxsize=512)  # a handful of distinct strings, asked once per job per status call
 def normalize_slurm_state(raw: str) -> str:
     """Strip what sacct/squeue add around a state name.
 
@@ -145,6 +147,7 @@ def normalize_slurm_state(raw: str) -> str:
     return SLURM_COMPACT_CODES.get(text, text)
 
 
+@lru_cache(maxsize=512)
 def from_slurm(raw: str) -> JobState:
     """Map a raw Slurm state string to a :class:`JobState`; anything unrecognised is UNKNOWN.
 

@@ -638,15 +638,15 @@ class Registry:
         return CheckpointRecord(row[0], int(row[1]), row[2], float(row[3])) if row else None
 
 
+_STATES = {s.value: s for s in JobState}
+
+
 def _job_from_row(row: Sequence[Any]) -> JobRecord:
     try:
         command = json.loads(row[7])
     except (TypeError, ValueError):
         command = [str(row[7])]
-    try:
-        state = JobState(row[10])
-    except ValueError:
-        state = JobState.UNKNOWN
+    state = _STATES.get(row[10], JobState.UNKNOWN)  # a dict lookup: Enum() costs ~1 us x 1,000 rows
     return JobRecord(
         job_id=row[0],
         name=row[1],
