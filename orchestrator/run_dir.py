@@ -623,7 +623,7 @@ def write_cancel_marker(run_dir: Path, signal_name: str, user: str | None = None
 #: to metrics.jsonl every step and so are simply re-read on every call, as before.
 RACY_S = 2.0
 SUMMARY_CACHE_FILE = "status_cache.json"
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
 _CACHE_MAX_ENTRIES = 20_000
 _SUMMARY_FIELDS = [f for f in RunSummary.__dataclass_fields__ if f not in ("run_dir", "checkpoint")]
 _CHECKPOINT_FIELDS = [f for f in CheckpointInfo.__dataclass_fields__ if f != "path"]
@@ -644,7 +644,9 @@ def _summary_to_cache(summary: RunSummary) -> list[Any]:
     values = [getattr(summary, f) for f in _SUMMARY_FIELDS]
     if ckpt is None:
         return [values, None]
-    return [values, [str(ckpt.path), *(getattr(ckpt, f) for f in _CHECKPOINT_FIELDS)]]
+    # The folder's name only: it always lies in <run_dir>/checkpoints (_checkpoint_fingerprint
+    # checks), and joining one name is far cheaper than parsing a whole path again.
+    return [values, [ckpt.path.name, *(getattr(ckpt, f) for f in _CHECKPOINT_FIELDS)]]
 
 
 def _summary_from_cache(run_dir: Path, data: list[Any]) -> RunSummary:
@@ -654,7 +656,7 @@ def _summary_from_cache(run_dir: Path, data: list[Any]) -> RunSummary:
     info = None
     if ckpt is not None:
         info = CheckpointInfo.__new__(CheckpointInfo)
-        info.__dict__.update(zip(_CHECKPOINT_FIELDS, ckpt[1:], strict=True), path=Path(ckpt[0]))
+        info.__dict__.update(zip(_CHECKPOINT_FIELDS, ckpt[1:], strict=True), path=run_dir.joinpath(CHECKPOINTS_DIR, ckpt[0]))
     summary = RunSummary.__new__(RunSummary)
     summary.__dict__.update(zip(_SUMMARY_FIELDS, values, strict=True), run_dir=run_dir, checkpoint=info)
     return summary
@@ -732,8 +734,12 @@ class SummaryCache:
 
 def _base_fingerprint(run_dir: str) -> tuple[str, int]:
     """One string for job.json, metrics.jsonl, checkpoints/ and logs/, and the newest mtime."""
-    keys = [_stat_key(os.path.join(run_dir, name)) for name in (JOB_FILE, METRICS_FILE, CHECKPOINTS_DIR, LOGS_DIR)]
-    return "|".join(k for k, _ in keys), max(m for _, m in keys)
+    prefix = run_dir if run_dir.endswith("/") else run_dir + "/"
+    a, ma = _stat_key(prefix + JOB_FILE)
+    b, mb = _stat_key(prefix + METRICS_FILE)
+    c, mc = _stat_key(prefix + CHECKPOINTS_DIR)
+    d, md = _stat_key(prefix + LOGS_DIR)
+    return f"{a}|{b}|{c}|{d}", max(ma, mb, mc, md)
 
 
 def _checkpoint_fingerprint(run_dir: str, found: CheckpointInfo | None) -> tuple[list[Any], int] | None:
@@ -780,15 +786,15 @@ def _checkpoint_still(run_dir: str, ckpt: list[Any]) -> bool:
     """The cached checkpoint answer holds: earlier-searched folders untouched, marker unchanged,
     every file it lists still of the listed size."""
     newer, marker, files = ckpt
-    join = os.path.join
+    prefix = run_dir if run_dir.endswith("/") else run_dir + "/"
     for folder, key in newer:
-        if _stat_key(join(run_dir, folder))[0] != key:
+        if _stat_key(prefix + folder)[0] != key:
             return False
-    if marker is not None and _stat_key(join(run_dir, marker[0]))[0] != marker[1]:
+    if marker is not None and _stat_key(prefix + marker[0])[0] != marker[1]:
         return False
     for path, size in files:
         try:
-            if os.stat(join(run_dir, path)).st_size != size:
+            if os.stat(prefix + path).st_size != size:
                 return False
         except OSError:
             return False

@@ -126,7 +126,7 @@ def test_recent_files_are_not_cached(tmp_path: Path) -> None:
     assert not cache_file.exists() or str(run) not in json.loads(cache_file.read_text())["entries"]
 
 
-@pytest.mark.parametrize("content", ["", "{", "[]", '{"version": 2, "entries": {"x": 1}}', "\0\0"])
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"version": 3, "entries": {"x": 1}}', "\0\0"])
 def test_bad_cache_file_is_ignored(tmp_path: Path, content: str) -> None:
     run = tmp_path / "run"
     make_run(run)
@@ -134,5 +134,5 @@ def test_bad_cache_file_is_ignored(tmp_path: Path, content: str) -> None:
     cache_file.write_text(content)
     assert SummaryCache(cache_file).summarize(run) == summarize(run)
     entries = {str(run): ["x", [[], None, []], [[1], None]]}  # matching nothing / malformed
-    cache_file.write_text(json.dumps({"version": 2, "entries": entries}))
+    cache_file.write_text(json.dumps({"version": 3, "entries": entries}))
     assert SummaryCache(cache_file).summarize(run) == summarize(run)
