@@ -647,7 +647,10 @@ def _job_from_row(row: Sequence[Any]) -> JobRecord:
     except (TypeError, ValueError):
         command = [str(row[7])]
     state = _STATES.get(row[10], JobState.UNKNOWN)  # a dict lookup: Enum() costs ~1 us x 1,000 rows
-    return JobRecord(
+    # Not JobRecord(...): a frozen dataclass's __init__ sets each of its 17 fields through
+    # object.__setattr__, the largest cost of reading 1,000 rows for `status`. Same fields, same values.
+    record = JobRecord.__new__(JobRecord)
+    record.__dict__.update(
         job_id=row[0],
         name=row[1],
         profile=row[2],
@@ -666,3 +669,4 @@ def _job_from_row(row: Sequence[Any]) -> JobRecord:
         exit_code=row[15],
         reason=row[16],
     )
+    return record

@@ -159,6 +159,9 @@ def _opt(text: str) -> str | None:
     return None if text in ("", "(null)", "None", "Unknown", "N/A") else text
 
 
+_STATE_DEFAULTS = {"stale": False, "exit_code": None, "end": None}
+
+
 def parse_squeue(output: str) -> dict[str, SchedulerState]:
     """Parse ``squeue -h -o '%i|%T|%r|%N|%S|%M'`` output."""
     states: dict[str, SchedulerState] = {}
@@ -168,7 +171,10 @@ def parse_squeue(output: str) -> dict[str, SchedulerState]:
             continue
         parts += [""] * (6 - len(parts))
         job_id, raw, reason, nodes, start, elapsed = (p.strip() for p in parts[:6])
-        states[job_id] = SchedulerState(
+        # Not SchedulerState(...): its frozen __init__ is most of the cost of a 1,000-line answer.
+        state = states[job_id] = SchedulerState.__new__(SchedulerState)
+        state.__dict__.update(
+            _STATE_DEFAULTS,
             job_id=job_id,
             state=from_slurm(raw),
             raw_state=normalize_slurm_state(raw),

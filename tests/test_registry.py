@@ -350,3 +350,13 @@ def test_list_cli_bad_input(orch_env: dict[str, str], args: list[str], needle: s
     assert res.returncode == 2
     assert "Traceback" not in res.stderr and needle in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_rows_read_back_are_complete_records(tmp_path: Path) -> None:
+    """Rows become JobRecords without the dataclass __init__ (speed): every field must be there."""
+    from orchestrator.registry import JobRecord
+
+    with Registry.open(tmp_path) as reg:
+        _add(reg, "local-1")
+        rec = reg.get("local-1")
+    assert vars(rec) == vars(JobRecord(**vars(rec)))

@@ -465,3 +465,20 @@ def test_cancel_local_signal_to_a_supervisor_reaches_its_children(
         if sup.poll() is None:
             sup.kill()
             sup.wait(30)
+
+
+def test_parsed_states_are_complete_scheduler_states() -> None:
+    """parse_squeue builds states without SchedulerState's __init__ (speed): same fields, same values."""
+    from orchestrator.scheduler_query import SchedulerState
+
+    got = parse_squeue("7|COMPLETING|None|n[1-2]|2025-01-01T00:00:00|1:00\n")["7"]
+    want = SchedulerState(
+        job_id="7",
+        state=JobState.RUNNING,
+        raw_state="COMPLETING",
+        source="squeue",
+        node_list="n[1-2]",
+        start="2025-01-01T00:00:00",
+        elapsed="1:00",
+    )
+    assert got == want and vars(got) == vars(want)
