@@ -87,3 +87,43 @@ def test_bad_requests_exit_2_and_leave_nothing(orch_env: dict[str, str], tmp_pat
     assert res.returncode == 2, res.stdout + res.stderr
     assert needle in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------------
+# The prewarmed launcher (node_entry.PrewarmedLauncher): started before the node's command is known.
+
+
+def test_prewarmed_launcher_runs_the_command_with_the_env_and_log_handed_over(tmp_path: Path) -> None:
+    """The interpreter started early must end up running exactly the launch it is handed: that argv,
+    that environment (not the one it was started with), output appended to the node log."""
+    import os
+
+    from orchestrator.node_entry import PrewarmedLauncher
+
+    script = tmp_path / "show_env.py"
+    script.write_text("import os\nprint('MARK=' + os.environ.get('ORCH_TEST_MARK', 'missing'), flush=True)\n")
+    log_path = tmp_path / "node_0.log"
+    log_path.write_bytes(b"before\n")
+    env = {**os.environ, "ORCH_TEST_MARK": "handed-over", "ACCELERATE_USE_CPU": "1"}
+    prewarmed = PrewarmedLauncher()
+    assert prewarmed.proc is not None  # accelerate is installed in the test environment
+    with open(log_path, "ab", buffering=0) as log_bin:
+        proc = prewarmed.hand_off(
+            ["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+             "--dynamo_backend", "no", str(script)],
+            env, log_path, log_bin,
+        )
+        assert proc.wait(timeout=120) == 0, log_path.read_text()
+    text = log_path.read_text()
+    assert text.startswith("before\n") and "MARK=handed-over" in text, text
+
+
+def test_prewarmed_launcher_discarded_before_hand_off_leaves_nothing_running() -> None:
+    from orchestrator.node_entry import PrewarmedLauncher
+
+    prewarmed = PrewarmedLauncher()
+    proc = prewarmed.proc
+    assert proc is not None
+    prewarmed.discard()
+    assert proc.poll() is not None and prewarmed.proc is None
+    prewarmed.discard()  # idempotent

@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             # gather + float64 pass here was most of the async stall).
             if num_params > MAX_PARAMS_FOR_CHECKSUM:
                 marker.update(param_checksum=None, optim_checksum=None)
+            report_async(async_ckpt.wait())  # one save in flight: the previous one, reported, not reaped silently
             async_ckpt.start(model, optimizer, step, marker)
         else:
             marker.update(checksums(model, optimizer, num_params))
