@@ -679,8 +679,78 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
 # Loading
 
 
+#: Parsed profiles (YAML text -> data) kept across runs: importing PyYAML and parsing cost about
+#: a fifth of ``orchestrator render`` (issue #7). Only texts whose data passed the fast check are
+#: kept, so the data is plain JSON and checked again on use; anything else is parsed every time.
+PARSE_CACHE_ENV = "ORCHESTRATOR_CACHE_DIR"
+_PARSE_CACHE_FILE = "parsed_profiles.json"
+_PARSE_CACHE_ENTRIES = 32
+
+
+def _cache_dir() -> Path:
+    """``$ORCHESTRATOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/orchestrator``, else ``~/.cache/orchestrator``."""
+    env = os.environ.get(PARSE_CACHE_ENV)
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "orchestrator"
+
+
+def _private(path: Path) -> bool:
+    """Ours and writable by nobody else: a profile's setup lines run as shell code on the nodes,
+    so a cache anyone else could write must not be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _load_parse_cache() -> dict[str, Any]:
+    try:
+        folder = _cache_dir()
+        path = folder / _PARSE_CACHE_FILE
+        if not (_private(folder) and _private(path)):
+            return {}
+        import json
+
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, RuntimeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _store_parse_cache(text: str, data: dict[str, Any]) -> None:
+    """Remember ``text -> data`` (newest last, a few dozen entries); failures are ignored."""
+    import json
+
+    try:
+        folder = _cache_dir()
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(folder):
+            return
+        entries = _load_parse_cache()
+        entries.pop(text, None)
+        entries[text] = data
+        while len(entries) > _PARSE_CACHE_ENTRIES:
+            entries.pop(next(iter(entries)))
+        tmp = folder / f".{_PARSE_CACHE_FILE}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(entries, fh)
+        os.replace(tmp, folder / _PARSE_CACHE_FILE)
+    except (OSError, ValueError, TypeError, RuntimeError):
+        return
+
+
 def parse_profile(text: str, source: str) -> ClusterProfile:
     """Parse and validate profile YAML; ``source`` names it in every error."""
+    cached = _load_parse_cache().get(text)
+    if cached is not None:
+        fast = _fast_validate(ClusterProfile, cached)
+        if fast is not None:
+            return fast
     import yaml  # here, not at the top: commands that never load a profile skip its import
 
     try:
@@ -699,6 +769,7 @@ def parse_profile(text: str, source: str) -> ClusterProfile:
         raise UserError(f"{source}: (top level): expected string keys, got {bad_keys[0]!r}")
     fast = _fast_validate(ClusterProfile, data)
     if fast is not None:
+        _store_parse_cache(text, data)
         return fast
     from pydantic import ValidationError
 

