@@ -160,6 +160,9 @@ def read_metrics_tail(run_dir: Path, max_bytes: int = TAIL_BYTES) -> tuple[list[
 _RESUME_NEEDLE = b'"resume"'
 # (device, inode) -> (bytes scanned, resume events seen): `status --watch` rescans only new bytes.
 _resume_cache: dict[tuple[int, int], tuple[int, int]] = {}
+#: Keys counted by this process: what :class:`SummaryCache` carries over to the next ``status``, so
+#: a live run's file is scanned once, then only its new bytes, not whole on every call.
+_resume_touched: set[tuple[int, int]] = set()
 
 
 def count_resumes(run_dir: Path) -> int:
@@ -176,6 +179,7 @@ def count_resumes(run_dir: Path) -> int:
     except OSError:
         return 0
     key = (st.st_dev, st.st_ino)
+    _resume_touched.add(key)
     done, count = _resume_cache.get(key, (0, 0))
     if st.st_size < done:  # truncated / rewritten: start over
         done, count = 0, 0
@@ -681,6 +685,7 @@ class SummaryCache:
         self._entries: dict[str, Any] = {}
         self._used: set[str] = set()
         self._dirty = False
+        self._resumes_loaded: list[list[int]] = []
         if path is not None:
             try:
                 with open(path, encoding="utf-8") as fh:
@@ -688,7 +693,12 @@ class SummaryCache:
                 if isinstance(data, dict) and data.get("version") == _CACHE_VERSION:
                     entries = data.get("entries")
                     self._entries = entries if isinstance(entries, dict) else {}
-            except (OSError, ValueError):
+                    for dev, ino, done, count in data.get("resumes") or []:
+                        if all(type(v) is int for v in (dev, ino, done, count)):
+                            _resume_cache.setdefault((dev, ino), (done, count))
+                            self._resumes_loaded.append([dev, ino, done, count])
+                    self._resumes_loaded.sort()
+            except (OSError, ValueError, TypeError):
                 self._entries = {}
 
     def summarize(self, run_dir: Path | str) -> RunSummary:
@@ -715,7 +725,8 @@ class SummaryCache:
 
     def save(self) -> None:
         """Write the cache if anything changed (atomically; failures are ignored: it is a cache)."""
-        if self.path is None or not self._dirty:
+        resumes = sorted([*key, *_resume_cache[key]] for key in _resume_touched if key in _resume_cache)
+        if self.path is None or not (self._dirty or resumes != self._resumes_loaded):
             return
         entries = self._entries
         if len(entries) > _CACHE_MAX_ENTRIES:
@@ -724,7 +735,9 @@ class SummaryCache:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": _CACHE_VERSION, "entries": entries}, fh, separators=(",", ":"))
+                json.dump(
+                    {"version": _CACHE_VERSION, "entries": entries, "resumes": resumes}, fh, separators=(",", ":")
+                )
             os.replace(tmp, self.path)
             self._dirty = False
         except OSError:

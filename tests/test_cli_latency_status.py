@@ -136,3 +136,29 @@ def test_bad_cache_file_is_ignored(tmp_path: Path, content: str) -> None:
     entries = {str(run): ["x", [[], None, []], [[1], None]]}  # matching nothing / malformed
     cache_file.write_text(json.dumps({"version": 3, "entries": entries}))
     assert SummaryCache(cache_file).summarize(run) == summarize(run)
+
+
+def test_resume_scan_progress_carries_over_between_processes(tmp_path: Path) -> None:
+    """A live run is re-summarised on every call; its whole-file resume count must not mean reading
+    the whole metrics.jsonl every time: the scan position is kept in the cache file."""
+    from orchestrator import run_dir as R
+
+    R._resume_cache.clear()  # this process's earlier tests
+    R._resume_touched.clear()
+    run = tmp_path / "run"
+    make_run(run)
+    write_metrics(run, [{"event": "resume", "step": 20, "checkpoint": "x", "time": 1.0}])  # live
+    cache_file = tmp_path / "cache.json"
+    first = SummaryCache(cache_file)
+    assert first.summarize(run).resumes == 1
+    first.save()
+    size = (run / "metrics.jsonl").stat().st_size
+    saved = json.loads(cache_file.read_text())["resumes"]
+    assert [row[2:] for row in saved] == [[size, 1]]
+    R._resume_cache.clear()  # a new process
+    R._resume_touched.clear()
+    write_metrics(run, [train_event(41, 1041.0), {"event": "resume", "step": 40, "checkpoint": "y", "time": 2.0}])
+    again = SummaryCache(cache_file)
+    assert R._resume_cache  # seeded from the file: only the appended bytes get scanned
+    assert again.summarize(run) == summarize(run)
+    assert again.summarize(run).resumes == 2
