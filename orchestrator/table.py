@@ -62,6 +62,20 @@ _STR = frozenset({str})
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
+def _flat_rows(rows: Sequence[dict[str, Any]], level: int) -> str:
+    """A list of non-empty flat mappings (``status --json``'s jobs) in one C encoder call.
+
+    Encoded with the rows' own item separator, the list comes out as ``[{...},<sep>{...}]``; the
+    row boundaries are then re-indented by plain replacement. That is exact because a real newline
+    only ever comes from a separator (inside strings JSON writes ``\\n``), and with scalar values
+    only ``},<newline>`` followed by the row indent and ``{`` is a row boundary.
+    """
+    row_pad, item_pad = "\n" + "  " * (level + 1), "\n" + "  " * (level + 2)
+    text = _flat_encoder(level + 2)(rows)
+    body = text[2:-2].replace("}," + item_pad + "{", row_pad + "}," + row_pad + "{" + item_pad)
+    return "[" + row_pad + "{" + item_pad + body + row_pad + "}" + "\n" + "  " * level + "]"
+
+
 def _dumps(obj: Any, level: int) -> str:
     pad = "\n" + "  " * level
     if isinstance(obj, dict) and obj and _STR.issuperset(map(type, obj)):
@@ -70,6 +84,8 @@ def _dumps(obj: Any, level: int) -> str:
         items = (pad + "  " + encode_basestring_ascii(k) + ": " + _dumps(v, level + 1) for k, v in obj.items())
         return "{" + ",".join(items) + pad + "}"
     if isinstance(obj, (list, tuple)) and obj:
+        if all(type(v) is dict and v and _STR.issuperset(v) and _SCALARS.issuperset(map(type, v.values())) for v in obj):
+            return _flat_rows(obj, level)
         return "[" + ",".join(pad + "  " + _dumps(v, level + 1) for v in obj) + pad + "]"
     # Scalars, empty containers and anything unusual (non-str keys): the json module itself.
     # JSON text holds no raw newline, so re-indenting its lines is exact.

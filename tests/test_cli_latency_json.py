@@ -45,3 +45,13 @@ def test_status_shaped_document_and_odd_values() -> None:
     }
     assert dumps_indented(doc) == json.dumps(doc, indent=2)
     assert dumps_indented([]) == "[]" and dumps_indented({}) == "{}"
+
+
+def test_lists_of_flat_rows_in_one_piece() -> None:
+    """The one-call path for lists of flat rows, with strings that look like row boundaries."""
+    tricky = ["}", "},", "},\n      {", '"},{"', "{\n}", "\\", "\u2028"]
+    rows = [{"i": i, "s": s, "f": i / 3, "n": None, "b": i % 2 == 0} for i, s in enumerate(tricky)]
+    for doc in (rows, {"jobs": rows}, {"a": {"jobs": rows, "x": []}}, [rows, rows[:1]]):
+        assert dumps_indented(doc) == json.dumps(doc, indent=2)
+    mixed = [*rows, {}]  # an empty row sends the list down the general path
+    assert dumps_indented(mixed) == json.dumps(mixed, indent=2)
