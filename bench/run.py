@@ -402,7 +402,7 @@ def report(R: dict, quick: bool, wall: float) -> str:
     lines = [
         "# orchestrator benchmarks",
         "",
-        f"`python bench/run.py{' --quick' if quick else ''}` on {R['machine']['cpus']} CPUs, Python {R['machine']['python']}, "
+        f"`{R.get('invocation') or 'python bench/run.py' + (' --quick' if quick else '')}` on {R['machine']['cpus']} CPUs, Python {R['machine']['python']}, "
         f"torch {R['machine']['torch']}, accelerate {R['machine']['accelerate']}; last invocation {wall:.0f} s. "
         "Baseline and candidate interleaved in one invocation; medians; the machine is shared (other load).",
         "",
@@ -483,6 +483,7 @@ def main() -> int:
                                       "torch": torch.__version__, "accelerate": accelerate.__version__,
                                       "platform": platform.platform()}})
     R.setdefault("notes", [])
+    R["invocation"] = "python bench/run.py" + (" --quick" if q else "") + (" --only " + " ".join(a.only) if a.only else "")
     runs = R.setdefault("runs", {})
     t0 = time.perf_counter()
 
