@@ -473,6 +473,7 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     status = run_cli(["status", job_id, "--json"], ft_env, timeout=60)
     row = json.loads(status.stdout)["jobs"][0]
     assert row["resumes"] == 1 and row["state"] == "FAILED", row
+    assert f"node(s) {victim} lost; auto-resumed as job {new_job}" in (row["reason"] or ""), row
     assert_same_result(run_dir, reference_dir(reference))
 
 

@@ -117,7 +117,7 @@ def _row(job: JobRecord, result: QueryResult, summary: RunSummary, attempts_reco
         checkpoint_path=str(ckpt.path) if ckpt else None,
         requeues=requeues,
         resumes=summary.resumes,
-        reason=(st.reason if st and st.reason else job.reason),
+        reason=(st.reason if st and st.reason else job.reason or job.end_reason),
         node_list=(st.node_list if st and st.node_list else job.node_list),
         exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
         run_dir=str(job.run_dir),
