@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,22 @@ REPO = Path(__file__).resolve().parents[1]
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
+
+
+SUPERVISOR_RE = re.compile(r"^exec (.*) -m orchestrator\.batch_step( --auto-resume)? -- (?=srun )", re.M)
+
+
+def strip_supervisor(script: str, python: str | None = None) -> str:
+    """The step runs as ``exec PYTHON -m orchestrator.batch_step -- srun ...``; a bash function cannot
+    stand in for an absolute interpreter path, so drop the prefix (checked to be one literal word) and
+    let the stubbed ``srun`` run in the script itself."""
+    matches = SUPERVISOR_RE.findall(script)
+    assert len(matches) == 1, script
+    words = shlex.split(matches[0][0])
+    assert len(words) == 1, matches
+    if python is not None:
+        assert words == [python]
+    return SUPERVISOR_RE.sub("", script)
 
 def hostile(marker: Path) -> list[str]:
     """Strings that run `touch <marker>` if anything ever evaluates them."""
@@ -267,7 +284,7 @@ def test_whole_script_with_srun_stub(sandbox: dict[str, object]) -> None:
         "python3() { echo 'python3 must not run' >&2; exit 99; }\n"
     )
     path = tmp / "sbatch.sh"
-    path.write_text(script)
+    path.write_text(strip_supervisor(script))
     result = subprocess.run(
         [str(BASH), str(path)],
         cwd=tmp / "scratch",
@@ -301,7 +318,7 @@ def test_hostile_run_dir_and_python_via_api(tmp_path: Path) -> None:
     run_dir = f'/runs/it\'s a "dir" $(touch {marker})'
     folder = f"{run_dir}/submit `touch {marker}`"
     python = f"/opt/py thon/$(touch {marker})/python3"
-    script = render_sbatch(plan, submitit_command(python, folder), run_dir, folder)
+    script = strip_supervisor(render_sbatch(plan, submitit_command(python, folder), run_dir, folder, python), python)
     sandbox_env(tmp_path)
     stub = tmp_path / "stub.sh"
     args_file = tmp_path / "srun_args"
