@@ -219,6 +219,22 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
     return rec
 
 
+def last_attempt_logs(run_dir: Path, lines: int = 20) -> dict:
+    """The tails of the newest attempt's node logs and the exit record (the run dir is temporary)."""
+    out: dict = {}
+    attempts = sorted((run_dir / "logs").glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
+    if attempts:
+        for log_file in sorted(attempts[-1].glob("node_*.log")):
+            text = log_file.read_text(errors="replace").splitlines()
+            out[f"{attempts[-1].name}/{log_file.name}"] = [line[:300] for line in text[-lines:]]
+    for name in ("exit_status.json", "local_state.json"):
+        try:
+            out[name] = (run_dir / name).read_text()[:2000]
+        except OSError:
+            pass
+    return out
+
+
 def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     why = cluster_up()
     if why:
@@ -238,7 +254,7 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     log(f"requeue: job {job_id}, {run_dir}")
     poller = StatePoller(job_id)
     poller.start()
-    records, error = [], None
+    records, error, error_logs = [], None, {}
     try:
         for i in range(reps):
             rec = one_preemption(job_id, run_dir, poller)
@@ -248,6 +264,7 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     except (RuntimeError, OSError, ValueError, KeyError) as exc:
         error = f"{type(exc).__name__}: {exc}"
         log(f"requeue: error {error}")
+        error_logs = last_attempt_logs(run_dir)
     finally:
         poller.stop.set()
         poller.join(timeout=5)
@@ -263,7 +280,7 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     splits = [r["startup_split_s"] for r in records if "startup_split_s" in r]
     return {
         "job": {"profile": "slurm_test", "strategy": "full_shard", "nodes": 2, "procs_per_node": 1, "train_args": train_args},
-        "reps": len(records), "error": error,
+        "reps": len(records), "error": error, "error_logs": error_logs,
         "round_trip_median_s": round(statistics.median(trips), 2) if trips else None,
         "round_trip_all_s": trips,
         "phases_median_s": med,
