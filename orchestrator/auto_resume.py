@@ -40,8 +40,6 @@ from orchestrator.plan import LaunchPlan
 PROBE_TIMEOUT_S = 20.0
 #: Where every decision is appended (one JSON object per line), for ``status`` and for people.
 DECISIONS_FILE = "auto_resume.jsonl"
-#: Exit code of training that checkpointed on a signal (node 0 requeues the job itself).
-EXIT_REQUEUE = 75
 
 
 @dataclass(frozen=True)
@@ -101,15 +99,6 @@ def allocation_nodes() -> list[str]:
     return proc.stdout.split() if proc.returncode == 0 else []
 
 
-def training_asked_for_requeue(run_dir: Path, since: float) -> bool:
-    """Rank 0 checkpointed on a signal: node 0 has requeued (or decided not to); not a failure."""
-    try:
-        data = json.loads((run_dir / "exit_status.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return data.get("code") == EXIT_REQUEUE and float(data.get("time", 0)) >= since
-
-
 def decide(
     job_id: str,
     step_status: int,
@@ -166,16 +155,19 @@ def append_decision(run_dir: Path, decision: Decision) -> None:
         fh.write(json.dumps(decision.__dict__) + "\n")
 
 
+def attempt_base(run_dir: Path) -> int:
+    """The attempt number the newest submission into this run directory started at: N of the newest
+    ``job.attempt_N.json`` (written by ``resume``/auto-resume), else 0 (``job.json``). Only the running
+    job or a later one can have written it, so it describes the running job."""
+    numbers = [int(p.stem.split("_")[-1]) for p in run_dir.glob("job.attempt_*.json") if p.stem.split("_")[-1].isdigit()]
+    return max(numbers, default=0)
+
+
 def current_plan(run_dir: Path) -> LaunchPlan:
-    """The plan of the newest submission into this run directory (``job.attempt_N.json``, else
-    ``job.json``): that is the running job, since only it or a later resume could have written one."""
-    attempts = sorted(run_dir.glob("job.attempt_*.json"), key=lambda p: int(p.stem.split("_")[-1]), reverse=True)
-    for path in [*attempts, run_dir / "job.json"]:
-        try:
-            return LaunchPlan.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError):
-            continue
-    raise FileNotFoundError(f"no readable job.json in {run_dir}")
+    """The plan of the newest submission into this run directory (see :func:`attempt_base`)."""
+    base = attempt_base(run_dir)
+    path = run_dir / (f"job.attempt_{base}.json" if base else "job.json")
+    return LaunchPlan.from_json(json.loads(path.read_text()))
 
 
 def root_job_id(registry: Any, run_dir: Path, fallback: str) -> str:
@@ -231,14 +223,14 @@ def after_failed_step(
     """Classify a failed step and act on it; the decision is appended to ``auto_resume.jsonl``.
 
     ``probes`` are the supervisor's, when it already probed (srun hung on a lost node)."""
-    from orchestrator.node_entry import cancelled_by_user
+    from orchestrator.node_entry import cancelled_by_user, requeue_requested
 
     started = time.time()
 
     def say(line: str) -> None:
         print(f"[orchestrator auto-resume] {time.strftime('%H:%M:%S')} job {job_id}: {line}", file=sys.stderr, flush=True)
 
-    if training_asked_for_requeue(run_dir, step_started):
+    if requeue_requested(run_dir, step_started):
         say("training checkpointed on a signal: the requeue is node 0's decision")
         return None
     if probes is None:

@@ -74,13 +74,6 @@ class StepWatch:
         self._reader.join(timeout=5)
 
 
-def attempt_base(run_dir: Path) -> int:
-    """The attempt number this scheduler job started at: 0, or N of the ``job.attempt_N.json`` that
-    ``resume``/auto-resume wrote for it (the newest; only the running job or a later one writes one)."""
-    numbers = [int(p.stem.split("_")[-1]) for p in run_dir.glob("job.attempt_*.json") if p.stem.split("_")[-1].isdigit()]
-    return max(numbers, default=0)
-
-
 def record_requeued_attempt(run_dir: Path, job_id: str) -> None:
     """A requeued job (same id, ``SLURM_RESTART_COUNT`` > 0) is a new attempt the submitting side never
     saw: record it with the checkpoint it will start from (training picks the newest complete one,
@@ -89,6 +82,7 @@ def record_requeued_attempt(run_dir: Path, job_id: str) -> None:
     if restarts == 0 or not job_id:
         return
     try:
+        from orchestrator.auto_resume import attempt_base
         from orchestrator.registry import Registry
         from orchestrator.run_dir import last_complete_checkpoint
 

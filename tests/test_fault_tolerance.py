@@ -29,6 +29,7 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.auto_resume import read_decisions
 from orchestrator.run_dir import last_complete_checkpoint
 from tests.conftest import REPO, kill_tree, run_cli, sacct_state
 from tests.slurm_cluster import (
@@ -444,7 +445,7 @@ def test_node_death_with_auto_resume_continues_without_that_node(
         poll(lambda: training_pids(victim, job_id), 30, f"training processes on {victim}")
         killed_at = time.monotonic()
         assert kill_node_processes(victim, include_daemons=True)
-        decision = poll(lambda: read_json_lines(run_dir / "auto_resume.jsonl"), 120,
+        decision = poll(lambda: read_decisions(run_dir), 120,
                         "the after-step check's decision", diagnostics=show)[0]
         record("node_death_to_resubmission_s", round(time.monotonic() - killed_at, 1))
         assert decision["action"] == "resubmitted", decision
@@ -475,13 +476,6 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     assert row["resumes"] == 1 and row["state"] == "FAILED", row
     assert f"node(s) {victim} lost; auto-resumed as job {new_job}" in (row["reason"] or ""), row
     assert_same_result(run_dir, reference_dir(reference))
-
-
-def read_json_lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 # ----------------------------------------------------------------------------------------- 4. resharding
@@ -533,7 +527,7 @@ def test_script_that_raises_is_not_requeued(ft_env: dict[str, str], tmp_path: Pa
     assert row["state"] == "FAILED" and row["requeues"] == 0, row
     assert slurm_restarts(job_id) in (0, None)
     assert [p.name for p in (run_dir / "logs").iterdir()] == ["attempt_0"]
-    decisions = poll(lambda: read_json_lines(run_dir / "auto_resume.jsonl"), 30, "the after-step decision")
+    decisions = poll(lambda: read_decisions(run_dir), 30, "the after-step decision")
     assert [d["action"] for d in decisions] == ["none"] and decisions[0]["lost_nodes"] == [], decisions
     assert "every node still answers" in decisions[0]["reason"]
 
