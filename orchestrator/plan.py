@@ -201,6 +201,14 @@ def check_combination(
         ):
             if value:
                 raise UserError(f"{flag}: only FSDP strategies support it, not ddp; pick full_shard or shard_grad_op")
+    if strategy.uses_fsdp and options.offload and profile.gpus_per_node == 0:
+        # Measured with torch 2.13: FSDP1 pins its CPU gradient buffers and FSDP2's CPUOffloadPolicy pins
+        # the sharded parameters; both fail with "Cannot access accelerator device when none is available".
+        raise UserError(
+            f"--offload: moves parameters and optimizer state from GPU to host memory, but profile "
+            f"'{profile_name}' has no GPUs (they already live in host memory, and FSDP's offload pins memory, "
+            "which needs a GPU); drop --offload"
+        )
     if (
         strategy.uses_fsdp
         and options.state_dict == "full"

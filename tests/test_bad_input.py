@@ -202,6 +202,12 @@ CASES: list[Case] = [
         "--offload",
     ),
     cli_case(
+        "offload_on_cpu_profile",
+        ["render", "--profile", "local", "--strategy", "full_shard", "--offload"],
+        "--offload",
+        "no GPUs",
+    ),
+    cli_case(
         "act_ckpt_with_ddp",
         ["render", "--profile", "local", "--strategy", "ddp", "--activation-checkpointing"],
         "--activation-checkpointing",

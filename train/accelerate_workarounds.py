@@ -1,4 +1,6 @@
-"""Every workaround for Accelerate (1.15.0) / torch (2.13) behaviour on CPU, in one place.
+"""Every workaround for Accelerate (1.15.0) / torch (2.13) behaviour, in one place.
+
+All but one are about CPU; ``fsdp2_size_based_wrap`` is wrong on GPUs as well.
 
 One function per workaround; each says what Accelerate (or torch under it) does
 wrong, so it can be deleted when that is fixed. ``train.py`` calls them through
@@ -27,6 +29,7 @@ WORKAROUNDS = (
     "fsdp1_hybrid_mesh",
     "fsdp1_optimizer_state_on_load",
     "wait_before_end_training",
+    "fsdp2_size_based_wrap",
 )
 
 
@@ -206,6 +209,58 @@ def wrap_fsdp1_with_mesh(accelerator, model: torch.nn.Module, mesh) -> torch.nn.
     )
 
 
+def fsdp2_size_based_wrap(accelerator, pending: Pending) -> None:
+    """Accelerate's FSDP2 version of SIZE_BASED_WRAP (``fsdp2_prepare_auto_wrap_policy``) claims to mimic
+    FSDP1's but differs in two ways: it wraps ``nn.ModuleList``/``nn.ModuleDict`` containers, which
+    ``fully_shard`` refuses ("fully_shard does not support containers that do not implement forward":
+    every model that keeps its blocks in a ModuleList larger than ``min_num_params`` fails, e.g. our
+    ``small`` and ``base`` presets), and it counts parameters already sharded by wrapped children, so
+    every ancestor of a large module becomes a unit of its own. Replace the policy with FSDP1's rule:
+    containers are never wrapped, and only parameters not yet in a wrapped descendant count. Accelerate
+    applies the policy bottom-up and shards each match at once, so "wrapped" is ``FSDPModule``."""
+    from accelerate.utils import DistributedType
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if (
+        disabled("fsdp2_size_based_wrap")
+        or accelerator.distributed_type != DistributedType.FSDP
+        or plugin is None
+        or plugin.fsdp_version != 2
+    ):
+        return
+    import functools
+
+    import accelerate.utils.fsdp_utils as fsdp_utils
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+    accelerate_policy = fsdp_utils.fsdp2_prepare_auto_wrap_policy
+    if getattr(accelerate_policy, "_orchestrator_patched", False):
+        return
+
+    def unwrapped_numel(module: torch.nn.Module) -> int:
+        total = sum(p.numel() for p in module.parameters(recurse=False))
+        return total + sum(unwrapped_numel(c) for c in module.children() if not isinstance(c, FSDPModule))
+
+    def prepare_policy(fsdp2_plugin, model):
+        fn = fsdp2_plugin.auto_wrap_policy
+        fn = fn.func if isinstance(fn, functools.partial) else fn
+        if fn is not size_based_auto_wrap_policy:
+            return accelerate_policy(fsdp2_plugin, model)
+        containers = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+        def policy(module: torch.nn.Module) -> bool:
+            if isinstance(module, containers):
+                return False
+            return unwrapped_numel(module) > fsdp2_plugin.min_num_params
+
+        return policy
+
+    prepare_policy._orchestrator_patched = True  # type: ignore[attr-defined]
+    fsdp_utils.fsdp2_prepare_auto_wrap_policy = prepare_policy
+    pending.applied.append("fsdp2_size_based_wrap")
+
+
 def init_fsdp1_optimizer_state(accelerator, optimizer) -> None:
     """``load_state`` with FSDP1 builds its load template from the live optimizer; one that never
     stepped has no state, so the checkpoint's optimizer state is silently dropped (moments restart at
@@ -245,6 +300,7 @@ def after_accelerator(accelerator, pending: Pending) -> list[str]:
         use_cpu_device_without_index(accelerator, pending)
         disable_sync_module_states_on_cpu(accelerator, pending)
         apply_parallelism_config_on_cpu(accelerator, pending)
+        fsdp2_size_based_wrap(accelerator, pending)
     elif pending.parallelism_config_env:
         os.environ.update(pending.parallelism_config_env)
     return pending.applied

@@ -341,8 +341,18 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
         problems.append(f"expected reshard_after_forward={want} ({strategy}), found {reshard}")
     return problems, (
         f"FSDP2 mesh {shape} placements {placements}, reshard_after_forward={reshard}, "
-        f"{local} of {num_params} parameters local"
+        f"{local} of {num_params} parameters local, units {_fsdp2_units(model)}"
     )
+
+
+def _fsdp2_units(model) -> str:
+    """Which modules are FSDP2 units, e.g. ``GPT, MLP x4``: what the wrap policy really did."""
+    from collections import Counter
+
+    from torch.distributed.fsdp import FSDPModule
+
+    names = Counter(type(m).__name__.removeprefix("FSDP") for m in model.modules() if isinstance(m, FSDPModule))
+    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in names.items())
 
 
 def _fsdp2_reshard_after_forward(model) -> bool | None:
