@@ -25,6 +25,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +101,7 @@ def summarise(variant: str, raw: dict) -> dict:
 
 
 def bench_memory(tmp: Path, env: dict, presets: list[str], steps: int, free_port, log=print,
-                 skip: set[tuple[str, str]] = frozenset()) -> dict:
+                 skip: AbstractSet[tuple[str, str]] = frozenset()) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     cfgs = {v: render(v, tmp / f"cfg_{v}", env) for v in VARIANTS}
     rows = []

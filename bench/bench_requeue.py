@@ -207,6 +207,7 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
     rec["phases_s"] = {k: (round(v, 2) if v is not None else None) for k, v in ph.items()}
     if rec["launcher_start_time"] and rec["running_again"]:
         split = {"job_start_to_launcher": rec["launcher_start_time"] - rec["running_again"]}
+        assert pid_file is not None  # launcher_start_time is only set from it
         stamps = c10d_stamps(pid_file.parent / "node_0.log")
         if "launcher_store" in stamps and "worker_pg" in stamps:
             split.update(launcher_to_store=stamps["launcher_store"] - rec["launcher_start_time"],

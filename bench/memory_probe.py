@@ -30,6 +30,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -119,7 +120,7 @@ def main() -> int:
     rss_base = rss_bytes()
     reset_hwm()
     t0 = time.perf_counter()
-    model = build_model(a.preset, a.seq_len, seed=0)
+    model: torch.nn.Module = build_model(a.preset, a.seq_len, seed=0)
     num_params = count_params(model)
     rss_built = rss_bytes()
     model = accelerate_workarounds.wrap_model(accelerator, model, pending)
@@ -165,7 +166,7 @@ def main() -> int:
         "init_s": round(init_s, 3),
         "step_s": [round(s, 3) for s in step_s],
     }
-    everyone = [None] * world
+    everyone: list[dict[str, Any] | None] = [None] * world
     if world > 1:
         dist.all_gather_object(everyone, mine)
     else:

@@ -41,7 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -76,7 +79,7 @@ def timed(cmd: list[str], env: dict, cwd: Path = REPO, timeout: float = 300) -> 
     return wall
 
 
-def interleave(variants: dict[str, callable], reps: int, warmup: int) -> dict[str, list]:
+def interleave(variants: dict[str, Callable[[], Any]], reps: int, warmup: int) -> dict[str, list]:
     """Run each variant ``warmup`` times (discarded), then ``reps`` rounds, order rotated per round."""
     names = list(variants)
     for _ in range(warmup):
@@ -95,7 +98,7 @@ def interleave(variants: dict[str, callable], reps: int, warmup: int) -> dict[st
 def importtime_top(args: list[str], env: dict, k: int = 6) -> list[dict]:
     """Top-level imports by cumulative time (``-X importtime``) for one CLI command."""
     res = subprocess.run([PY, "-X", "importtime", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for line in res.stderr.splitlines():
         m = re.match(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)", line)
         if m and len(m.group(3)) <= 1:  # top level only
@@ -140,7 +143,7 @@ def bench_cli(tmp: Path, reps: int, warmup: int, jobs: int) -> dict:
         f"orchestrator status --json ({jobs} jobs)": [PY, "-m", "orchestrator", "status", "--json"],
         "accelerate --help": [acc, "--help"],
     }
-    out = interleave({n: (lambda c=c: timed(c, env)) for n, c in cmds.items()}, reps, warmup)
+    out = interleave({n: partial(timed, c, env) for n, c in cmds.items()}, reps, warmup)
     res = {n: {"median_s": round(med(v), 4), "min_s": round(min(v), 4), "all_s": [round(x, 4) for x in v]} for n, v in out.items()}
     # Where the time goes (imports), for the orchestrator commands.
     for n, c in cmds.items():
@@ -188,6 +191,7 @@ def run_until_first_step(cmd: list[str], env: dict, metrics_glob: tuple[Path, st
         _, err = proc.communicate()
     if proc.returncode != 0 or first is None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err.decode()[-3000:]}")
+    assert found is not None  # first is only set once found is
     return first, found
 
 
@@ -308,7 +312,9 @@ def ckpt_run(L: Launcher, preset: str, steps: int, every: int, async_: bool) -> 
 
 def bench_ckpt(tmp: Path, reps: int, preset: str, steps: int, every: int) -> dict:
     L = Launcher(tmp / "ckpt", strategy="full_shard", extra=("--wrap-cls", "TransformerBlock"))
-    sync_runs, async_runs, raw = [], [], []
+    sync_runs: list[dict] = []
+    async_runs: list[dict] = []
+    raw: list[float] = []
     for r in range(reps):
         pair = [("sync", False), ("async", True)]
         for name, a in (pair if r % 2 == 0 else pair[::-1]):

@@ -36,8 +36,11 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Set as AbstractSet
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -169,7 +172,7 @@ def find_resumable(run_dir: str | os.PathLike, warn=print) -> tuple[Path, dict] 
     return None
 
 
-def prune(run_dir: str | os.PathLike, keep_last: int, keep_tmp: set[str] = frozenset()) -> None:
+def prune(run_dir: str | os.PathLike, keep_last: int, keep_tmp: AbstractSet[str] = frozenset()) -> None:
     """Rank 0: keep the newest ``keep_last`` complete checkpoints; drop stale temp folders."""
     root = checkpoints_dir(run_dir)
     complete = [(s, p) for s, p in complete_checkpoints(run_dir) if (p / MARKER).is_file()]
@@ -187,7 +190,9 @@ def _common_id(accelerator) -> str:
     value = [uuid.uuid4().hex[:8] if accelerator.is_main_process else None]
     if accelerator.num_processes > 1:
         dist.broadcast_object_list(value, src=0)
-    return value[0]
+    common = value[0]
+    assert common is not None  # rank 0 picked it; the broadcast gave it to every other rank
+    return common
 
 
 # ---------------------------------------------------------------------------
@@ -277,6 +282,7 @@ class AsyncCheckpointer:
         inner = getattr(optimizer, "optimizer", optimizer)
         job: dict = {"kind": None}
         if acc.distributed_type.value == "FSDP":
+            assert plugin is not None  # Accelerate sets fsdp_plugin whenever the distributed type is FSDP
             if plugin.fsdp_version == 1:
                 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -305,9 +311,11 @@ class AsyncCheckpointer:
 
                 stager = DefaultStager(StagingOptions(False, False, False, False))
                 try:
-                    staged = stager.stage(both)
+                    staged_now = stager.stage(both)
                 finally:
                     stager.close()
+                assert not isinstance(staged_now, Future)  # use_async_staging=False: staged synchronously
+                staged = staged_now
             job = {"kind": "dcp", "model": {"model": staged["model"]}, "optimizer": {"optimizer": staged["optimizer"]}}
         elif acc.is_main_process:
             # DDP: every replica is identical; rank 0 writes Accelerate's model.safetensors + optimizer.bin.
@@ -320,7 +328,7 @@ class AsyncCheckpointer:
             for i, obj in enumerate(acc._custom_objects):
                 torch.save(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pkl")
         acc.wait_for_everyone()
-        pending = {
+        pending: dict[str, Any] = {
             "step": step,
             "tmp": tmp,
             "final": root / step_name(step),
@@ -399,6 +407,7 @@ class AsyncCheckpointer:
 
     def _finish(self) -> SaveResult | None:
         p, self.pending = self.pending, None
+        assert p is not None  # callers check that a save is pending
         if p["error"] is not None:
             raise RuntimeError(f"async checkpoint of step {p['step']} failed") from p["error"]  # loudly
         if p["result"] is not None:

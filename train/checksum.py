@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from typing import cast
 
 import torch
 
@@ -58,9 +59,12 @@ def full_state(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, tor
     # cpu_offload=False on purpose: FSDP1's FULL_STATE_DICT with offload_to_cpu crashes on CPU (FIELD_NOTES).
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     inner = getattr(optimizer, "optimizer", optimizer)
-    params = get_model_state_dict(model, options=options)
+    # With full_state_dict=True the values are plain full tensors (the stub allows any ValueType).
+    params = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
     optim = get_optimizer_state_dict(model, inner, options=options)
-    return params, _flat_optimizer_state(optim.get("state", {}))
+    state = optim.get("state", {})
+    assert isinstance(state, dict)  # {fqn: {key: value}}; the stub also allows a list of dicts
+    return params, _flat_optimizer_state(state)
 
 
 def checksums(model, optimizer, num_params: int) -> dict[str, float | None]:

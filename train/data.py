@@ -23,6 +23,7 @@ import sysconfig
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -56,6 +57,12 @@ def stdlib_files() -> list[tuple[str, Path]]:
 def is_val_file(relpath: str) -> bool:
     """About 1 file in 20 is validation, decided by the path alone (stable across machines)."""
     return zlib.crc32(relpath.encode()) % 20 == 0
+
+
+class Source(Protocol):
+    """What :class:`Batcher` draws from: :class:`TextSource` or :class:`SyntheticSource`."""
+
+    def sample(self, gen: torch.Generator, split: str, seq_len: int) -> torch.Tensor: ...
 
 
 class TextSource:
@@ -98,7 +105,7 @@ class SyntheticSource:
         return torch.where(mask, noise, seq).long()
 
 
-def make_source(kind: str):
+def make_source(kind: str) -> Source:
     if kind == "text":
         return TextSource()
     if kind == "synthetic":
@@ -108,7 +115,7 @@ def make_source(kind: str):
 
 @dataclass
 class Batcher:
-    source: object
+    source: Source
     seed: int
     seq_len: int
     batch_size: int

@@ -59,6 +59,7 @@ class Metrics:
         if self.first_step is None:
             self.first_step = step
             self.started = time.monotonic() - step_time
+        tokens_per_s = float(tokens / step_time) if step_time > 0 else 0.0
         record = {
             "event": "train",
             "step": int(step),
@@ -66,7 +67,7 @@ class Metrics:
             "loss": float(loss),
             "lr": float(lr),
             "grad_norm": float(grad_norm),
-            "tokens_per_s": float(tokens / step_time) if step_time > 0 else 0.0,
+            "tokens_per_s": tokens_per_s,
             "step_time_s": float(step_time),
             "peak_mem_mb": float(peak_mem_mb()),
             "world_size": int(self.world_size),
@@ -76,10 +77,10 @@ class Metrics:
         self._write(record)
         if self.main:
             self.accelerator.log(
-                {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm, "train/tokens_per_s": record["tokens_per_s"]},
+                {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm, "train/tokens_per_s": tokens_per_s},
                 step=step,
             )
-            self._progress(step, loss, record["tokens_per_s"])
+            self._progress(step, loss, tokens_per_s)
 
     def eval(self, step: int, val_loss: float) -> None:
         self._write({"event": "eval", "step": int(step), "val_loss": float(val_loss), "time": time.time()})

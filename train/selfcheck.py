@@ -282,7 +282,9 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
         found_strategy = model.sharding_strategy.name
         if found_strategy != FSDP1_SHARDING[strategy]:
             problems.append(f"expected FSDP1 sharding strategy {FSDP1_SHARDING[strategy]}, found {found_strategy}")
-        shard_size = model.process_group.size()
+        shard_group = model.process_group  # typed Optional; always set once FSDP1 has wrapped the module
+        assert shard_group is not None
+        shard_size = shard_group.size()
         inter = getattr(model, "_inter_node_pg", None)
         replicate_size = inter.size() if inter is not None else (world // shard_size if strategy != "no_shard" else world)
         if strategy == "no_shard":
@@ -320,7 +322,9 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
 
     if not isinstance(model, FSDPModule):
         return [f"expected the model sharded with FSDP2 fully_shard, found {type(model).__name__}"], ""
-    params = list(model.parameters())
+    # fully_shard mixes FSDPModule into the module's own nn.Module class; FSDPModule's stub
+    # lacks nn.Module's methods.
+    params = list(model.parameters())  # type: ignore[attr-defined]
     if not all(isinstance(p, DTensor) for p in params):
         return ["expected every parameter to be an FSDP2 DTensor, found plain tensors"], ""
     mesh = params[0].device_mesh

@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         expectation = selfcheck.expectations_from_env()
     except selfcheck.SelfCheckError as exc:
-        bad = selfcheck.Expectation(source="the environment")
-        selfcheck.fail([str(exc)], bad, "", None, int(os.environ.get("RANK", "0") or 0))
+        unknown = selfcheck.Expectation(source="the environment")
+        selfcheck.fail([str(exc)], unknown, "", None, int(os.environ.get("RANK", "0") or 0))
     pending = accelerate_workarounds.before_accelerator()
     accelerator = Accelerator(
         log_with="tensorboard",
@@ -202,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     strategy, fsdp_version = strategy_from_state(accelerator)
 
     # Model, optimizer, schedule.
-    model = build_model(args.preset, args.seq_len, seed=args.seed)
-    num_params = count_params(model)
-    if args.seq_len > model.cfg.max_seq_len:
-        raise SystemExit(f"--seq-len {args.seq_len} exceeds the preset's context {model.cfg.max_seq_len}")
-    model = accelerate_workarounds.wrap_model(accelerator, model, pending)
+    gpt = build_model(args.preset, args.seq_len, seed=args.seed)
+    num_params = count_params(gpt)
+    if args.seq_len > gpt.cfg.max_seq_len:
+        raise SystemExit(f"--seq-len {args.seq_len} exceeds the preset's context {gpt.cfg.max_seq_len}")
+    model = accelerate_workarounds.wrap_model(accelerator, gpt, pending)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
     model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: a prepared scheduler steps once per process; the step count is ours to keep.
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     choice: list = [None]
     if accelerator.is_main_process and args.resume != "never":
+        found_ckpt: tuple[Path, dict] | tuple[str, str] | None
         if args.resume == "auto":
             found_ckpt = checkpointing.find_resumable(run_dir, warn)
         else:
@@ -266,11 +267,15 @@ def main(argv: list[str] | None = None) -> int:
         sums = checksums(model, optimizer, num_params)
         for note in notes:
             warn(f"warning: {note}")
-        bad = [
-            f"{k}: checkpoint says {marker.get(k)!r}, restored {sums[k]!r}"
-            for k in ("param_checksum", "optim_checksum")
-            if marker.get(k) is not None and sums[k] is not None and not math.isclose(marker[k], sums[k], rel_tol=1e-12, abs_tol=1e-12)
-        ]
+        bad: list[str] = []
+        for k in ("param_checksum", "optim_checksum"):
+            saved, restored = marker.get(k), sums[k]
+            if (
+                saved is not None
+                and restored is not None
+                and not math.isclose(saved, restored, rel_tol=1e-12, abs_tol=1e-12)
+            ):
+                bad.append(f"{k}: checkpoint says {saved!r}, restored {restored!r}")
         if accelerator.is_main_process:
             write_json(
                 run_dir / "loaded.json",
@@ -356,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 accelerator.backward(loss / args.grad_accum)
             loss_sum += float(loss.detach())
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else float("inf"))
-        lr = scheduler.get_last_lr()[0]
+        # A float already (LambdaLR over a float lr); float() because the stub also allows a Tensor.
+        lr = float(scheduler.get_last_lr()[0])
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
