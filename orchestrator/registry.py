@@ -616,6 +616,40 @@ class Registry:
             return counts
         return {j: counts.get(j, 0) for j in job_ids}
 
+    def successors(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """``{job_id: the job its run continues in}`` for jobs whose run went on as a new job
+        (``resume``, ``--auto-resume``): the newest attempt that names another registered job.
+        Followed transitively, so a job resumed twice maps to the last one; ids with no successor
+        are absent."""
+        direct: dict[str, str] = {}
+        frontier = list(dict.fromkeys(job_ids))
+        for _ in range(64):  # a chain longer than this is not a real run's history
+            todo = [j for j in frontier if j not in direct]
+            if not todo:
+                break
+            found: dict[str, str] = {}
+            for i in range(0, len(todo), 500):
+                chunk = todo[i : i + 500]
+                rows = self._conn.execute(
+                    "SELECT a.job_id, a.scheduler_job_id FROM attempts a JOIN jobs j ON j.job_id = a.scheduler_job_id "
+                    f"WHERE a.job_id IN ({','.join('?' * len(chunk))}) AND a.scheduler_job_id != a.job_id "
+                    "ORDER BY a.job_id, a.attempt",
+                    chunk,
+                ).fetchall()
+                found.update((r[0], r[1]) for r in rows)  # ordered by attempt: the newest wins
+            direct.update(found)
+            frontier = list(found.values())
+        out: dict[str, str] = {}
+        for start in direct:
+            seen = {start}
+            last = direct[start]
+            while last in direct and direct[last] not in seen:
+                seen.add(last)
+                last = direct[last]
+            if last != start:
+                out[start] = last
+        return {j: out[j] for j in dict.fromkeys(job_ids) if j in out}
+
     # ------------------------------------------------------------------ checkpoints
     def record_checkpoint(self, job_id: str, step: int, path: Path | str, at: float | None = None) -> None:
         """Remember the last *complete* checkpoint; an older step never replaces a newer one."""

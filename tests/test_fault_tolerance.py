@@ -419,6 +419,8 @@ def test_sigkill_on_one_node_fails_then_resume_completes_exactly(ft_env: dict[st
     assert 0 <= recomputed <= CKPT_EVERY + 1  # the kill may land while a step is being logged
     assert resumed[0]["step"] % CKPT_EVERY == 0
     assert (run_dir / "logs" / "attempt_1" / "node_0.log").is_file()
+    row = json.loads(run_cli(["status", job_id, "--json"], ft_env, timeout=60).stdout)["jobs"][0]
+    assert row["state"] == "FAILED" and row["run_state"] == "COMPLETED" and row["continued_as"], row
     assert_same_result(run_dir, reference_dir(reference))
 
 
@@ -475,6 +477,10 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     row = json.loads(status.stdout)["jobs"][0]
     assert row["resumes"] == 1 and row["state"] == "FAILED", row
     assert f"node(s) {victim} lost; auto-resumed as job {new_job}" in (row["reason"] or ""), row
+    # ...and rolls the run up: this job failed, its run completed as the new job
+    assert (row["continued_as"], row["run_state"]) == (new_job, "COMPLETED"), row
+    table = run_cli(["status", job_id], ft_env, timeout=60).stdout
+    assert f"FAILED -> {new_job} COMPLETED" in table, table
     assert_same_result(run_dir, reference_dir(reference))
 
 

@@ -360,3 +360,20 @@ def test_rows_read_back_are_complete_records(tmp_path: Path) -> None:
         _add(reg, "local-1")
         rec = reg.get("local-1")
     assert vars(rec) == vars(JobRecord(**vars(rec)))
+
+
+def test_successors_follow_resumes_to_the_last_job(tmp_path: Path) -> None:
+    """`resume` / auto-resume record the new job as an attempt of the old one; status rolls the run up."""
+    with Registry.open(tmp_path) as reg:
+        for job in ("10", "11", "12", "20"):
+            _add(reg, job, scheduler="slurm", profile="slurm_test")
+        reg.add_attempt("10", scheduler_job_id="10")
+        reg.add_attempt("10", scheduler_job_id="10")  # a requeue: same job, not a successor
+        reg.add_attempt("10", scheduler_job_id="11", started_from_checkpoint="/r/c/step_00000040")
+        reg.add_attempt("11", scheduler_job_id="11")
+        reg.add_attempt("11", scheduler_job_id="12", started_from_checkpoint="/r/c/step_00000080")
+        reg.add_attempt("20", scheduler_job_id="20")
+        reg.add_attempt("20", scheduler_job_id="999")  # not a registered job: ignored
+        assert reg.successors(["10", "11", "12", "20", "nope"]) == {"10": "12", "11": "12"}
+        reg.add_attempt("12", scheduler_job_id="10")  # a cycle (never made by the CLI) still ends
+        assert set(reg.successors(["10"])) == {"10"}

@@ -58,6 +58,10 @@ class StatusRow:
     node_list: str | None
     exit_code: str | None
     run_dir: str
+    continued_as: str | None = None
+    """The job this run went on in (``resume`` / ``--auto-resume``), the last of a chain."""
+    run_state: JobState | None = None
+    """State of ``continued_as`` when there is one: what became of the run, not of this job."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,11 +90,23 @@ class StatusRow:
             "node_list": self.node_list,
             "exit_code": self.exit_code,
             "run_dir": self.run_dir,
+            "continued_as": self.continued_as,
+            "run_state": (self.run_state or self.state).value,
         }
 
 
-def _row(job: JobRecord, result: QueryResult, summary: RunSummary, attempts_recorded: int) -> StatusRow:
+def _row(
+    job: JobRecord,
+    result: QueryResult,
+    summary: RunSummary,
+    attempts_recorded: int,
+    successor: JobRecord | None = None,
+) -> StatusRow:
     st = result.states.get(job.job_id)
+    run_state: JobState | None = None
+    if successor is not None:
+        succ_st = result.states.get(successor.job_id)
+        run_state = succ_st.state if succ_st else successor.last_state
     requeues = max(attempts_recorded - 1, summary.attempts - 1, 0)
     ckpt = summary.checkpoint
     # Built without StatusRow's generated __init__ (24 fields, each set via object.__setattr__ in a
@@ -112,7 +128,7 @@ def _row(job: JobRecord, result: QueryResult, summary: RunSummary, attempts_reco
         loss=summary.loss,
         val_loss=summary.val_loss,
         tokens_per_s=summary.tokens_per_s,
-        eta_s=summary.eta_s if st is None or not st.state.is_terminal() else None,
+        eta_s=summary.eta_s if not (run_state or (st.state if st else job.last_state)).is_terminal() else None,
         checkpoint_step=ckpt.step if ckpt else None,
         checkpoint_path=str(ckpt.path) if ckpt else None,
         requeues=requeues,
@@ -121,6 +137,8 @@ def _row(job: JobRecord, result: QueryResult, summary: RunSummary, attempts_reco
         node_list=(st.node_list if st and st.node_list else job.node_list),
         exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
         run_dir=str(job.run_dir),
+        continued_as=successor.job_id if successor is not None else None,
+        run_state=run_state,
     )
     return row
 
@@ -129,12 +147,21 @@ def collect_status(
     registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0
 ) -> tuple[list[StatusRow], QueryResult]:
     """Refresh states (one batched scheduler query), summarise run dirs, build rows in job order."""
-    result = refresh_states(registry, jobs, timeout_s=timeout_s)
+    # A job whose run went on as another job (resume, auto-resume) is shown with that job's state too;
+    # the successors join the same batched query, so it stays one scheduler call.
+    successor_ids = registry.successors([j.job_id for j in jobs])
+    asked = {j.job_id for j in jobs}
+    extra = registry.get_many(dict.fromkeys(s for s in successor_ids.values() if s not in asked))
+    by_id = {j.job_id: j for j in (*jobs, *extra)}
+    result = refresh_states(registry, [*jobs, *extra], timeout_s=timeout_s)
     counts = registry.attempt_counts([j.job_id for j in jobs])
     # Unchanged run directories come from the summary cache next to the registry (a few stats
     # each instead of reading job.json, metrics.jsonl, checkpoints and logs again).
     cache = SummaryCache(registry.path.parent / SUMMARY_CACHE_FILE)
-    rows = [_row(j, result, cache.summarize(j.run_dir), counts.get(j.job_id, 0)) for j in jobs]
+    rows = [
+        _row(j, result, cache.summarize(j.run_dir), counts.get(j.job_id, 0), by_id.get(successor_ids.get(j.job_id, "")))
+        for j in jobs
+    ]
     cache.save()
     return rows, result
 
@@ -174,6 +201,8 @@ def _cells(row: StatusRow) -> list[str]:
         state += f" ({row.raw_state})"  # e.g. RUNNING (COMPLETING): the mapping hides detail
     if row.stale:
         state += " (stale)"
+    if row.continued_as is not None and row.run_state is not None:
+        state += f" -> {row.continued_as} {row.run_state.value}"
     step = "-" if row.step is None else str(row.step)
     if row.step is not None and row.max_steps:
         step = f"{row.step}/{row.max_steps}"
@@ -264,6 +293,6 @@ def run(args: argparse.Namespace) -> int:
                 if note:
                     print(note, file=sys.stderr)
                 sys.stdout.flush()
-            if not args.watch or all(r.state.is_terminal() for r in rows):
+            if not args.watch or all((r.run_state or r.state).is_terminal() for r in rows):
                 return 0
             time.sleep(args.interval)
