@@ -35,8 +35,11 @@ VARIANTS = {  # name -> extra render args
     "ddp": ("ddp", ()),
     "shard_grad_op": ("shard_grad_op", ("--wrap-cls", "TransformerBlock")),
     "full_shard": ("full_shard", ("--wrap-cls", "TransformerBlock")),
-    "full_shard+offload": ("full_shard", ("--wrap-cls", "TransformerBlock", "--offload")),
+    # `--offload` is refused on profiles without GPUs (FSDP's offload pins memory, which needs a GPU), so this
+    # variant renders full_shard and turns offload on in the file; memory_probe.py unpins FSDP2's copies.
+    "full_shard+offload": ("full_shard", ("--wrap-cls", "TransformerBlock")),
 }
+FORCE_OFFLOAD = {"full_shard+offload"}
 
 
 def formula_bytes(variant: str, psi: int, n: int) -> int:
@@ -55,7 +58,12 @@ def render(variant: str, out: Path, env: dict) -> Path:
     subprocess.run([PY, "-m", "orchestrator", "render", "--profile", "local", "--nodes", "1", "--procs-per-node", "2",
                     "--strategy", strategy, *extra, "--out", str(out), "--", "train/train.py"],
                    env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-    return next(out.glob("accelerate_config*.yaml"))
+    config = next(out.glob("accelerate_config*.yaml"))
+    if variant in FORCE_OFFLOAD:
+        text = config.read_text()
+        assert "fsdp_offload_params: false" in text, text
+        config.write_text(text.replace("fsdp_offload_params: false", "fsdp_offload_params: true"))
+    return config
 
 
 def probe(cfg: Path, preset: str, steps: int, out: Path, env: dict, port: int) -> dict:
