@@ -60,6 +60,21 @@ class Pending:
 # The workarounds
 
 
+def _fsdp_plugin(workaround: str, accelerator, fsdp_version: int):
+    """The FSDP plugin when ``workaround`` is enabled and the run is FSDP of that version, else None."""
+    from accelerate.utils import DistributedType
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if (
+        disabled(workaround)
+        or accelerator.distributed_type != DistributedType.FSDP
+        or plugin is None
+        or plugin.fsdp_version != fsdp_version
+    ):
+        return None
+    return plugin
+
+
 def _set_state(accelerator, name: str, value) -> None:
     """Set a field of Accelerate's process state so that it sticks: ``AcceleratorState()`` is rebuilt all
     over Accelerate and each time copies PartialState's fields over its own, so set both."""
@@ -155,16 +170,8 @@ def fsdp1_hybrid_device_mesh(accelerator):
     and gradients never synchronised across nodes. Accelerate passes no mesh (and has no option for
     one), so return the explicit 2-D mesh (replicate = nodes, shard = processes per node), or None
     where none is needed. ``wrap_model`` wraps the model with it before ``accelerator.prepare``."""
-    from accelerate.utils import DistributedType
-
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if (
-        disabled("fsdp1_hybrid_mesh")
-        or accelerator.distributed_type != DistributedType.FSDP
-        or plugin is None
-        or plugin.fsdp_version != 1
-        or accelerator.device.type != "cpu"
-    ):
+    plugin = _fsdp_plugin("fsdp1_hybrid_mesh", accelerator, fsdp_version=1)
+    if plugin is None or accelerator.device.type != "cpu":
         return None
     from torch.distributed.fsdp import ShardingStrategy
 
@@ -218,15 +225,7 @@ def fsdp2_size_based_wrap(accelerator, pending: Pending) -> None:
     every ancestor of a large module becomes a unit of its own. Replace the policy with FSDP1's rule:
     containers are never wrapped, and only parameters not yet in a wrapped descendant count. Accelerate
     applies the policy bottom-up and shards each match at once, so "wrapped" is ``FSDPModule``."""
-    from accelerate.utils import DistributedType
-
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if (
-        disabled("fsdp2_size_based_wrap")
-        or accelerator.distributed_type != DistributedType.FSDP
-        or plugin is None
-        or plugin.fsdp_version != 2
-    ):
+    if _fsdp_plugin("fsdp2_size_based_wrap", accelerator, fsdp_version=2) is None:
         return
     import functools
 
