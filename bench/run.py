@@ -474,6 +474,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", choices=ITEMS, default=None,
                     help="run these items and merge them into the existing results of --out")
     ap.add_argument("--out", default=str(BENCH), help="folder for results.md / results.json")
+    ap.add_argument("--hot-reps", type=int, default=None, metavar="N",
+                    help="repetitions of the hot-path pair (default 3, 1 with --quick): its spread needs more")
     a = ap.parse_args()
     q = a.quick
     parts = a.only or ITEMS
@@ -511,7 +513,8 @@ def main() -> int:
         if "launch" in parts:
             item("launch", lambda: bench_launch(tmp, reps=2 if q else 4, warmup=1 if not q else 0))
         if "hot" in parts:
-            item("hot", lambda: bench_hot(tmp, reps=1 if q else 3, steps=40 if q else 80, skip=5))
+            hot_reps = a.hot_reps or (1 if q else 3)
+            item("hot", lambda: bench_hot(tmp, reps=hot_reps, steps=40 if q else 80, skip=5))
         if "ckpt" in parts:
             item("ckpt", lambda: bench_ckpt(tmp, reps=1 if q else 2, preset="small", steps=4 if q else 6, every=2))
         if "ckpt_base" in parts:

@@ -24,6 +24,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from orchestrator.errors import OrchestratorError
@@ -290,6 +291,14 @@ def _result(states: dict[str, SchedulerState], errors: list[str], calls: dict[st
     return QueryResult(states=states, source=worst, stale=stale, errors=tuple(errors), calls=calls)
 
 
+def _owns_run_dir(job: JobRecord) -> bool:
+    """Whether ``job`` is the newest job of its run directory (whose ``job_id`` file names it)."""
+    try:
+        return (Path(job.run_dir) / "job_id").read_text().strip() in ("", job.job_id)
+    except OSError:
+        return True
+
+
 def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0) -> QueryResult:
     """Current state of ``jobs`` (Slurm: one batched query; local: their run directories), written
     back to the registry (history grows only on change, plus node list / exit code / reason).
@@ -308,6 +317,13 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
         states, errors, calls = {}, [], {"squeue": 0, "sacct": 0}
     for job in jobs:
         if job.scheduler == "local":
+            if not _owns_run_dir(job):
+                # A later job (`resume`) runs in this run directory now: its files describe that job.
+                # This one's outcome was recorded when it was handed over (submission.submit).
+                states[job.job_id] = SchedulerState(
+                    job_id=job.job_id, state=job.last_state, raw_state=job.last_state.value, source="registry"
+                )
+                continue
             ls = local_state(job.run_dir)
             states[job.job_id] = SchedulerState(
                 job_id=job.job_id,

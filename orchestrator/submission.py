@@ -137,6 +137,22 @@ def next_attempt(run_dir: Path) -> int:
     return max(numbers) + 1 if numbers else 0
 
 
+def record_handed_over_local_job(registry: Any, run_dir: Path) -> None:
+    """Before a resumed local job takes over ``run_dir``, write the previous job's outcome (read from
+    the files about to be replaced) into the registry: afterwards only the registry knows it."""
+    from orchestrator.run_dir import local_state
+
+    try:
+        previous = (run_dir / "job_id").read_text().strip()
+    except OSError:
+        return
+    if previous:
+        try:
+            registry.record_state(previous, local_state(run_dir).state, source="run_dir")
+        except UserError:
+            pass  # not in this registry (another ORCHESTRATOR_HOME): nothing to keep
+
+
 def submit(
     plan: LaunchPlan,
     *,
@@ -160,6 +176,8 @@ def submit(
     else:
         run_dir = existing_run_dir
         plan = absolute_script(plan)
+        if plan.profile.scheduler == "local" and registry is not None:
+            record_handed_over_local_job(registry, run_dir)
         for stale in ("local_state.json", "cancel_requested.json"):
             (run_dir / stale).unlink(missing_ok=True)  # a resumed job starts a new outcome
     attempt_base = next_attempt(run_dir)

@@ -127,3 +127,50 @@ def test_prewarmed_launcher_discarded_before_hand_off_leaves_nothing_running() -
     prewarmed.discard()
     assert proc.poll() is not None and prewarmed.proc is None
     prewarmed.discard()  # idempotent
+
+
+def _poll(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _status_row(job: str, env: dict[str, str]) -> dict:
+    res = run_cli(["status", job, "--json"], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)["jobs"][0]
+
+
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_resumed_local_job_keeps_each_jobs_own_state(orch_env: dict[str, str]) -> None:
+    """A cancelled local job resumed into its run directory: that directory's files now describe the new
+    job, yet the old one stays CANCELLED, and `status` rolls the run up to the new job's outcome."""
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "2", "--strategy", "ddp", "--",
+         "train/train.py", "--preset", "tiny", "--data", "synthetic", "--max-steps", "150", "--ckpt-every", "2",
+         "--log-every", "1", "--eval-every", "0"],
+        orch_env,
+        timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    old = res.stdout.split("submitted job ")[1].split()[0]
+    run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
+    _poll(lambda: list((run_dir / "checkpoints").glob("step_*/COMPLETE.json")), 120, "a complete checkpoint")
+    assert run_cli(["cancel", old], orch_env).returncode == 0
+    _poll(lambda: _status_row(old, orch_env)["state"] == "CANCELLED", 60, f"{old} CANCELLED")
+
+    res = run_cli(["resume", old, "--wait", "--poll", "0.5"], orch_env, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    new = res.stdout.split("submitted job ")[1].split()[0]
+    assert new != old and (run_dir / "job_id").read_text() == new
+    row = _status_row(old, orch_env)
+    assert (row["state"], row["continued_as"], row["run_state"]) == ("CANCELLED", new, "COMPLETED"), row
+    assert _status_row(new, orch_env)["state"] == "COMPLETED"
+    table = run_cli(["status", old], orch_env).stdout
+    assert f"CANCELLED -> {new} COMPLETED" in table, table
