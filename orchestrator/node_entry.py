@@ -521,6 +521,11 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> No
     else:
         bad = {r: c for r, c in codes.items() if c != 0}
         state, code, reason = "FAILED", next(iter(bad.values())), f"non-zero exit on node(s) {bad}"
+    if state != "COMPLETED" and (run_dir / "cancel_requested.json").exists():
+        # `orchestrator cancel` sends TERM, which training answers like a preemption (checkpoint, exit
+        # 75): without this the job would read PREEMPTED, as if it were waiting to come back.
+        how = "checkpointed and stopped" if state == "PREEMPTED" else reason
+        state, reason = "CANCELLED", f"cancelled by user ({how})"
     tmp = run_dir / "local_state.json.tmp"
     tmp.write_text(json.dumps({"state": state, "exit_code": code, "reason": reason, "nodes": codes}))
     os.replace(tmp, run_dir / "local_state.json")

@@ -7,6 +7,7 @@ request leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,29 @@ def next_attempt(run_dir: Path) -> int:
     return max(numbers) + 1 if numbers else 0
 
 
+@contextlib.contextmanager
+def standard_streams_to(log: Path) -> Iterator[None]:
+    """Point fds 0-2 at /dev/null and ``log`` while the local job's controller is started.
+
+    submitit's LocalExecutor starts a controller that outlives the CLI with ``Popen`` and no
+    redirection, so it would inherit the CLI's stdout: ``JOB=$(orchestrator submit --profile local ...)``
+    or a pipe into ``tee`` would then block until the whole job ends (measured: the 19 s of a 150-step
+    run), and the controller could write into the caller's terminal later."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    try:
+        with open(os.devnull, "rb") as null_in, open(log, "ab") as out:
+            os.dup2(null_in.fileno(), 0)
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+        yield
+    finally:
+        for fd, copy in zip((0, 1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
 def record_handed_over_local_job(registry: Any, run_dir: Path) -> None:
     """Before a resumed local job takes over ``run_dir``, write the previous job's outcome (read from
     the files about to be replaced) into the registry: afterwards only the registry knows it."""
@@ -214,7 +239,9 @@ def submit(
     else:
         executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(tasks_per_node=plan.nodes, timeout_min=minutes, signal_delay_s=plan.profile.signal.seconds_before)
-        job = executor.submit(task)
+        folder.mkdir(parents=True, exist_ok=True)
+        with standard_streams_to(folder / "controller.log"):
+            job = executor.submit(task)
         job_id = job_key or f"local-{job.job_id}"
         (run_dir / "local_pids.json").write_text(json.dumps({"controller": int(job.job_id)}))
     (run_dir / "job_id").write_text(job_id)
