@@ -24,11 +24,16 @@ def progress_line(job_id: str, state: JobState, summary: Any) -> str:
 
 
 def wait_for_job(registry: Any, job_id: str, poll_s: float = 2.0, out: TextIO = sys.stdout) -> JobState:
-    """Poll (one batched scheduler query per round) until the job is terminal."""
+    """Poll (one batched scheduler query per round) until the job's run is over, and return its state.
+
+    A job that ends by handing its run to a new job (``--auto-resume`` after a lost node records the
+    new job before the old one ends) is followed into that job: ``submit --wait`` answers for the
+    run, not for the first job of it."""
     from orchestrator.run_dir import summarize
     from orchestrator.scheduler_query import refresh_states
 
     last = ""
+    followed: set[str] = set()
     while True:
         job = registry.get(job_id)
         result = refresh_states(registry, [job])
@@ -43,7 +48,14 @@ def wait_for_job(registry: Any, job_id: str, poll_s: float = 2.0, out: TextIO = 
             print(line, file=out, flush=True)
             last = line.split("]", 1)[1]
         if state.is_terminal():
-            reason = f" ({st.reason})" if st is not None and st.reason else ""
+            why = registry.get(job_id).end_reason or (st.reason if st is not None else None)  # ours says more
+            reason = f" ({why})" if why else ""
             print(f"job {job_id} ended {state.value}{reason}; run directory {job.run_dir}", file=out, flush=True)
-            return state
+            followed.add(job_id)
+            successor = registry.successors([job_id]).get(job_id)
+            if successor is None or successor in followed:
+                return state
+            print(f"the run continues as job {successor}; following it", file=out, flush=True)
+            job_id, last = successor, ""
+            continue
         time.sleep(poll_s)

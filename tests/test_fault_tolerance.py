@@ -433,7 +433,13 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     last complete checkpoint, and it completes with the uninterrupted run's result."""
     if slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") != "netns":
         pytest.skip("needs nodes in network namespaces to kill one node")
-    job_id, run_dir = submit(ft_env, [*TWO_NODES_FSDP, "--auto-resume"], RUN_ARGS)
+    # `submit --wait` must follow the run into the auto-resumed job and answer for it
+    runs = Path(ft_env["ORCHESTRATOR_RUNS"])
+    before = set(runs.glob("*/job_id"))
+    waiter = Background(["submit", *TWO_NODES_FSDP, "--auto-resume", "--wait", "--poll", "1", "--", TRAIN, *RUN_ARGS], ft_env)
+    id_file = poll(lambda: [p for p in runs.glob("*/job_id") if p not in before and not p.read_text().startswith("local-")],
+                   60, "the submitted job's id")[0]
+    job_id, run_dir = id_file.read_text().strip(), id_file.parent
     show = diag(job_id, run_dir)
     new_job = None
     victim = ""
@@ -461,7 +467,12 @@ def test_node_death_with_auto_resume_continues_without_that_node(
         assert victim in slurm("scontrol", "show", "job", new_job).stdout.split("ExcNodeList=")[1].split()[0]
         poll(lambda: (run_dir / "final.json").exists(), 300, "final.json", diagnostics=diag(new_job, run_dir))
         assert sacct_state(new_job, timeout=90) == "COMPLETED"
+        waited = waiter.result(timeout=120)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        assert f"the run continues as job {new_job}" in waited.stdout, waited.stdout
+        assert f"job {new_job} ended COMPLETED" in waited.stdout, waited.stdout
     finally:
+        waiter.stop()
         for job in (job_id, new_job):
             if job:
                 scancel_quietly(job)

@@ -133,7 +133,13 @@ def _row(
         checkpoint_path=str(ckpt.path) if ckpt else None,
         requeues=requeues,
         resumes=summary.resumes,
-        reason=(st.reason if st and st.reason else job.reason or job.end_reason),
+        # Our own account of how a job ended ("node(s) n2 lost; auto-resumed as job 4") says more than
+        # Slurm's ("NonZeroExitCode"), so it wins once the job is over.
+        reason=(
+            job.end_reason
+            if job.end_reason and (st.state if st else job.last_state).is_terminal()
+            else (st.reason if st and st.reason else job.reason or job.end_reason)
+        ),
         node_list=(st.node_list if st and st.node_list else job.node_list),
         exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
         run_dir=str(job.run_dir),
