@@ -162,6 +162,9 @@ def test_resumed_local_job_keeps_each_jobs_own_state(orch_env: dict[str, str]) -
     old = res.stdout.split("submitted job ")[1].split()[0]
     run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
     _poll(lambda: list((run_dir / "checkpoints").glob("step_*/COMPLETE.json")), 120, "a complete checkpoint")
+    early = run_cli(["resume", old], orch_env)  # while it trains: a second job in the same run dir, refused
+    assert early.returncode == 2 and "is RUNNING" in early.stderr, early.stdout + early.stderr
+    assert (run_dir / "job_id").read_text() == old
     assert run_cli(["cancel", old], orch_env).returncode == 0
     _poll(lambda: _status_row(old, orch_env)["state"] == "CANCELLED", 60, f"{old} CANCELLED")
 
@@ -174,3 +177,7 @@ def test_resumed_local_job_keeps_each_jobs_own_state(orch_env: dict[str, str]) -
     assert _status_row(new, orch_env)["state"] == "COMPLETED"
     table = run_cli(["status", old], orch_env).stdout
     assert f"CANCELLED -> {new} COMPLETED" in table, table
+    # cancelling the old id would leave a cancel marker in the new job's run directory: refused
+    refused = run_cli(["cancel", old], orch_env)
+    assert refused.returncode == 2 and f"orchestrator cancel {new}" in refused.stderr, refused.stderr
+    assert not (run_dir / "cancel_requested.json").exists()

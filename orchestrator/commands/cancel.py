@@ -140,6 +140,14 @@ def run(args: argparse.Namespace) -> int:
     sig = parse_signal(args.signal) if args.signal else None
     with Registry.open() as registry:
         job = registry.get(args.job)
+        successor = registry.successors([job.job_id]).get(job.job_id)
+        if successor is not None:
+            # Its run directory belongs to the new job now: a cancel marker written there would stop
+            # that job from requeueing after a preemption.
+            raise UserError(
+                f"job {job.job_id}: its run continues as job {successor}; cancel that one "
+                f"(orchestrator cancel {successor})"
+            )
         message = cancel_slurm(job, sig) if job.scheduler == "slurm" else cancel_local(job, sig)
         if sig is None:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import UserError
 from orchestrator.plan import LaunchPlan, build_plan, merge_options
@@ -75,6 +76,23 @@ def check_resharding(checkpoint_strategy: str | None, new_strategy: str, step: i
         )
 
 
+def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
+    """A second job training in the same run directory would interleave checkpoints and metrics: the
+    run's newest job (this one, or the one its run went on in) must be over first."""
+    from orchestrator.scheduler_query import refresh_states
+
+    newest = registry.successors([job_id]).get(job_id, job_id)
+    record = registry.get(newest)
+    st = refresh_states(registry, [record]).states.get(newest)
+    state = st.state if st is not None else record.last_state
+    if not state.is_terminal():
+        which = f"job {job_id}" if newest == job_id else f"job {job_id}'s run continues as job {newest}, which"
+        raise UserError(
+            f"{which} is {state.value}; a resume now would train a second job in the same run directory. "
+            f"Wait for it to end, or cancel it first (orchestrator cancel {newest})"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from orchestrator.registry import Registry
     from orchestrator.run_dir import last_complete_checkpoint, read_job_json
@@ -82,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     registry = Registry.open()
     job = registry.get(args.job_id)
+    refuse_while_run_is_live(registry, job.job_id)
     run_dir = Path(job.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"job {args.job_id}: run directory {run_dir} no longer exists")
