@@ -137,7 +137,9 @@ def mean_over_ranks(accelerator, value: float) -> float:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    # A temp name per process: in a broken launch every process believes it is rank 0 and writes the
+    # same files at once; with one shared temp name their bytes interleaved (measured: "Extra data").
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
