@@ -45,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import soak_preemption as soak  # noqa: E402
 
+from orchestrator.run_dir import iter_metrics  # noqa: E402
+
 PHASES = ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")
 
 
@@ -90,7 +92,7 @@ class StatePoller(threading.Thread):
 
 def train_events_since_last_resume(run_dir: Path) -> list[dict]:
     out: list[dict] = []
-    for e in soak.events(run_dir):
+    for e in list(iter_metrics(run_dir)):
         if e.get("event") == "resume":
             out = []
         elif e.get("event") == "train":
@@ -138,7 +140,7 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
     # The current attempt trains (>= 3 steps since its start/resume).
     if not soak.wait(lambda: len(train_events_since_last_resume(run_dir)) >= 3, timeout=timeout, interval=0.2):
         raise RuntimeError("the attempt never started training")
-    resumes_before = sum(1 for e in soak.events(run_dir) if e.get("event") == "resume")
+    resumes_before = sum(1 for e in list(iter_metrics(run_dir)) if e.get("event") == "resume")
     attempts_before = {p.name for p in (run_dir / "logs").glob("attempt_*")}
     t_signal = time.time()
     soak.run("scancel", "--signal=USR2", job_id, timeout=30)
@@ -161,7 +163,7 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
     rec["checkpoint_bytes"] = sum(marker["files"].values())
 
     def resumed():
-        evs = soak.events(run_dir)
+        evs = list(iter_metrics(run_dir))
         res = [e for e in evs if e.get("event") == "resume"][resumes_before:]
         if not res:
             return None

@@ -53,7 +53,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.run_dir import verify_checkpoint  # noqa: E402
+from orchestrator.run_dir import iter_metrics, verify_checkpoint  # noqa: E402
 
 TRAIN = str(REPO / "train" / "train.py")
 CKPT_EVERY = 5
@@ -79,20 +79,6 @@ def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Com
 
 
 # ------------------------------------------------------------------------------------ run directory
-def events(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        data = (run_dir / "metrics.jsonl").read_bytes()
-    except OSError:
-        return []
-    out = []
-    for raw in data.split(b"\n")[:-1]:  # the last line may be mid-write
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            pass
-    return out
-
-
 def checkpoint_listing(run_dir: Path) -> dict[str, Any]:
     """Complete checkpoints {step: marker time} and torn ones (tmp folders, marker-less/short files)."""
     complete: dict[int, float] = {}
@@ -177,12 +163,12 @@ class Soak(threading.Thread):
     # -- helpers over this run's metrics
     def _resumes(self) -> list[dict[str, Any]]:
         assert self.run_dir is not None
-        return [e for e in events(self.run_dir) if e.get("event") == "resume"]
+        return [e for e in iter_metrics(self.run_dir) if e.get("event") == "resume"]
 
     def _steps_since_last_resume(self) -> list[dict[str, Any]]:
         assert self.run_dir is not None
         out: list[dict[str, Any]] = []
-        for e in events(self.run_dir):
+        for e in iter_metrics(self.run_dir):
             if e.get("event") == "resume":
                 out = []
             elif e.get("event") == "train":
@@ -294,7 +280,7 @@ class Soak(threading.Thread):
         resume = resumed[0]
         # The previous attempt's last logged step: train events between the previous resume and this one.
         last_step_before = 0
-        for e in events(self.run_dir):
+        for e in iter_metrics(self.run_dir):
             if e.get("event") == "resume" and e.get("time") == resume["time"]:
                 break
             if e.get("event") == "train":
@@ -349,7 +335,7 @@ class Soak(threading.Thread):
         seen: dict[int, float] = {}
         mismatches = []
         repeated = 0
-        for e in events(self.run_dir):
+        for e in iter_metrics(self.run_dir):
             if e.get("event") != "train":
                 continue
             step, loss = int(e["step"]), float(e["loss"])

@@ -521,7 +521,9 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> No
     else:
         bad = {r: c for r, c in codes.items() if c != 0}
         state, code, reason = "FAILED", next(iter(bad.values())), f"non-zero exit on node(s) {bad}"
-    if state != "COMPLETED" and (run_dir / "cancel_requested.json").exists():
+    from orchestrator.run_dir import CANCEL_MARKER
+
+    if state != "COMPLETED" and (run_dir / CANCEL_MARKER).exists():
         # `orchestrator cancel` sends TERM, which training answers like a preemption (checkpoint, exit
         # 75): without this the job would read PREEMPTED, as if it were waiting to come back.
         how = "checkpointed and stopped" if state == "PREEMPTED" else reason
@@ -534,7 +536,9 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> No
 def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
     """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says CANCELLED
     (a plain ``scancel`` also sends SIGTERM, which training handles like a preemption)."""
-    marker = run_dir / "cancel_requested.json"
+    from orchestrator.run_dir import CANCEL_MARKER
+
+    marker = run_dir / CANCEL_MARKER
     if marker.exists():
         return f"cancelled by user ({marker})"
     try:

@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.errors import RunFailure, UserError
 from orchestrator.plan import LaunchPlan
 from orchestrator.render import render_sbatch
+from orchestrator.run_dir import CANCEL_MARKER, LOCAL_STATE_FILE, local_state
 
 SINFO_TIMEOUT_S = 15.0
 
@@ -165,8 +166,6 @@ def standard_streams_to(log: Path) -> Iterator[None]:
 def record_handed_over_local_job(registry: Any, run_dir: Path) -> None:
     """Before a resumed local job takes over ``run_dir``, write the previous job's outcome (read from
     the files about to be replaced) into the registry: afterwards only the registry knows it."""
-    from orchestrator.run_dir import local_state
-
     try:
         previous = (run_dir / "job_id").read_text().strip()
     except OSError:
@@ -203,7 +202,7 @@ def submit(
         plan = absolute_script(plan)
         if plan.profile.scheduler == "local" and registry is not None:
             record_handed_over_local_job(registry, run_dir)
-        for stale in ("local_state.json", "cancel_requested.json"):
+        for stale in (LOCAL_STATE_FILE, CANCEL_MARKER):
             (run_dir / stale).unlink(missing_ok=True)  # a resumed job starts a new outcome
     attempt_base = next_attempt(run_dir)
     folder = run_dir / "submitit"

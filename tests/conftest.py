@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -123,3 +126,17 @@ def train_losses(run_dir: Path) -> list[float]:
 
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return [e["loss"] for e in events if e.get("event") == "train"]
+
+
+def poll(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.3,
+         diagnostics: Callable[[], str] | None = None) -> T:
+    """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = diagnostics() if diagnostics else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{extra}")
+        time.sleep(interval)

@@ -23,15 +23,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 import pytest
 import yaml
 
 from orchestrator.auto_resume import read_decisions
-from orchestrator.run_dir import last_complete_checkpoint
-from tests.conftest import REPO, kill_tree, run_cli, sacct_state
+from orchestrator.run_dir import iter_metrics, last_complete_checkpoint
+from tests.conftest import REPO, kill_tree, poll, run_cli, sacct_state
 from tests.slurm_cluster import (
     kill_node_processes,
     revive_nodes,
@@ -54,53 +54,37 @@ TIME_LIMIT_WORK_S = 60.0
 TIME_LIMIT_CKPT_EVERY = 25
 TIME_LIMIT_DEADLINE_S = 330.0
 
-T = TypeVar("T")
 FIGURES: dict[str, Any] = {}
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def poll(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.3,
-         diagnostics: Callable[[], str] | None = None) -> T:
-    """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = diagnostics() if diagnostics else ""
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{extra}")
-        time.sleep(interval)
 
 
-def events(run_dir: Path) -> list[dict[str, Any]]:
-    """Complete lines of metrics.jsonl (the last one may be mid-write)."""
-    try:
-        data = (run_dir / "metrics.jsonl").read_bytes()
-    except OSError:
-        return []
-    out = []
-    for raw in data.split(b"\n")[:-1]:
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            continue
-    return out
+def pick_victim(job_id: str, run_dir: Path, show: Callable[[], str]) -> tuple[str, list[int]]:
+    """Once the 2-node job has a complete checkpoint and two more steps: its second node (not the batch
+    host, whose batch script runs the after-step check) and that node's training processes."""
+    first_ckpt = run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json"
+    poll(lambda: first_ckpt.exists() and len(trains(run_dir)) >= CKPT_EVERY + 2, 240,
+         "a complete checkpoint and two more steps", diagnostics=show)
+    nodes = job_nodes(job_id)
+    assert len(nodes) == 2, nodes
+    victim = nodes[-1]
+    return victim, poll(lambda: training_pids(victim, job_id), 30, f"training processes on {victim}")
 
 
 def trains(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in events(run_dir) if e.get("event") == "train"]
+    return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]
 
 
 def resumes(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in events(run_dir) if e.get("event") == "resume"]
+    return [e for e in iter_metrics(run_dir) if e.get("event") == "resume"]
 
 
 def segments(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl cut at resume events: per attempt that trained, its resume step (None for the
     first) and its train events."""
     out: list[dict[str, Any]] = [{"resume": None, "train": []}]
-    for e in events(run_dir):
+    for e in iter_metrics(run_dir):
         if e.get("event") == "resume":
             out.append({"resume": e, "train": []})
         elif e.get("event") == "train":
@@ -149,7 +133,7 @@ def node_logs(run_dir: Path) -> str:
 def diag(job_id: str, run_dir: Path) -> Callable[[], str]:
     def show() -> str:
         state = slurm("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T %M %R", check=False).stdout.strip()
-        tail = [json.dumps(e)[:160] for e in events(run_dir)[-3:]]
+        tail = [json.dumps(e)[:160] for e in list(iter_metrics(run_dir))[-3:]]
         return f"job {job_id}: {state}\nmetrics tail: {tail}\n{node_logs(run_dir)}"
 
     return show
@@ -389,13 +373,7 @@ def test_sigkill_on_one_node_fails_then_resume_completes_exactly(ft_env: dict[st
     job_id, run_dir = submit(ft_env, TWO_NODES_FSDP, RUN_ARGS)
     show = diag(job_id, run_dir)
     try:
-        first_ckpt = run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json"
-        poll(lambda: first_ckpt.exists() and len(trains(run_dir)) >= CKPT_EVERY + 2, 240,
-             "a complete checkpoint and two more steps", diagnostics=show)
-        nodes = job_nodes(job_id)
-        assert len(nodes) == 2, nodes
-        victim = nodes[-1]
-        pids = poll(lambda: training_pids(victim, job_id), 30, f"training processes on {victim}")
+        victim, pids = pick_victim(job_id, run_dir, show)
         killed_at = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
@@ -444,13 +422,7 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     new_job = None
     victim = ""
     try:
-        first_ckpt = run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json"
-        poll(lambda: first_ckpt.exists() and len(trains(run_dir)) >= CKPT_EVERY + 2, 240,
-             "a complete checkpoint and two more steps", diagnostics=show)
-        nodes = job_nodes(job_id)
-        assert len(nodes) == 2, nodes
-        victim = nodes[-1]  # not the batch host: its batch script runs the after-step check
-        poll(lambda: training_pids(victim, job_id), 30, f"training processes on {victim}")
+        victim, _ = pick_victim(job_id, run_dir, show)
         killed_at = time.monotonic()
         assert kill_node_processes(victim, include_daemons=True)
         decision = poll(lambda: read_decisions(run_dir), 120,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, poll, run_cli
 
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 
@@ -129,18 +129,6 @@ def test_prewarmed_launcher_discarded_before_hand_off_leaves_nothing_running() -
     prewarmed.discard()  # idempotent
 
 
-def _poll(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    import time
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _status_row(job: str, env: dict[str, str]) -> dict:
     res = run_cli(["status", job, "--json"], env)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -161,12 +149,12 @@ def test_resumed_local_job_keeps_each_jobs_own_state(orch_env: dict[str, str]) -
     assert res.returncode == 0, res.stdout + res.stderr
     old = res.stdout.split("submitted job ")[1].split()[0]
     run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
-    _poll(lambda: list((run_dir / "checkpoints").glob("step_*/COMPLETE.json")), 120, "a complete checkpoint")
+    poll(lambda: list((run_dir / "checkpoints").glob("step_*/COMPLETE.json")), 120, "a complete checkpoint")
     early = run_cli(["resume", old], orch_env)  # while it trains: a second job in the same run dir, refused
     assert early.returncode == 2 and "is RUNNING" in early.stderr, early.stdout + early.stderr
     assert (run_dir / "job_id").read_text() == old
     assert run_cli(["cancel", old], orch_env).returncode == 0
-    _poll(lambda: _status_row(old, orch_env)["state"] == "CANCELLED", 60, f"{old} CANCELLED")
+    poll(lambda: _status_row(old, orch_env)["state"] == "CANCELLED", 60, f"{old} CANCELLED")
 
     res = run_cli(["resume", old, "--wait", "--poll", "0.5"], orch_env, timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -103,6 +103,7 @@ def _row(
     successor: JobRecord | None = None,
 ) -> StatusRow:
     st = result.states.get(job.job_id)
+    own_state = st.state if st else job.last_state
     run_state: JobState | None = None
     if successor is not None:
         succ_st = result.states.get(successor.job_id)
@@ -116,7 +117,7 @@ def _row(
         job_id=job.job_id,
         name=job.name,
         scheduler=job.scheduler,
-        state=st.state if st else job.last_state,
+        state=own_state,
         raw_state=st.raw_state if st else job.last_state.value,
         stale=st.stale if st else True,
         source=st.source if st else "registry",
@@ -128,7 +129,7 @@ def _row(
         loss=summary.loss,
         val_loss=summary.val_loss,
         tokens_per_s=summary.tokens_per_s,
-        eta_s=summary.eta_s if not (run_state or (st.state if st else job.last_state)).is_terminal() else None,
+        eta_s=summary.eta_s if not (run_state or own_state).is_terminal() else None,
         checkpoint_step=ckpt.step if ckpt else None,
         checkpoint_path=str(ckpt.path) if ckpt else None,
         requeues=requeues,
@@ -137,7 +138,7 @@ def _row(
         # Slurm's ("NonZeroExitCode"), so it wins once the job is over.
         reason=(
             job.end_reason
-            if job.end_reason and (st.state if st else job.last_state).is_terminal()
+            if job.end_reason and own_state.is_terminal()
             else (st.reason if st and st.reason else job.reason or job.end_reason)
         ),
         node_list=(st.node_list if st and st.node_list else job.node_list),
