@@ -153,33 +153,20 @@ def test_active_and_recent(tmp_path: Path) -> None:
     assert ids == ["old-running", "recent-done"]
 
 
-def test_attempts_and_checkpoints(tmp_path: Path) -> None:
+def test_attempts_of_one_job(tmp_path: Path) -> None:
     with Registry.open(tmp_path) as reg:
         _add(reg, "9")
         a0 = reg.add_attempt("9", scheduler_job_id="9", started_at=1.0)
-        a1 = reg.add_attempt(
-            "9", scheduler_job_id="9", started_from_checkpoint="/r/checkpoints/step_00000040"
-        )
+        a1 = reg.add_attempt("9", scheduler_job_id="9", started_from_checkpoint="/r/checkpoints/step_00000040")
         assert (a0.attempt, a1.attempt) == (0, 1)
-        reg.end_attempt("9", 0, JobState.PREEMPTED, ended_at=2.0)
         with pytest.raises(UserError, match="already recorded"):
             reg.add_attempt("9", attempt=1)
         with pytest.raises(UserError, match="unknown job id"):
             reg.add_attempt("nope")
         atts = reg.attempts("9")
-        assert [(a.attempt, a.end_state, a.ended_at) for a in atts] == [
-            (0, JobState.PREEMPTED, 2.0),
-            (1, None, None),
-        ]
+        assert [(a.attempt, a.started_at) for a in atts][0] == (0, 1.0) and len(atts) == 2
         assert atts[1].started_from_checkpoint == "/r/checkpoints/step_00000040"
         assert reg.attempt_counts(["9", "other"]) == {"9": 2, "other": 0}
-
-        assert reg.last_checkpoint("9") is None
-        reg.record_checkpoint("9", 40, "/r/checkpoints/step_00000040")
-        reg.record_checkpoint("9", 80, "/r/checkpoints/step_00000080")
-        reg.record_checkpoint("9", 60, "/r/checkpoints/step_00000060")  # older: ignored
-        ck = reg.last_checkpoint("9")
-        assert ck is not None and (ck.step, ck.path) == (80, "/r/checkpoints/step_00000080")
 
 
 def test_scheduler_info_and_end_reason(tmp_path: Path) -> None:
@@ -246,7 +233,7 @@ def test_migrates_old_schema_keeping_rows(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Registry.open(tmp_path) as reg:
-        assert reg.schema_version == SCHEMA_VERSION == 2
+        assert reg.schema_version == SCHEMA_VERSION == 3
         job = reg.get("77")
         assert job.last_state is JobState.RUNNING and job.node_list is None
         reg.set_scheduler_info({"77": ("n1", "0:0", None)})
@@ -362,18 +349,152 @@ def test_rows_read_back_are_complete_records(tmp_path: Path) -> None:
     assert vars(rec) == vars(JobRecord(**vars(rec)))
 
 
-def test_successors_follow_resumes_to_the_last_job(tmp_path: Path) -> None:
-    """`resume` / auto-resume record the new job as an attempt of the old one; status rolls the run up."""
+# ---------------------------------------------------------------- runs: the jobs of one run directory
+def test_jobs_in_one_run_dir_are_one_run(tmp_path: Path) -> None:
+    """`resume` / auto-resume submit a new job into the same run directory: the run's newest job is
+    where each older one continues; order is submission order, not job id or clock."""
     with Registry.open(tmp_path) as reg:
-        for job in ("10", "11", "12", "20"):
-            _add(reg, job, scheduler="slurm", profile="slurm_test")
-        reg.add_attempt("10", scheduler_job_id="10")
-        reg.add_attempt("10", scheduler_job_id="10")  # a requeue: same job, not a successor
-        reg.add_attempt("10", scheduler_job_id="11", started_from_checkpoint="/r/c/step_00000040")
-        reg.add_attempt("11", scheduler_job_id="11")
-        reg.add_attempt("11", scheduler_job_id="12", started_from_checkpoint="/r/c/step_00000080")
-        reg.add_attempt("20", scheduler_job_id="20")
-        reg.add_attempt("20", scheduler_job_id="999")  # not a registered job: ignored
-        assert reg.successors(["10", "11", "12", "20", "nope"]) == {"10": "12", "11": "12"}
-        reg.add_attempt("12", scheduler_job_id="10")  # a cycle (never made by the CLI) still ends
-        assert set(reg.successors(["10"])) == {"10"}
+        _add(reg, "local-9", run_dir="/r/a", submitted_at=5.0)
+        _add(reg, "local-20", run_dir="/r/b", submitted_at=5.0)
+        _add(reg, "local-10", run_dir="/r/a", submitted_at=5.0)  # same clock: id "10" < "9" as text
+        _add(reg, "local-11", run_dir="/r/a/", submitted_at=4.0)  # a clock stepped back; same dir spelled with /
+        assert reg.successors(["local-9", "local-10", "local-11", "local-20", "nope"]) == {
+            "local-9": "local-11",
+            "local-10": "local-11",
+        }
+        run = reg.run_of("local-10")
+        assert (run.run_dir, run.job_ids) == (Path("/r/a"), ("local-9", "local-10", "local-11"))
+        assert (run.root_job_id, run.newest_job_id, run.created_at) == ("local-9", "local-11", 5.0)
+        other = reg.run_at("/r/b")
+        assert other is not None and other.job_ids == ("local-20",) and other.run_id != run.run_id
+        assert reg.run_at("/r/a/") == run and reg.run_at("/r/none") is None
+        with pytest.raises(UserError, match="unknown job id 'nope'"):
+            reg.run_of("nope")
+        with pytest.raises(UserError, match="already in the registry"):
+            _add(reg, "local-9", run_dir="/r/c")  # the refused job leaves no empty run behind
+        assert reg.run_at("/r/c") is None
+
+
+def test_successors_over_many_jobs_is_one_query_per_500_ids(tmp_path: Path) -> None:
+    """`status` asks for every row at once: no query per job (1,200 ids -> 3 queries)."""
+    with Registry.open(tmp_path) as reg:
+        for i in range(600):
+            _add(reg, f"{i}", run_dir=f"/r/{i}", submitted_at=1.0)
+            _add(reg, f"{i}-resumed", run_dir=f"/r/{i}", submitted_at=2.0)
+        ids = [f"{i}{suffix}" for i in range(600) for suffix in ("", "-resumed")]
+        statements: list[str] = []
+        reg._conn.set_trace_callback(statements.append)
+        found = reg.successors(ids)
+        reg._conn.set_trace_callback(None)
+    assert found == {f"{i}": f"{i}-resumed" for i in range(600)}
+    assert list(found) == [f"{i}" for i in range(600)]  # in the order asked
+    assert len(statements) == 3, statements[:5]
+
+
+def _v2_registry(home: Path) -> None:
+    """A registry as version 2 left it, with a run that was resumed twice and linked through attempts."""
+    home.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(home / "registry.db")
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for version in (1, 2):
+        for sql in MIGRATIONS[version - 1]:
+            conn.execute(sql)
+        conn.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    jobs = [  # job_id, run_dir, submitted_at
+        ("100", "/r/a", 1.0),
+        ("200", "/r/b", 1.5),
+        ("101", "/r/a", 2.0),  # `orchestrator resume 100`
+        ("102", "/r/a", 3.0),  # `orchestrator resume 101`
+        ("local-9", "/r/d", 4.0),
+        ("local-10", "/r/d", 4.0),  # resumed within the clock's resolution
+        ("300", "/r/c", 5.0),
+    ]
+    for job_id, run_dir, at in jobs:
+        conn.execute(
+            "INSERT INTO jobs (job_id, name, profile, scheduler, strategy, nodes, procs_per_node, command, run_dir,"
+            " submitted_at, last_state, last_state_at, max_requeues, node_list) VALUES"
+            " (?, 'old', 'slurm_test', 'slurm', 'ddp', 1, 1, '[\"train.py\"]', ?, ?, 'FAILED', ?, 0, 'n1')",
+            (job_id, run_dir, at, at),
+        )
+    attempts = [  # job_id, attempt, scheduler_job_id, started_from_checkpoint
+        ("100", 0, "100", None),
+        ("100", 1, "100", "/r/a/checkpoints/step_00000020"),  # a Slurm requeue: kept
+        ("100", 2, "101", "/r/a/checkpoints/step_00000040"),  # version 2's link to the resumed job
+        ("101", 0, "101", "/r/a/checkpoints/step_00000040"),
+        ("101", 1, "102", "/r/a/checkpoints/step_00000080"),
+        ("102", 0, "102", "/r/a/checkpoints/step_00000080"),
+        ("200", 0, "4242", None),  # a local job's submitit id: not a link
+        ("300", 0, "300", None),
+        ("300", 1, "999", None),  # names no registered job: not a link
+    ]
+    conn.executemany("INSERT INTO attempts VALUES (?, ?, ?, ?, 1.0, NULL, NULL)", attempts)
+    conn.execute("INSERT INTO checkpoints VALUES ('100', 40, '/r/a/checkpoints/step_00000040', 2.0)")
+    conn.commit()
+    conn.close()
+
+
+def test_migration_from_v2_puts_linked_jobs_in_one_run(tmp_path: Path) -> None:
+    _v2_registry(tmp_path)
+    ids = ["100", "101", "102", "200", "300", "local-9", "local-10"]
+    with Registry.open(tmp_path) as reg:
+        assert reg.schema_version == SCHEMA_VERSION == 3
+        # what version 2 answered for the resumed run, plus the run it could not see (no link rows)
+        assert reg.successors(ids) == {"100": "102", "101": "102", "local-9": "local-10"}
+        assert reg.run_of("101").job_ids == ("100", "101", "102")
+        assert reg.run_of("local-10").job_ids == ("local-9", "local-10")
+        assert reg.run_of("300").job_ids == ("300",) and reg.run_of("200").job_ids == ("200",)
+        # attempts are now those of one job each: the links went, requeues and ids of other kinds stayed
+        assert [(a.attempt, a.scheduler_job_id) for a in reg.attempts("100")] == [(0, "100"), (1, "100")]
+        assert [a.scheduler_job_id for a in reg.attempts("101")] == ["101"]
+        assert [a.scheduler_job_id for a in reg.attempts("200")] == ["4242"]
+        assert [a.scheduler_job_id for a in reg.attempts("300")] == ["300", "999"]
+        assert reg.get("102").node_list == "n1" and len(reg.list_jobs()) == 7
+        tables = {r[0] for r in reg._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "checkpoints" not in tables and "runs" in tables
+        # the run goes on after the migration: numbering continues after the backfilled jobs
+        _add(reg, "103", run_dir="/r/a", submitted_at=0.5)
+        assert reg.successors(["100", "102", "103"]) == {"100": "103", "102": "103"}
+        assert reg.run_of("103").root_job_id == "100"
+
+
+N_RUN_PROCS = 6
+PER_RUN_PROC = 15
+
+
+def _run_dir_worker(home: str, worker: int, start: Any) -> None:
+    start.wait(30)
+    for i in range(PER_RUN_PROC):
+        with Registry.open(Path(home)) as reg:  # a fresh connection each time, like separate `resume`s
+            _add(reg, f"w{worker}-{i}", run_dir=f"{home}/runs/shared", submitted_at=1.0)
+
+
+def test_concurrent_add_job_into_one_run_dir_makes_one_run(tmp_path: Path) -> None:
+    home = tmp_path / "shared"  # a brand-new registry: the first jobs also race on creating the run
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    procs = [ctx.Process(target=_run_dir_worker, args=(str(home), w, start)) for w in range(N_RUN_PROCS)]
+    for p in procs:
+        p.start()
+    start.set()
+    deadline = time.monotonic() + 120
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    stuck = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not stuck, f"workers still running: {stuck}"
+    assert [p.exitcode for p in procs] == [0] * N_RUN_PROCS
+    with Registry.open(home) as reg:
+        rows = reg._conn.execute("SELECT run_id, run_dir FROM runs").fetchall()
+        assert len(rows) == 1 and rows[0][1] == f"{home}/runs/shared", rows
+        seqs = sorted(r[0] for r in reg._conn.execute("SELECT run_seq FROM jobs"))
+        run = reg.run_of("w0-0")
+        successors = reg.successors(run.job_ids)
+    total = N_RUN_PROCS * PER_RUN_PROC
+    assert seqs == list(range(total))
+    assert sorted(run.job_ids) == sorted(f"w{w}-{i}" for w in range(N_RUN_PROCS) for i in range(PER_RUN_PROC))
+    for w in range(N_RUN_PROCS):  # each process's jobs in the order it added them
+        own = [j for j in run.job_ids if j.startswith(f"w{w}-")]
+        assert own == [f"w{w}-{i}" for i in range(PER_RUN_PROC)]
+    assert successors == {j: run.newest_job_id for j in run.job_ids[:-1]}
