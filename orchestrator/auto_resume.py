@@ -170,12 +170,6 @@ def current_plan(run_dir: Path) -> LaunchPlan:
     return LaunchPlan.from_json(json.loads(path.read_text()))
 
 
-def root_job_id(registry: Any, run_dir: Path, fallback: str) -> str:
-    """The registry id users know the run by: the first job submitted into this run directory."""
-    rows = [j for j in registry.list_jobs() if Path(j.run_dir) == run_dir]
-    return min(rows, key=lambda j: j.submitted_at).job_id if rows else fallback
-
-
 def clean_submit_environment() -> None:
     """sbatch inside an allocation inherits its SLURM_*/SBATCH_* variables (node list, task
     counts, memory): the new job must be described by its own script only."""
@@ -194,11 +188,9 @@ def resubmit(run_dir: Path, plan: LaunchPlan, decision: Decision) -> None:
     decision.checkpoint = str(checkpoint.path) if checkpoint else None
     new_plan = replace(plan, exclude_nodes=tuple(decision.exclude_nodes))
     registry = Registry.open()
-    root = root_job_id(registry, run_dir, decision.job_id)
     clean_submit_environment()
     submitted = submit(new_plan, registry=registry, existing_run_dir=run_dir, resumed_from=decision.checkpoint)
     decision.new_job_id = submitted.job_id
-    registry.add_attempt(root, scheduler_job_id=submitted.job_id, started_from_checkpoint=decision.checkpoint)
     registry.set_end_reason(decision.job_id, f"{decision.reason}; auto-resumed as job {submitted.job_id}")
 
 

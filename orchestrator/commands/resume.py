@@ -114,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
     plan = resume_plan(previous, args)
     check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
     submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))
-    registry.add_attempt(args.job_id, scheduler_job_id=submitted.job_id, started_from_checkpoint=str(checkpoint.path))
     print(f"resuming job {args.job_id} from step {checkpoint.step} ({checkpoint.path.name})")
     print(f"submitted job {submitted.job_id}")
     print(f"run directory {run_dir}")
