@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator.job_states import JobState  # noqa: E402
 from orchestrator.registry import Registry  # noqa: E402
-from orchestrator.run_dir import summarize  # noqa: E402
+from orchestrator.run_summary import summarize  # noqa: E402
 
 
 def make_run_dir(run_dir: Path, steps: int) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan import LaunchPlan
+from orchestrator.run_dir import DECISIONS_FILE, read_current_plan_json, requeue_recorded_since
+from orchestrator.schedulers.slurm import allocation_nodes, cancelled_by_user, clean_submit_environment
 
 #: Bound on one node probe. A live node runs ``true`` in well under a second; a dead one makes
 #: srun wait for slurmd's answer (``MessageTimeout``, 10 s by default) and retry.
 PROBE_TIMEOUT_S = 20.0
-#: Where every decision is appended (one JSON object per line), for ``status`` and for people.
-DECISIONS_FILE = "auto_resume.jsonl"
 
 
 @dataclass(frozen=True)
@@ -88,15 +87,6 @@ def probe_nodes(nodes: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[Pr
         return []
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
         return list(pool.map(lambda n: probe_node(n, timeout_s), nodes))
-
-
-def allocation_nodes() -> list[str]:
-    """Host names of this allocation (``SLURM_JOB_NODELIST`` expanded by Slurm itself)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
-    if not nodelist:
-        return []
-    proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
-    return proc.stdout.split() if proc.returncode == 0 else []
 
 
 def decide(
@@ -155,27 +145,9 @@ def append_decision(run_dir: Path, decision: Decision) -> None:
         fh.write(json.dumps(decision.__dict__) + "\n")
 
 
-def attempt_base(run_dir: Path) -> int:
-    """The attempt number the newest submission into this run directory started at: N of the newest
-    ``job.attempt_N.json`` (written by ``resume``/auto-resume), else 0 (``job.json``). Only the running
-    job or a later one can have written it, so it describes the running job."""
-    numbers = [int(p.stem.split("_")[-1]) for p in run_dir.glob("job.attempt_*.json") if p.stem.split("_")[-1].isdigit()]
-    return max(numbers, default=0)
-
-
 def current_plan(run_dir: Path) -> LaunchPlan:
-    """The plan of the newest submission into this run directory (see :func:`attempt_base`)."""
-    base = attempt_base(run_dir)
-    path = run_dir / (f"job.attempt_{base}.json" if base else "job.json")
-    return LaunchPlan.from_json(json.loads(path.read_text()))
-
-
-def clean_submit_environment() -> None:
-    """sbatch inside an allocation inherits its SLURM_*/SBATCH_* variables (node list, task
-    counts, memory): the new job must be described by its own script only."""
-    for name in list(os.environ):
-        if name.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")):
-            del os.environ[name]
+    """The plan of the newest submission into this run directory: what a new attempt continues."""
+    return LaunchPlan.from_json(read_current_plan_json(run_dir))
 
 
 def resubmit(run_dir: Path, plan: LaunchPlan, decision: Decision) -> None:
@@ -215,14 +187,12 @@ def after_failed_step(
     """Classify a failed step and act on it; the decision is appended to ``auto_resume.jsonl``.
 
     ``probes`` are the supervisor's, when it already probed (srun hung on a lost node)."""
-    from orchestrator.node_entry import cancelled_by_user, requeue_requested
-
     started = time.time()
 
     def say(line: str) -> None:
         print(f"[orchestrator auto-resume] {time.strftime('%H:%M:%S')} job {job_id}: {line}", file=sys.stderr, flush=True)
 
-    if requeue_requested(run_dir, step_started):
+    if requeue_recorded_since(run_dir, step_started):
         say("training checkpointed on a signal: the requeue is node 0's decision")
         return None
     if probes is None:

@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from orchestrator.schedulers.slurm import allocation_nodes, batch_job_id, batch_restarts
+
 #: After the first failed task, how long srun may take to end the step by itself. With
 #: ``--kill-on-bad-exit`` and live nodes it ends within about a second; measured 1-3 s.
 GRACE_S = 5.0
@@ -74,38 +76,39 @@ class StepWatch:
         self._reader.join(timeout=5)
 
 
-def record_requeued_attempt(run_dir: Path, job_id: str) -> None:
-    """A requeued job (same id, ``SLURM_RESTART_COUNT`` > 0) is a new attempt the submitting side never
-    saw: record it with the checkpoint it will start from (training picks the newest complete one,
-    the same rule). Best effort: the registry must not stop training."""
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+def record_requeued_attempt(run_dir: Path, job_id: str, attempt_base: int) -> None:
+    """A requeued job (same id, restarted by Slurm) is a new attempt the submitting side never saw:
+    record it with the checkpoint it will start from (training picks the newest complete one, the
+    same rule). Best effort: the registry must not stop training."""
+    restarts = batch_restarts()
     if restarts == 0 or not job_id:
         return
     try:
-        from orchestrator.auto_resume import attempt_base
         from orchestrator.registry import Registry
-        from orchestrator.run_dir import last_complete_checkpoint
+        from orchestrator.run_dir import attempt_number, last_complete_checkpoint
 
         checkpoint = last_complete_checkpoint(run_dir)
         Registry.open().add_attempt(
-            job_id, attempt=attempt_base(run_dir) + restarts, scheduler_job_id=job_id,
+            job_id, attempt=attempt_number(attempt_base, restarts), scheduler_job_id=job_id,
             started_from_checkpoint=str(checkpoint.path) if checkpoint else None,
         )
     except Exception as exc:  # noqa: BLE001
         say(f"attempt not recorded in the registry: {exc}")
 
 
-def supervise(argv: list[str], auto_resume: bool, probe_timeout: float, grace_s: float = GRACE_S) -> int:
+def supervise(
+    argv: list[str], auto_resume: bool, probe_timeout: float, attempt_base: int = 0, grace_s: float = GRACE_S
+) -> int:
     from orchestrator import auto_resume as ar
 
     run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job_id = batch_job_id()
     superseded = ar.superseded_by(run_dir, job_id)
     if superseded:
         # Slurm requeued a job (NODE_FAIL) whose after-step check had already submitted its successor.
         say(f"job {job_id} was already auto-resumed as job {superseded}: not training twice")
         return 1
-    record_requeued_attempt(run_dir, job_id)
+    record_requeued_attempt(run_dir, job_id, attempt_base)
     started = time.time()
     watch = StepWatch(argv)
     probes: list[ar.ProbeResult] | None = None
@@ -117,7 +120,7 @@ def supervise(argv: list[str], auto_resume: bool, probe_timeout: float, grace_s:
         if time.monotonic() - watch.first_failure_at < grace_s:
             continue
         say(f"a task failed ({watch.failed_line}) and srun is still waiting after {grace_s:.0f} s: probing the nodes")
-        probes = ar.probe_nodes(ar.allocation_nodes(), probe_timeout)
+        probes = ar.probe_nodes(allocation_nodes(), probe_timeout)
         for p in probes:
             say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")
         if any(not p.alive for p in probes):
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.batch_step", description=__doc__.splitlines()[0])
     parser.add_argument("--auto-resume", action="store_true")
     parser.add_argument("--probe-timeout", type=float, default=20.0)
+    parser.add_argument("--attempt-base", type=int, default=0, help="the attempt this submission started at")
     parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun ARGS...")
     args = parser.parse_args(argv)
     command = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no step command after --")
     for sig in SURVIVED_SIGNALS:
         signal.signal(sig, lambda *_: None)
-    return supervise(command, args.auto_resume, args.probe_timeout)
+    return supervise(command, args.auto_resume, args.probe_timeout, args.attempt_base)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import RunFailure
-from orchestrator.run_dir import iter_metrics, read_job_json
+from orchestrator.run_dir import read_job_json
+from orchestrator.run_summary import iter_metrics
 
 
 @dataclass

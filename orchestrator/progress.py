@@ -29,7 +29,7 @@ def wait_for_job(registry: Any, job_id: str, poll_s: float = 2.0, out: TextIO = 
     A job that ends by handing its run to a new job (``--auto-resume`` after a lost node records the
     new job before the old one ends) is followed into that job: ``submit --wait`` answers for the
     run, not for the first job of it."""
-    from orchestrator.run_dir import summarize
+    from orchestrator.run_summary import summarize
     from orchestrator.scheduler_query import refresh_states
 
     last = ""

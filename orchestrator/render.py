@@ -3,7 +3,7 @@
 Jinja2 with StrictUndefined, so a missing value is an error rather than an empty
 string in a shell line. jinja2 is imported on first render, not with this module, and compiled
 templates are kept in Jinja's own per-user bytecode cache: compiling the two templates cost
-``orchestrator render`` about as much as everything else it does (issue #7). Every value that reaches a shell line goes through
+``orchestrator render`` about as much as everything else it does. Every value that reaches a shell line goes through
 ``shq`` (shlex.quote); YAML values go through ``yaml`` (a JSON-style quoted
 scalar), so a profile cannot inject code or keys.
 """
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 #: then has only Accelerate's root/tail units, so name the block with --wrap-cls for real sharding.
 DEFAULT_MIN_NUM_PARAMS = 1_000_000
 
-SAMPLE_MAIN_IP = "10.0.0.1"
 SAMPLE_JOB_ID = "12345"
+#: The shell variable the batch script resolves the node-side interpreter into (profile key ``python``).
+PYTHON_VAR = "ORCHESTRATOR_PYTHON"
 
 
 def templates_dir() -> Path:
@@ -103,14 +104,17 @@ class NodeRuntime:
 
 
 def sample_runtime(plan: LaunchPlan, machine_rank: int = 0) -> NodeRuntime:
+    from orchestrator.schedulers import get_scheduler
+
     start, end = plan.profile.port_range.start, plan.profile.port_range.end
-    ip = "127.0.0.1" if plan.profile.scheduler == "local" else SAMPLE_MAIN_IP
+    ip = get_scheduler(plan.profile.scheduler).main_ip_for_render()
     return NodeRuntime(machine_rank, ip, port_for_job(SAMPLE_JOB_ID, start, end), sample=True)
 
 
 def rdzv_backend_for(plan: LaunchPlan) -> str:
-    # Local simulated nodes share one host: c10d there races for the port (FIELD_NOTES), so static.
-    return "static" if plan.profile.scheduler == "local" else plan.profile.rdzv_backend
+    from orchestrator.schedulers import get_scheduler
+
+    return get_scheduler(plan.profile.scheduler).rdzv_backend(plan.profile)
 
 
 def render_accelerate_config(plan: LaunchPlan, runtime: NodeRuntime) -> str:
@@ -140,11 +144,10 @@ def gres_for(plan: LaunchPlan) -> str:
     return f"gpu:{gpu}:{plan.profile.gpus_per_node}" if gpu else f"gpu:{plan.profile.gpus_per_node}"
 
 
-def render_sbatch(plan: LaunchPlan, command: str, run_dir: str, submitit_folder: str, python: str = "python3") -> str:
-    """The sbatch script; ``command`` is submitit's per-task command, already shell-safe.
-    ``python`` runs the after-step check of ``--auto-resume`` (the interpreter that submitted)."""
-    if plan.profile.scheduler != "slurm":
-        raise UserError(f"profile '{plan.profile_name}' runs locally: there is no sbatch script")
+def render_sbatch(plan: LaunchPlan, run_dir: str, submitit_folder: str, python: str, attempt_base: int = 0) -> str:
+    """The batch script. ``python`` (the profile's ``python`` key, or the submitting interpreter) is
+    looked up on the batch host after the profile's set-up lines, and runs both the supervisor and
+    submitit's per-task entry point on every node."""
     template = _environment().get_template("sbatch.sh.j2")
     folder = submitit_folder.rstrip("/")
     return template.render(
@@ -162,18 +165,24 @@ def render_sbatch(plan: LaunchPlan, command: str, run_dir: str, submitit_folder:
         stderr=f"{folder}/%j_0_log.err",
         task_stdout=f"{folder}/%j_%t_log.out",
         task_stderr=f"{folder}/%j_%t_log.err",
-        command=command,
+        command=submitit_command(f'"${PYTHON_VAR}"', folder),
+        python_var=PYTHON_VAR,
         auto_resume=plan.auto_resume,
         exclude_nodes=",".join(plan.exclude_nodes),
         python=python,
+        attempt_base=attempt_base,
     )
 
 
-def submitit_command(python: str, submitit_folder: str) -> str:
-    """What submitit runs in each task (its own module reads the pickled job)."""
-    return " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(submitit_folder)])
+def submitit_command(python_word: str, submitit_folder: str) -> str:
+    """What each task runs: submitit's own entry point, which unpickles the node task.
+    ``python_word`` is already a shell word (the quoted interpreter variable)."""
+    return " ".join([python_word, "-u -m submitit.core._submit", shlex.quote(submitit_folder)])
 
 
-def accelerate_launch_command(config_path: str, script: str, script_args: list[str]) -> list[str]:
-    """argv that runs the training script on one node."""
-    return ["accelerate", "launch", "--config_file", config_path, script, *script_args]
+def accelerate_launch_command(
+    config_path: str, script: str, script_args: list[str], log_dir: str | None = None
+) -> list[str]:
+    """argv that runs the training script on one node; ``log_dir``: torchrun's per-rank logs."""
+    logs = ["--log_dir", log_dir, "--tee", "3"] if log_dir else []
+    return ["accelerate", "launch", *logs, "--config_file", config_path, script, *script_args]

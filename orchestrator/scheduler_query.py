@@ -24,7 +24,6 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from orchestrator.errors import OrchestratorError
@@ -291,49 +290,27 @@ def _result(states: dict[str, SchedulerState], errors: list[str], calls: dict[st
     return QueryResult(states=states, source=worst, stale=stale, errors=tuple(errors), calls=calls)
 
 
-def _owns_run_dir(job: JobRecord) -> bool:
-    """Whether ``job`` is the newest job of its run directory (whose ``job_id`` file names it)."""
-    try:
-        return (Path(job.run_dir) / "job_id").read_text().strip() in ("", job.job_id)
-    except OSError:
-        return True
-
-
 def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0) -> QueryResult:
-    """Current state of ``jobs`` (Slurm: one batched query; local: their run directories), written
-    back to the registry (history grows only on change, plus node list / exit code / reason).
+    """Current state of ``jobs`` (one batched query per scheduler), written back to the registry
+    (history grows only on change, plus node list / exit code / reason).
 
     This is what ``status``, ``logs -f`` and ``submit --wait`` poll.
     """
-    from orchestrator.run_dir import local_state
+    from orchestrator.schedulers import get_scheduler
 
-    slurm_ids = [j.job_id for j in jobs if j.scheduler == "slurm"]
-    fallback = {j.job_id: j.last_state for j in jobs}
-    if slurm_ids:
-        result = query_states(slurm_ids, timeout_s=timeout_s, fallback=fallback)
-        states = dict(result.states)
-        errors, calls = list(result.errors), dict(result.calls)
-    else:
-        states, errors, calls = {}, [], {"squeue": 0, "sacct": 0}
+    by_scheduler: dict[str, list[JobRecord]] = {}
     for job in jobs:
-        if job.scheduler == "local":
-            if not _owns_run_dir(job):
-                # A later job (`resume`) runs in this run directory now: its files describe that job.
-                # This one's outcome was recorded when it was handed over (submission.submit).
-                states[job.job_id] = SchedulerState(
-                    job_id=job.job_id, state=job.last_state, raw_state=job.last_state.value, source="registry"
-                )
-                continue
-            ls = local_state(job.run_dir)
-            states[job.job_id] = SchedulerState(
-                job_id=job.job_id,
-                state=ls.state,
-                raw_state=ls.state.value,
-                source="run_dir",
-                reason=ls.reason,
-                exit_code=str(ls.exit_code) if ls.exit_code is not None else None,
-                node_list="localhost",
-            )
+        by_scheduler.setdefault(job.scheduler, []).append(job)
+    fallback = {j.job_id: j.last_state for j in jobs}
+    states: dict[str, SchedulerState] = {}
+    errors: list[str] = []
+    calls = {"squeue": 0, "sacct": 0}
+    for name, group in by_scheduler.items():
+        result = get_scheduler(name).query(group, timeout_s, fallback)
+        states.update(result.states)
+        errors.extend(result.errors)
+        for key, count in result.calls.items():
+            calls[key] = calls.get(key, 0) + count
     by_source: dict[str, dict[str, JobState]] = {}
     for job_id, st in states.items():
         if not st.stale:  # a stale answer is the registry's own value: nothing new to record

@@ -30,7 +30,8 @@ import pytest
 import yaml
 
 from orchestrator.auto_resume import read_decisions
-from orchestrator.run_dir import iter_metrics, last_complete_checkpoint
+from orchestrator.run_dir import last_complete_checkpoint
+from orchestrator.run_summary import iter_metrics
 from tests.conftest import REPO, kill_tree, poll, run_cli, sacct_state
 from tests.slurm_cluster import (
     kill_node_processes,

@@ -23,7 +23,7 @@ import yaml
 from orchestrator.errors import UserError
 from orchestrator.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.profiles import ClusterProfile, parse_profile
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime, submitit_command
+from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
 from orchestrator.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def plan_for(combo: Combo) -> LaunchPlan:
 def render_combo(plan: LaunchPlan) -> str:
     parts = []
     if plan.profile.scheduler == "slurm":
-        sbatch = render_sbatch(plan, submitit_command(PYTHON, SUBMITIT), RUN_DIR, SUBMITIT)
+        sbatch = render_sbatch(plan, RUN_DIR, SUBMITIT, PYTHON)
         parts.append(f"==> sbatch.sh <==\n{sbatch}")
     for rank in range(plan.nodes):
         config = render_accelerate_config(plan, sample_runtime(plan, rank))
@@ -238,7 +238,8 @@ def test_rendered_semantics(combo: Combo) -> None:
         assert f"#SBATCH --partition={plan.profile.partition}\n" in sbatch
         assert f"#SBATCH --output={SUBMITIT}/%j_0_log.out\n" in sbatch
         assert f"export ORCHESTRATOR_RUN_DIR={RUN_DIR}\n" in sbatch
-        assert sbatch.rstrip().endswith(f"python3 -u -m submitit.core._submit {SUBMITIT}")
+        assert sbatch.rstrip().endswith(f'"$ORCHESTRATOR_PYTHON" -u -m submitit.core._submit {SUBMITIT}')
+        assert "ORCHESTRATOR_PYTHON=$(command -v python3) ||" in sbatch
         assert ("#SBATCH --gres=" in sbatch) is (plan.profile.gpus_per_node > 0)
         # The #SBATCH block is contiguous (sbatch stops reading at the first command).
         header = sbatch.split("\n\n", 1)[0].splitlines()

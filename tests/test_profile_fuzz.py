@@ -29,7 +29,7 @@ from orchestrator.profiles import (
     TrainingDefaults,
     parse_profile,
 )
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime, submitit_command
+from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
 from orchestrator.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def exercise(profile: ClusterProfile) -> None:
     for rank in range(plan.nodes):
         yaml.safe_load(render_accelerate_config(plan, sample_runtime(plan, rank)))
     if profile.scheduler == "slurm":
-        render_sbatch(plan, submitit_command("python3", "/RUN/submitit"), "/RUN", "/RUN/submitit")
+        render_sbatch(plan, "/RUN", "/RUN/submitit", "python3")
 
 
 # ------------------------------------------------------------------------------ properties

@@ -15,16 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.job_states import JobState
-from orchestrator.run_dir import (
-    complete_lines,
-    count_resumes,
-    iter_lines_reversed,
-    last_complete_checkpoint,
-    local_state,
-    summarize,
-    tail_lines,
-    write_cancel_marker,
-)
+from orchestrator.local_state import local_state
+from orchestrator.run_dir import last_complete_checkpoint, write_cancel_marker
+from orchestrator.run_summary import complete_lines, count_resumes, iter_lines_reversed, summarize, tail_lines
 
 
 def train_event(step: int, t: float, max_steps: int = 100, **kw: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import yaml
 
 from orchestrator.plan import build_plan, merge_options
 from orchestrator.profiles import parse_profile
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime, submitit_command
+from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
 
 REPO = Path(__file__).resolve().parents[1]
 BASH = shutil.which("bash")
@@ -36,19 +36,19 @@ pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
 
 
-SUPERVISOR_RE = re.compile(r"^exec (.*) -m orchestrator\.batch_step( --auto-resume)? -- (?=srun )", re.M)
+SUPERVISOR_RE = re.compile(
+    r"^exec (.*) -m orchestrator\.batch_step --attempt-base \d+( --auto-resume)? -- (?=srun )", re.M
+)
 
 
-def strip_supervisor(script: str, python: str | None = None) -> str:
-    """The step runs as ``exec PYTHON -m orchestrator.batch_step -- srun ...``; a bash function cannot
-    stand in for an absolute interpreter path, so drop the prefix (checked to be one literal word) and
-    let the stubbed ``srun`` run in the script itself."""
+def strip_supervisor(script: str) -> str:
+    """The step runs as ``exec "$ORCHESTRATOR_PYTHON" -m orchestrator.batch_step ... -- srun ...``; a
+    bash function cannot stand in for an interpreter path, so drop the prefix (checked to be the one
+    quoted variable the script resolved after its set-up lines) and let the stubbed ``srun`` run in
+    the script itself."""
     matches = SUPERVISOR_RE.findall(script)
     assert len(matches) == 1, script
-    words = shlex.split(matches[0][0])
-    assert len(words) == 1, matches
-    if python is not None:
-        assert words == [python]
+    assert matches[0][0] == '"$ORCHESTRATOR_PYTHON"', matches
     return SUPERVISOR_RE.sub("", script)
 
 def hostile(marker: Path) -> list[str]:
@@ -317,8 +317,13 @@ def test_hostile_run_dir_and_python_via_api(tmp_path: Path) -> None:
     plan = build_plan("evil", profile, merge_options(profile, strategy="ddp"), "train.py", nodes=1)
     run_dir = f'/runs/it\'s a "dir" $(touch {marker})'
     folder = f"{run_dir}/submit `touch {marker}`"
-    python = f"/opt/py thon/$(touch {marker})/python3"
-    script = strip_supervisor(render_sbatch(plan, submitit_command(python, folder), run_dir, folder, python), python)
+    # A real interpreter at a hostile path: the script looks it up (`command -v`) and must pass it on as
+    # one literal word.
+    interpreter = tmp_path / "py thon" / f"$(touch {marker})" / "python3"
+    interpreter.parent.mkdir(parents=True)
+    interpreter.symlink_to(sys.executable)
+    python = str(interpreter)
+    script = strip_supervisor(render_sbatch(plan, run_dir, folder, python))
     sandbox_env(tmp_path)
     stub = tmp_path / "stub.sh"
     args_file = tmp_path / "srun_args"

@@ -45,12 +45,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-MARKER = "COMPLETE.json"
+from orchestrator.run_dir import COMPLETE_MARKER, check_checkpoint, checkpoint_folder_name, checkpoint_folders
+
+MARKER = COMPLETE_MARKER
 CHECKPOINTS = "checkpoints"
 
 
 def step_name(step: int) -> str:
-    return f"step_{step:08d}"
+    return checkpoint_folder_name(step)
 
 
 def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
@@ -125,37 +127,14 @@ def finalize(tmp: Path, final: Path, marker: dict) -> dict:
 
 
 def validate(folder: Path) -> tuple[dict | None, str]:
-    """(marker, "") for a complete checkpoint, else (None, why not)."""
-    marker_path = folder / MARKER
-    if not marker_path.is_file():
-        return None, f"no {MARKER} (the save did not finish)"
-    try:
-        marker = json.loads(marker_path.read_text(encoding="utf-8"))
-        files = marker["files"]
-        int(marker["step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"unreadable {MARKER}: {exc}"
-    if not files:
-        return None, f"{MARKER} lists no files"
-    for rel, size in files.items():
-        path = folder / rel
-        if not path.is_file():
-            return None, f"missing file {rel}"
-        actual = path.stat().st_size
-        if actual != size:
-            return None, f"file {rel} has {actual} bytes, {MARKER} says {size} (truncated or torn)"
-    return marker, ""
+    """(marker, "") for a complete checkpoint, else (None, why not): the run directory's one rule,
+    shared with ``status`` and ``resume``."""
+    return check_checkpoint(folder)
 
 
 def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """(step, folder) of every ``step_*`` folder, newest first (not yet validated)."""
-    root = checkpoints_dir(run_dir)
-    found = []
-    if root.is_dir():
-        for entry in root.iterdir():
-            if entry.is_dir() and entry.name.startswith("step_") and entry.name[5:].isdigit():
-                found.append((int(entry.name[5:]), entry))
-    return sorted(found, reverse=True)
+    return checkpoint_folders(Path(run_dir))
 
 
 def find_resumable(run_dir: str | os.PathLike, warn=print) -> tuple[Path, dict] | None:

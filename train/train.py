@@ -38,16 +38,13 @@ if __package__ in (None, ""):
 import torch
 import torch.distributed as dist
 
+# Exit codes and the exit-status file: the run directory's contract with the launcher.
+from orchestrator.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
 from train import accelerate_workarounds, checkpointing, selfcheck
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM, checksums, local_shard_checksum
 from train.data import Batcher, make_source
 from train.metrics import Metrics
 from train.model import build_model, count_params
-
-EXIT_OK = 0
-EXIT_SELFCHECK = selfcheck.EXIT_SELFCHECK
-EXIT_BAD_RESTORE = 4
-EXIT_REQUEUE = 75
 
 _STOP_SIGNAL = {"signum": 0}
 
@@ -288,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             warn("error: the restored state does not match the checkpoint: " + "; ".join(bad))
             if accelerator.is_main_process:
-                write_json(run_dir / "exit_status.json", {"code": EXIT_BAD_RESTORE, "reason": "restore mismatch", "problems": bad, "time": time.time()})
+                write_exit_status(run_dir, EXIT_BAD_RESTORE, "restore mismatch", problems=bad)
             return EXIT_BAD_RESTORE
         last_saved_step = train_state.step
         train_state.world_size = world
@@ -390,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             print(f"requeue: checkpoint step {step} saved", flush=True)
-            write_json(run_dir / "exit_status.json", {"code": EXIT_REQUEUE, "reason": "signal", "step": step, "time": time.time()})
+            write_exit_status(run_dir, EXIT_REQUEUE, "signal", step=step)
         metrics.close()
         accelerate_workarounds.finish(accelerator)
         return EXIT_REQUEUE
@@ -411,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir / "final.json",
             {"step": step, "loss": loss_value, "world_size": world, "strategy": strategy, "stop_reason": stop_reason, **sums},
         )
-        write_json(run_dir / "exit_status.json", {"code": EXIT_OK, "reason": stop_reason, "step": step, "time": time.time()})
+        write_exit_status(run_dir, EXIT_OK, stop_reason, step=step)
         metrics.say(f"done: step {step}, loss {loss_value}, {stop_reason}")
     metrics.close()
     accelerate_workarounds.finish(accelerator)

@@ -9,7 +9,9 @@ from pathlib import Path
 from orchestrator.commands.plan_args import add_plan_arguments, plan_from_args
 from orchestrator.errors import UserError
 from orchestrator.plan import LaunchPlan
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime, submitit_command
+from orchestrator.render import accelerate_launch_command, render_accelerate_config, sample_runtime
+from orchestrator.run_dir import node_config_file
+from orchestrator.schedulers import get_scheduler
 
 SAMPLE_RUN_DIR = "/SAMPLE/run_dir"
 
@@ -23,14 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def render_files(plan: LaunchPlan, node_rank: int | None, python: str) -> dict[str, str]:
     """File name -> text, in the order a reader wants them."""
     files: dict[str, str] = {}
-    if plan.profile.scheduler == "slurm":
-        folder = f"{SAMPLE_RUN_DIR}/submitit"
-        sbatch = render_sbatch(plan, submitit_command(python, folder), SAMPLE_RUN_DIR, folder, python)
-        shebang, _, body = sbatch.partition("\n")
-        files["sbatch.sh"] = f"{shebang}\n# SAMPLE run directory: each job gets its own.\n{body}"
+    scheduler = get_scheduler(plan.profile.scheduler)
+    if scheduler.writes_batch_script:
+        request = scheduler.dryrun(plan, Path(SAMPLE_RUN_DIR), 0, python)
+        shebang, _, body = request.materialize().partition("\n")
+        files[request.file_name] = f"{shebang}\n# SAMPLE run directory: each job gets its own.\n{body}"
     ranks = range(plan.nodes) if node_rank is None else [node_rank]
     for rank in ranks:
-        files[f"accelerate_config.node{rank}.yaml"] = render_accelerate_config(plan, sample_runtime(plan, rank))
+        files[node_config_file(Path(), rank).name] = render_accelerate_config(plan, sample_runtime(plan, rank))
     return files
 
 
@@ -55,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"# plan: profile={plan.profile_name} strategy={plan.options.strategy} nodes={plan.nodes} "
         f"procs_per_node={plan.procs_per_node} world_size={plan.world_size} "
-        f"command=accelerate launch --config_file <node config> {plan.script} {' '.join(plan.script_args)}".rstrip()
+        f"command={' '.join(accelerate_launch_command('<node config>', plan.script, plan.script_args))}"
     )
     return 0

@@ -19,17 +19,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.submission import check_cluster, check_script, submit
+    from orchestrator.submission import dry_run, submit
 
     plan = plan_from_args(args)
     if args.dry_run:
-        check_script(plan)
-        check_cluster(plan)
-        for name, text in render_files(plan, None, sys.executable).items():
+        request = dry_run(plan)
+        files = render_files(request.plan, None, sys.executable)
+        if request.file_name:
+            # The request itself, byte for byte what `submit` hands to the scheduler for this run directory.
+            files[request.file_name] = request.materialize()
+        for name, text in files.items():
             print(f"==> {name} <==")
             print(text.rstrip("\n"))
             print()
-        print(f"# dry run: nothing submitted ({plan.nodes} node(s) x {plan.procs_per_node} = {plan.world_size} ranks)")
+        print(
+            f"# dry run: nothing submitted ({plan.nodes} node(s) x {plan.procs_per_node} = {plan.world_size} ranks; "
+            f"run directory would be {request.run_dir})"
+        )
         return EXIT_OK
     from orchestrator.registry import Registry
 

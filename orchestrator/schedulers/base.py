@@ -1,0 +1,133 @@
+"""What a scheduler is, on the submitting host and on the node.
+
+On the submitting host (torchx's ``Scheduler``): :meth:`Scheduler.dryrun` turns a plan into a
+:class:`Request` whose :meth:`Request.materialize` is the very text :meth:`Scheduler.schedule`
+submits, so ``submit --dry-run`` and ``render`` show what runs, byte for byte. ``query`` is batched
+(one scheduler call for any number of jobs) and ``cancel`` records the user's intent before it
+signals. On the node (submitit's ``JobEnvironment``): one :class:`NodeEnvironment` is the only
+reader of the scheduler's environment and owns what happens after training ends there (a Slurm
+requeue, a local job's final state).
+
+No code outside :mod:`orchestrator.schedulers` asks which scheduler it runs under: it asks the
+scheduler object.
+"""
+
+from __future__ import annotations
+
+import signal
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from orchestrator.job_states import JobState
+    from orchestrator.plan import LaunchPlan
+    from orchestrator.profiles import ClusterProfile
+    from orchestrator.registry import JobRecord, Registry
+    from orchestrator.scheduler_query import QueryResult
+
+
+@dataclass(frozen=True)
+class Request:
+    """One submission, fully decided: what :meth:`Scheduler.schedule` will hand to the scheduler."""
+
+    plan: LaunchPlan
+    run_dir: Path
+    text: str
+    """The submitted text: the batch script (Slurm) or the launch description (local)."""
+    file_name: str
+    """Where the run directory keeps ``text`` (``sbatch.sh``) and how ``render`` names it."""
+    attempt_base: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def materialize(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """What :meth:`Scheduler.schedule` returns: the job's id in the registry and the handle."""
+
+    job_id: str
+    scheduler_job_id: str
+    handle: Any = None
+
+
+class Scheduler(ABC):
+    """A way to run a plan's nodes; ``orchestrator.schedulers.get_scheduler(name)`` finds one."""
+
+    name: ClassVar[str]
+    can_lose_nodes: ClassVar[bool]
+    """Whether a node can die under a job (and ``--auto-resume`` can exclude it)."""
+    writes_batch_script: ClassVar[bool]
+    """Whether :meth:`dryrun`'s text is a batch script worth showing in ``render``."""
+
+    # ---------------------------------------------------------------- planning (pure)
+    @abstractmethod
+    def dryrun(self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None) -> Request:
+        """The request for ``plan`` in ``run_dir``; no side effect. ``python``: the submitting
+        interpreter, the default for the profile's ``python`` key."""
+
+    @abstractmethod
+    def main_ip_for_render(self) -> str:
+        """The main process address ``render`` shows (marked as a sample where it is one)."""
+
+    @abstractmethod
+    def rdzv_backend(self, profile: ClusterProfile) -> str:
+        """torchrun's rendezvous backend for jobs of this scheduler."""
+
+    # ---------------------------------------------------------------- side effects
+    @abstractmethod
+    def check(self, plan: LaunchPlan) -> None:
+        """Refuse (UserError) what the cluster cannot run, before anything is created."""
+
+    def prepare_run_dir(self, registry: Registry | None, run_dir: Path) -> None:  # noqa: B027
+        """Before a new job takes over an existing run directory (``resume``)."""
+
+    @abstractmethod
+    def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
+        """Submit ``request`` exactly as materialized."""
+
+    @abstractmethod
+    def query(
+        self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]
+    ) -> QueryResult:
+        """The state of every job in ``jobs``, in one scheduler call."""
+
+    @abstractmethod
+    def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
+        """Cancel (``sig`` None) or signal ``job``; returns the line to print."""
+
+    @abstractmethod
+    def log_files(self, run_dir: Path) -> list[Path]:
+        """The scheduler's own stdout/stderr files of a run (besides the node logs)."""
+
+    # ---------------------------------------------------------------- on the node
+    @abstractmethod
+    def node_environment(self, job_key: str) -> NodeEnvironment:
+        """This node's place in the job, read from the scheduler's environment."""
+
+
+class NodeEnvironment(ABC):
+    """One node's view of its job. The only reader of the scheduler's environment variables."""
+
+    node_rank: int
+    num_nodes: int
+    hostnames: list[str]
+    job_id: str
+    restarts: int
+    """How many times the scheduler requeued this job (0 on the first run)."""
+
+    @property
+    def is_first_node(self) -> bool:
+        return self.node_rank == 0
+
+    @abstractmethod
+    def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
+        """The address every node uses to reach node 0."""
+
+    @abstractmethod
+    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
+        """After this node's training ended with ``code``: record or requeue, as the scheduler needs."""

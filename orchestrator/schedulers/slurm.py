@@ -1,0 +1,272 @@
+"""Slurm: sbatch through submitit, squeue/sacct for state, scancel, and ``SLURM_*`` on the node.
+
+This module is the only reader of ``SLURM_*`` variables. Submission goes through submitit (its
+pickling, its per-task entry ``python -m submitit.core._submit``), but the batch script is ours:
+:meth:`SlurmScheduler.dryrun` renders it, and the executor submits that text unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import RunFailure, UserError
+from orchestrator.run_dir import (
+    MAIN_IP_FILE,
+    SBATCH_FILE,
+    SUBMITIT_DIR,
+    cancel_requested,
+    write_cancel_marker,
+)
+from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler
+
+if TYPE_CHECKING:
+    from orchestrator.job_states import JobState
+    from orchestrator.plan import LaunchPlan
+    from orchestrator.profiles import ClusterProfile
+    from orchestrator.registry import JobRecord, Registry
+    from orchestrator.scheduler_query import QueryResult
+
+SINFO_TIMEOUT_S = 15.0
+SCANCEL_TIMEOUT_S = 30.0
+#: How long non-zero nodes wait for node 0 to publish its address.
+MAIN_IP_WAIT_S = 120.0
+#: The main process address ``render`` shows: the real one is known only on node 0, at run time.
+SAMPLE_MAIN_IP = "10.0.0.1"
+#: Variables an allocation sets that a job submitted from inside it must not inherit.
+_INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
+
+
+# ---------------------------------------------------------------------------- the job's environment
+def batch_job_id() -> str:
+    return os.environ.get("SLURM_JOB_ID", "")
+
+
+def batch_restarts() -> int:
+    """How often Slurm requeued this job (``SLURM_RESTART_COUNT``; absent on the first run)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def allocation_nodes() -> list[str]:
+    """Host names of this allocation (``SLURM_JOB_NODELIST`` expanded by Slurm itself)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+    if not nodelist:
+        return []
+    proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
+def clean_submit_environment() -> None:
+    """sbatch inside an allocation inherits its SLURM_*/SBATCH_* variables (node list, task
+    counts, memory): a job submitted from there must be described by its own script only."""
+    for name in list(os.environ):
+        if name.startswith(_INHERITED_PREFIXES):
+            del os.environ[name]
+
+
+def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
+    """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says CANCELLED (a
+    plain ``scancel`` also sends SIGTERM, which training handles like a preemption)."""
+    if cancel_requested(run_dir):
+        return "cancelled by user (orchestrator cancel)"
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return "Slurm reports the job CANCELLED" if out.startswith("CANCELLED") else None
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of a network interface on this host (e.g. ib0)."""
+    import psutil
+
+    addrs = psutil.net_if_addrs().get(name)
+    if not addrs:
+        raise RunFailure(f"network_interface '{name}' does not exist on {socket.gethostname()}")
+    for addr in addrs:
+        if addr.family == socket.AF_INET:
+            return str(addr.address)
+    raise RunFailure(f"network_interface '{name}' on {socket.gethostname()} has no IPv4 address")
+
+
+class SlurmNodeEnvironment(NodeEnvironment):
+    """A task of a Slurm job step: one per node."""
+
+    def __init__(self) -> None:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        self.node_rank = env.global_rank
+        self.num_nodes = env.num_tasks
+        self.hostnames = list(env.hostnames)
+        self.job_id = batch_job_id() or str(env.job_id)
+        self.restarts = batch_restarts()
+
+    def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
+        """Without a named interface every node resolves node 0's hostname itself. With one (ib0,
+        eth0 in a namespace) only node 0 can read its address: it publishes it in the shared run
+        directory and the others wait for it."""
+        interface = plan.profile.network_interface
+        if not interface:
+            return socket.gethostbyname(self.hostnames[0])
+        published = attempt_path / MAIN_IP_FILE
+        if self.is_first_node:
+            ip = interface_address(interface)
+            tmp = published.with_suffix(".tmp")
+            tmp.write_text(ip)
+            os.replace(tmp, published)
+            return ip
+        deadline = time.monotonic() + MAIN_IP_WAIT_S
+        while time.monotonic() < deadline:
+            if published.exists():
+                return published.read_text().strip()
+            time.sleep(0.2)
+        raise RunFailure(
+            f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
+        )
+
+    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
+        """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
+        first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``."""
+        from orchestrator.requeue import decide_requeue
+        from orchestrator.run_dir import EXIT_REQUEUE
+
+        if code != EXIT_REQUEUE or not self.is_first_node:
+            return
+        decision = decide_requeue(self.restarts, plan.max_requeues, cancelled_by_user(run_dir, self.job_id))
+        if not decision.requeue:
+            print(f"[orchestrator node] {decision.reason}", file=sys.stderr, flush=True)
+            return
+        print(f"[orchestrator node] requeueing job {self.job_id} ({decision.reason})", flush=True)
+        subprocess.run(["scontrol", "requeue", self.job_id], check=False, timeout=60)
+
+
+# ---------------------------------------------------------------------------- submission side
+def partition_nodes(partition: str) -> int:
+    """How many nodes a partition has, asking sinfo (bounded)."""
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-p", partition, "-o", "%D"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S
+        )
+    except FileNotFoundError:
+        raise UserError("sinfo not found: this profile needs a Slurm cluster (or use --profile local)") from None
+    except subprocess.TimeoutExpired:
+        raise RunFailure(f"sinfo did not answer within {SINFO_TIMEOUT_S:.0f} s: is slurmctld up?") from None
+    if proc.returncode != 0:
+        raise RunFailure(f"sinfo failed: {proc.stderr.strip() or proc.returncode}")
+    counts = [int(x) for x in proc.stdout.split() if x.isdigit()]
+    if not counts:
+        raise UserError(f"--profile: partition '{partition}' does not exist on this cluster (sinfo knows nothing of it)")
+    return sum(counts)
+
+
+def time_minutes(limit: str) -> int:
+    """A Slurm time (``D-HH:MM:SS``, ``HH:MM:SS``, minutes) in whole minutes, rounded up."""
+    days = 0
+    if "-" in limit:
+        d, limit = limit.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in limit.split(":")]
+    if len(parts) == 1 and days == 0:
+        return parts[0]
+    while len(parts) < 3:
+        parts.append(0)
+    hours, minutes, seconds = parts[:3]
+    return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def _template_executor(request: Request) -> Any:
+    """A submitit SlurmExecutor that submits the request's text, not a script of its own."""
+    import submitit
+
+    class RequestExecutor(submitit.SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return request.materialize()
+
+    return RequestExecutor
+
+
+class SlurmScheduler(Scheduler):
+    name = "slurm"
+    can_lose_nodes = True
+    writes_batch_script = True
+
+    def dryrun(self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None) -> Request:
+        from orchestrator.render import render_sbatch
+
+        node_python = plan.profile.python or python or sys.executable
+        folder = str(Path(run_dir) / SUBMITIT_DIR)
+        text = render_sbatch(plan, str(run_dir), folder, node_python, attempt_base)
+        return Request(plan=plan, run_dir=Path(run_dir), text=text, file_name=SBATCH_FILE, attempt_base=attempt_base)
+
+    def main_ip_for_render(self) -> str:
+        return SAMPLE_MAIN_IP
+
+    def rdzv_backend(self, profile: ClusterProfile) -> str:
+        return profile.rdzv_backend
+
+    def check(self, plan: LaunchPlan) -> None:
+        assert plan.profile.partition is not None  # the profile's own check: slurm needs a partition
+        available = partition_nodes(plan.profile.partition)
+        if plan.nodes > available:
+            raise UserError(
+                f"--nodes: {plan.nodes} nodes requested but partition '{plan.profile.partition}' has {available}"
+            )
+
+    def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
+        from orchestrator.node_entry import NodeTask
+
+        plan, run_dir = request.plan, request.run_dir
+        (run_dir / request.file_name).write_text(request.materialize())
+        executor = _template_executor(request)(folder=run_dir / SUBMITIT_DIR, max_num_timeout=plan.max_requeues)
+        executor.update_parameters(nodes=plan.nodes, ntasks_per_node=1, time=max(1, time_minutes(plan.time_limit)))
+        task = NodeTask(run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base)
+        try:
+            job = executor.submit(task)
+        except subprocess.CalledProcessError as exc:
+            output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output
+            raise RunFailure(f"sbatch refused the job: {(output or '').strip() or exc}") from None
+        return Scheduled(job_id=str(job.job_id), scheduler_job_id=str(job.job_id), handle=job)
+
+    def query(self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]) -> QueryResult:
+        from orchestrator.scheduler_query import query_states
+
+        return query_states([j.job_id for j in jobs], timeout_s=timeout_s, fallback=fallback)
+
+    def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
+        from orchestrator.scheduler_query import run_bounded
+
+        argv = ["scancel"]
+        if sig is None:
+            # scancel sends SIGTERM first, which training cannot tell from a preemption: the marker
+            # tells node 0 not to requeue a job the user cancelled.
+            try:
+                write_cancel_marker(job.run_dir, "CANCEL", user)
+            except OSError:
+                pass  # run directory gone: nothing left that could requeue it
+        else:
+            argv.append(f"--signal={sig.name.removeprefix('SIG')}")
+        argv.append(job.job_id)
+        res = run_bounded(argv, SCANCEL_TIMEOUT_S)
+        if res.error is not None:
+            raise RunFailure(f"scancel of job {job.job_id} failed: {res.error}")
+        return f"sent {sig.name} to job {job.job_id}" if sig else f"cancel requested for job {job.job_id}"
+
+    def log_files(self, run_dir: Path) -> list[Path]:
+        return sorted((Path(run_dir) / SUBMITIT_DIR).glob("*_log.*"))
+
+    def node_environment(self, job_key: str) -> NodeEnvironment:
+        return SlurmNodeEnvironment()
+
