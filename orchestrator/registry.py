@@ -8,6 +8,11 @@ concurrent readers with one writer, and ``busy_timeout`` makes writers queue ins
 Location: ``$ORCHESTRATOR_HOME/registry.db`` (default ``~/.orchestrator``). The directory is
 created 0700 and the file 0600 because run directories and commands may reveal private paths.
 
+A run is a run directory and every job that trained in it (``resume`` and ``--auto-resume`` submit
+a new job into the same directory); the run's newest job is where its older jobs continue, which is
+what ``status``, ``cancel``, ``resume`` and ``submit --wait`` follow. Attempts are the starts of one
+job id (its submission, then each Slurm requeue).
+
 The registry never deletes or rewrites a file it cannot read: a corrupt file is reported as a
 :class:`~orchestrator.errors.UserError` naming the path, and the user decides what to do with it.
 """
