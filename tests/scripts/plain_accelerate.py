@@ -29,6 +29,8 @@ def main() -> int:
         "host": socket.gethostname(),
         "distributed_type": str(accelerator.distributed_type),
         "marker": os.environ.get("MARKER_VALUE"),
+        "python": sys.executable,
+        "prefix": sys.prefix,
     }
     with open(f"{args.out}.rank{rank}", "w") as fh:
         json.dump(record, fh)

@@ -1,0 +1,114 @@
+"""The Slurm scheduler on the real test cluster: the dry run is the submitted request, a resumed run
+keeps what earlier attempts learned, and the node-side interpreter is the profile's."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, job_and_run_dir, run_cli, sacct_state, user_profile_dir
+
+pytestmark = pytest.mark.slurm
+SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
+TRAIN = str(REPO / "train" / "train.py")
+TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"]
+
+
+def sections(output: str) -> dict[str, str]:
+    """``==> NAME <==`` sections of ``render``/``submit --dry-run`` output, each as a file's text."""
+    parts = re.split(r"^==> (.+) <==\n", output, flags=re.M)
+    return {name: body.split("\n# dry run:")[0].rstrip("\n") + "\n" for name, body in zip(parts[1::2], parts[2::2])}
+
+
+def test_dry_run_is_byte_for_byte_the_submitted_script(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    args = ["--profile", "slurm_test", "--nodes", "2", "--name", "same", "--", SCRIPT, "--expect-world-size", "2",
+            "--out", str(tmp_path / "plain")]
+    dry = run_cli(["submit", "--dry-run", *args], orch_env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    planned = dry.stdout.split("run directory would be ")[1].split(")")[0]
+    assert not Path(planned).exists() and not (tmp_path / "runs").exists()  # a dry run creates nothing
+    shown = sections(dry.stdout)["sbatch.sh"]
+
+    res = run_cli(["submit", "--wait", "--poll", "0.5", *args], orch_env, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    submitted = (run_dir / "sbatch.sh").read_text()
+    # Only the run directory's name differs (it carries the submission time and a random suffix).
+    assert shown.replace(planned, str(run_dir)) == submitted
+    # ... and that text is what sbatch itself received (submitit keeps the file it passed to sbatch).
+    assert (run_dir / "submitit" / f"{job_id}_submission.sh").read_text() == submitted
+    assert sacct_state(job_id) == "COMPLETED"
+
+
+def test_resume_keeps_auto_resume_and_excluded_nodes(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    first = run_cli(
+        ["submit", "--profile", "slurm_test", "--nodes", "2", "--auto-resume", "--exclude", "n3", "--wait",
+         "--poll", "0.5", "--", TRAIN, *TINY, "--max-steps", "4", "--ckpt-every", "2"],
+        orch_env, timeout=300,
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    job_id, run_dir = job_and_run_dir(first.stdout)
+    assert "#SBATCH --exclude=n3\n" in (run_dir / "sbatch.sh").read_text()
+
+    again = run_cli(["resume", job_id, "--wait", "--poll", "0.5"], orch_env, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    new_job = again.stdout.split("submitted job ")[1].split()[0]
+    assert new_job != job_id
+    current = json.loads((run_dir / "job.json").read_text())
+    assert (current["auto_resume"], current["exclude_nodes"], current["attempt_base"]) == (True, ["n3"], 1)
+    sbatch = (run_dir / "sbatch.sh").read_text()
+    assert "#SBATCH --exclude=n3\n" in sbatch
+    assert "-m orchestrator.batch_step --attempt-base 1 --auto-resume -- srun" in sbatch
+    # Each submission keeps its own plan; the first one is unchanged.
+    assert json.loads((run_dir / "job.attempt_0.json").read_text())["attempt_base"] == 0
+    assert (run_dir / "logs" / "attempt_1" / "node_0.log").is_file()
+    nodes = subprocess.run(["sacct", "-nXP", "-j", new_job, "-o", "NodeList"], capture_output=True, text=True,
+                           timeout=30).stdout
+    assert "n3" not in nodes and sacct_state(new_job) == "COMPLETED"
+
+
+def test_node_side_interpreter_comes_from_the_setup_lines(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    """A venv that only the nodes activate (profile setup), at a path the submitting interpreter knows
+    nothing of; profile key ``python: python`` is looked up after the setup lines."""
+    venv = tmp_path / "node venv"  # a space: the path must travel as one word
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    base = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+    profiles = user_profile_dir(tmp_path, setup=[*base.get("setup", []), f"source '{venv}/bin/activate'"],
+                                python="python")
+    out = tmp_path / "plain"
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--wait", "--poll",
+         "0.5", "--", SCRIPT, "--expect-world-size", "2", "--out", str(out)],
+        orch_env, timeout=240,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    records = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(2)]
+    assert {r["prefix"] for r in records} == {str(venv)}, records
+    assert {r["python"] for r in records} == {str(venv / "bin" / "python")}
+    assert len({r["host"] for r in records}) == 2
+    node_log = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text()
+    assert f"python={venv}/bin/python" in node_log
+
+
+def test_missing_node_interpreter_fails_the_job_with_the_reason(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    profiles = user_profile_dir(tmp_path, python="python-that-no-node-has")
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "1", "--wait", "--poll",
+         "0.5", "--", SCRIPT, "--expect-world-size", "1", "--out", str(tmp_path / "plain")],
+        orch_env, timeout=240,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    assert sacct_state(job_id) == "FAILED"
+    err = (run_dir / "submitit" / f"{job_id}_0_log.err").read_text()
+    assert "python-that-no-node-has" in err and "not found" in err and "profile key python" in err
