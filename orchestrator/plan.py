@@ -11,28 +11,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from orchestrator.errors import UserError
+from orchestrator.options import TrainingOptions, check_option_values, fsdp_only_given, options_from_json
+from orchestrator.options import merge_options as _merge
 from orchestrator.profiles import ClusterProfile
 from orchestrator.strategies import STRATEGIES, Strategy
 
-
-@dataclass(frozen=True)
-class TrainingOptions:
-    """Strategy options after merging the profile's defaults and the command line."""
-
-    strategy: str
-    """One of ``orchestrator.strategies.STRATEGIES``."""
-    fsdp_version: int = 2
-    """1 or 2; see README for why 2 is the default."""
-    mixed_precision: str = "no"
-    """no | fp16 | bf16."""
-    offload: bool = False
-    """CPU offload of parameters and optimizer state (FSDP only)."""
-    wrap_cls: str | None = None
-    """Layer class to wrap as one FSDP unit; None means size-based wrapping."""
-    state_dict: str = "sharded"
-    """sharded (DCP, one file per rank) or full (gathered on rank 0)."""
-    activation_checkpointing: bool = False
-    """FSDP activation checkpointing."""
+__all__ = ["LaunchPlan", "TrainingOptions", "build_plan", "check_combination", "merge_options"]
 
 
 @dataclass(frozen=True)
@@ -90,7 +74,7 @@ class LaunchPlan:
         return cls(
             profile_name=data["profile_name"],
             profile=ClusterProfile.model_validate(data["profile"], strict=False),
-            options=TrainingOptions(**data["options"]),
+            options=options_from_json(data["options"]),
             nodes=int(data["nodes"]),
             procs_per_node=int(data["procs_per_node"]),
             script=data["script"],
@@ -103,59 +87,19 @@ class LaunchPlan:
         )
 
 
-def merge_options(
-    profile: ClusterProfile,
-    strategy: str | None = None,
-    fsdp_version: int | None = None,
-    mixed_precision: str | None = None,
-    offload: bool | None = None,
-    wrap_cls: str | None = None,
-    state_dict: str | None = None,
-    activation_checkpointing: bool | None = None,
-) -> TrainingOptions:
-    """Command-line values win over the profile's ``defaults`` block."""
-    d = profile.defaults
-
-    def pick(cli: Any, default: Any) -> Any:
-        return default if cli is None else cli
-
-    chosen = pick(strategy, d.strategy)
-    # The profile's FSDP-only defaults (wrap_cls, offload, ...) apply to FSDP strategies only:
-    # `--strategy ddp` on a profile with `defaults.wrap_cls` must not be refused for a flag
-    # nobody typed. Given on the command line, they are still checked (and refused for ddp).
-    fsdp = chosen in STRATEGIES and STRATEGIES[chosen].uses_fsdp
-
-    def pick_fsdp(cli: Any, default: Any, off: Any) -> Any:
-        return cli if cli is not None else default if fsdp else off
-
-    return TrainingOptions(
-        strategy=chosen,
-        fsdp_version=pick(fsdp_version, d.fsdp_version),
-        mixed_precision=pick(mixed_precision, d.mixed_precision),
-        offload=pick_fsdp(offload, d.offload, False),
-        wrap_cls=pick_fsdp(wrap_cls, d.wrap_cls, None),
-        state_dict=pick(state_dict, d.state_dict),
-        activation_checkpointing=pick_fsdp(activation_checkpointing, d.activation_checkpointing, False),
-    )
+def merge_options(profile: ClusterProfile, **given: Any) -> TrainingOptions:
+    """Command-line values (keyword per option, None: not given) win over the profile's ``defaults``."""
+    return _merge(profile.defaults, given)
 
 
 def check_combination(
     profile_name: str, profile: ClusterProfile, options: TrainingOptions, nodes: int, procs_per_node: int
 ) -> None:
     """Refuse what cannot work, saying why. Order: most basic problem first."""
-    if options.strategy not in STRATEGIES:
-        import difflib
-
-        guess = difflib.get_close_matches(options.strategy, list(STRATEGIES), n=1)
-        hint = f" (did you mean '{guess[0]}'?)" if guess else ""
-        raise UserError(f"--strategy: unknown strategy '{options.strategy}'{hint}; known: {', '.join(STRATEGIES)}")
+    problem = check_option_values(options)
+    if problem:
+        raise UserError(problem)
     strategy = STRATEGIES[options.strategy]
-    if options.fsdp_version not in (1, 2):
-        raise UserError(f"--fsdp-version: expected 1 or 2, got {options.fsdp_version!r}")
-    if options.mixed_precision not in ("no", "fp16", "bf16"):
-        raise UserError(f"--mixed-precision: expected no, fp16 or bf16, got {options.mixed_precision!r}")
-    if options.state_dict not in ("sharded", "full"):
-        raise UserError(f"--state-dict: expected sharded or full, got {options.state_dict!r}")
     if nodes < 1:
         raise UserError(f"--nodes: expected an integer >= 1, got {nodes}")
     if nodes > profile.nodes.max:
@@ -193,14 +137,9 @@ def check_combination(
             f"--mixed-precision bf16: profile '{profile_name}' has {profile.gpu_type} GPUs, which have no bf16 "
             "support (needs Ampere or newer); use fp16"
         )
-    if not strategy.uses_fsdp:
-        for flag, value in (
-            ("--offload", options.offload),
-            ("--activation-checkpointing", options.activation_checkpointing),
-            ("--wrap-cls", options.wrap_cls),
-        ):
-            if value:
-                raise UserError(f"{flag}: only FSDP strategies support it, not ddp; pick full_shard or shard_grad_op")
+    fsdp_only = fsdp_only_given(options)
+    if fsdp_only and not strategy.uses_fsdp:
+        raise UserError(f"{fsdp_only[0].flag}: only FSDP strategies support it, not ddp; pick full_shard or shard_grad_op")
     if strategy.uses_fsdp and options.offload and profile.gpus_per_node == 0:
         # Measured with torch 2.13: FSDP1 pins its CPU gradient buffers and FSDP2's CPUOffloadPolicy pins
         # the sharded parameters; both fail with "Cannot access accelerator device when none is available".

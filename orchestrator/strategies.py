@@ -2,15 +2,15 @@
 
 Each strategy is a small record. The mapping to Accelerate's config lives here
 and nowhere else, so the FSDP1/FSDP2 differences (sharding-strategy names vs.
-``reshard_after_forward`` plus a replicate x shard mesh) are decided once.
+``reshard_after_forward`` plus a replicate x shard mesh) are decided once, and
+:data:`STRATEGIES` is the only list of strategy names: the CLI's choices, the
+profile schema and the training self-check (``train/selfcheck.py``) read it.
+Standard library only, so the training side can import it cheaply.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-StrategyName = Literal["ddp", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,10 @@ STRATEGIES: dict[str, Strategy] = {
         ),
     )
 }
+
+
+#: The names, in table order (the order every "one of ..." message lists them in).
+STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 
 
 def strategy_table() -> list[dict[str, str]]:

@@ -1,7 +1,7 @@
 """The fast profile check (no pydantic) against the pydantic schema it stands in for.
 
-``orchestrator.profiles`` validates plainly valid profiles without importing pydantic (CLI start-up,
-issue #7) and hands everything else to the pydantic schema. That is only sound if the fast path
+``orchestrator.profiles`` validates plainly valid profiles without importing pydantic (CLI start-up
+time) and hands everything else to the pydantic schema. That is only sound if the fast path
 accepts a subset of what pydantic accepts, with identical values, and if both layers declare the
 same keys and defaults. Checked here on the fuzz generators of test_profile_fuzz.py and on the
 shipped profiles.
@@ -20,6 +20,8 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
+from orchestrator import profile_records as R
+from orchestrator import profile_schema as S
 from orchestrator import profiles as P
 from tests.test_profile_fuzz import FAST, documents, profile_like
 
@@ -27,18 +29,18 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDS = [P.NodeLimits, P.PortRange, P.PreTimeoutSignal, P.TrainingDefaults, P.ClusterProfile]
 
 
-def _pydantic_outcome(cls: type[P._Record], data: Any) -> dict[str, Any] | None:
+def _pydantic_outcome(cls: type[R._Record], data: Any) -> dict[str, Any] | None:
     from pydantic import ValidationError
 
     try:
-        return P._schema()[cls.__name__].model_validate(data).model_dump(mode="json")
+        return S.schema()[cls.__name__].model_validate(data).model_dump(mode="json")
     except ValidationError:
         return None
 
 
-def _agree(cls: type[P._Record], data: Any) -> bool:
+def _agree(cls: type[R._Record], data: Any) -> bool:
     """Fast path accepted => pydantic accepts the same values. Returns whether it was fast."""
-    fast = P._fast_validate(cls, data)
+    fast = S.fast_validate(cls, data)
     if fast is None:
         return False
     assert _pydantic_outcome(cls, data) == fast.model_dump(mode="json"), data
@@ -46,14 +48,14 @@ def _agree(cls: type[P._Record], data: Any) -> bool:
 
 
 @pytest.mark.parametrize("cls", RECORDS, ids=lambda c: c.__name__)
-def test_records_and_schema_declare_the_same_keys_and_defaults(cls: type[P._Record]) -> None:
-    model = P._schema()[cls.__name__]
+def test_records_and_schema_declare_the_same_keys_and_defaults(cls: type[R._Record]) -> None:
+    model = S.schema()[cls.__name__]
     assert list(cls.model_fields) == list(model.model_fields)
     for name, default in cls.model_fields.items():
         info = model.model_fields[name]
-        if default is P._REQUIRED:
+        if default is R._REQUIRED:
             assert info.is_required(), name
-        elif isinstance(default, P._Record):
+        elif isinstance(default, R._Record):
             assert default.model_dump() == info.default.model_dump(), name
         else:
             assert default == info.default and type(default) is type(info.default), name

@@ -28,21 +28,23 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.strategies import STRATEGIES as STRATEGY_TABLE
+from orchestrator.strategies import STRATEGY_NAMES
+
 EXIT_SELFCHECK = 3
 
-FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
-STRATEGIES = ("ddp", *FSDP_STRATEGIES)
-HYBRID = ("hybrid_shard", "hybrid_shard_zero2")
+#: The strategy facts the checks compare against: orchestrator's own table, so a strategy added
+#: there is checked here too.
+STRATEGIES = STRATEGY_NAMES
+HYBRID = tuple(name for name, s in STRATEGY_TABLE.items() if s.hybrid)
 #: FSDP1 ShardingStrategy name per strategy.
-FSDP1_SHARDING = {
-    "full_shard": "FULL_SHARD",
-    "shard_grad_op": "SHARD_GRAD_OP",
-    "no_shard": "NO_SHARD",
-    "hybrid_shard": "HYBRID_SHARD",
-    "hybrid_shard_zero2": "_HYBRID_SHARD_ZERO2",
-}
+FSDP1_SHARDING = {name: s.fsdp1_sharding for name, s in STRATEGY_TABLE.items() if s.fsdp1_sharding is not None}
 #: FSDP2 reshard_after_forward per strategy (no_shard has no FSDP2 form).
-FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False, "hybrid_shard": True, "hybrid_shard_zero2": False}
+FSDP2_RESHARD = {
+    name: s.fsdp2_reshard_after_forward
+    for name, s in STRATEGY_TABLE.items()
+    if s.uses_fsdp and s.fsdp2_reshard_after_forward is not None
+}
 
 
 class SelfCheckError(RuntimeError):

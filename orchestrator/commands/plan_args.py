@@ -6,9 +6,9 @@ import argparse
 import os
 
 from orchestrator.errors import UserError
+from orchestrator.options import OPTIONS, add_option_arguments, given_options
 from orchestrator.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.profiles import display_path, load_profile
-from orchestrator.strategies import STRATEGIES
 
 
 def positive_int(text: str) -> int:
@@ -32,15 +32,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
         default=None,
         help="folder of your own profiles; overrides built-ins by name (also $ORCHESTRATOR_PROFILES, ./cluster_profiles)",
     )
-    parser.add_argument("--strategy", choices=list(STRATEGIES), default=None, help="default: the profile's")
     parser.add_argument("--nodes", type=positive_int, default=None, help="default: the profile's nodes.default")
     parser.add_argument("--procs-per-node", type=positive_int, default=None, help="default: GPUs per node (1 on CPU)")
-    parser.add_argument("--fsdp-version", type=int, choices=[1, 2], default=None, help="default: 2")
-    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=None)
-    parser.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None, help="FSDP CPU offload")
-    parser.add_argument("--wrap-cls", default=None, metavar="NAME", help="layer class wrapped as one FSDP unit")
-    parser.add_argument("--state-dict", choices=["sharded", "full"], default=None, help="default: sharded")
-    parser.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    add_option_arguments(parser)
     parser.add_argument("--name", default=None, help="job name (default: <strategy>-<nodes>n)")
     parser.add_argument("--time", default=None, help="time limit, Slurm format (default: the profile's)")
     parser.add_argument(
@@ -88,16 +82,7 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
     name, _path, profile = load_profile(args.profile, args.profiles_dir)
     if args.name is not None and (not args.name or any(c in args.name for c in "\n\r\0")):
         raise UserError(f"--name: expected a non-empty single-line name, got {args.name!r}")
-    options = merge_options(
-        profile,
-        strategy=args.strategy,
-        fsdp_version=args.fsdp_version,
-        mixed_precision=args.mixed_precision,
-        offload=args.offload,
-        wrap_cls=args.wrap_cls,
-        state_dict=args.state_dict,
-        activation_checkpointing=args.activation_checkpointing,
-    )
+    options = merge_options(profile, **given_options(args))
     try:
         return build_plan(
             name,
@@ -119,13 +104,7 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
 
 #: flag -> (argparse dest, the profile key that supplies it when the flag is not given)
 _PROFILE_KEYS = {
-    "--strategy": ("strategy", "defaults.strategy"),
-    "--fsdp-version": ("fsdp_version", "defaults.fsdp_version"),
-    "--mixed-precision": ("mixed_precision", "defaults.mixed_precision"),
-    "--state-dict": ("state_dict", "defaults.state_dict"),
-    "--offload": ("offload", "defaults.offload"),
-    "--activation-checkpointing": ("activation_checkpointing", "defaults.activation_checkpointing"),
-    "--wrap-cls": ("wrap_cls", "defaults.wrap_cls"),
+    **{o.flag: (o.name, o.profile_key) for o in OPTIONS},
     "--nodes": ("nodes", "nodes.default"),
     "--procs-per-node": ("procs_per_node", "procs_per_node"),
 }

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
+from orchestrator.options import OPTIONS
 from orchestrator.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.profiles import load_profile
 from orchestrator.strategies import STRATEGIES
@@ -37,17 +38,12 @@ def resume_plan(previous: LaunchPlan, args: argparse.Namespace) -> LaunchPlan:
         profile_name, _, profile = load_profile(args.profile, args.profiles_dir)
     else:
         profile_name, profile = previous.profile_name, previous.profile
-    old = previous.options
-    options = merge_options(
-        profile,
-        strategy=args.strategy or old.strategy,
-        fsdp_version=old.fsdp_version,
-        mixed_precision=old.mixed_precision,
-        offload=old.offload,
-        wrap_cls=old.wrap_cls,
-        state_dict=old.state_dict,
-        activation_checkpointing=old.activation_checkpointing,
-    )
+    # Every option carries over as if typed again (so an FSDP-only one stays checked against a new
+    # --strategy); the strategy is the one the command line may change.
+    carried = {o.name: getattr(previous.options, o.name) for o in OPTIONS}
+    if args.strategy:
+        carried["strategy"] = args.strategy
+    options = merge_options(profile, **carried)
     return build_plan(
         profile_name,
         profile,
