@@ -22,8 +22,8 @@ from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
 from orchestrator.registry import JobRecord, Registry
 from orchestrator.run_summary import RunSummary
-from orchestrator.summary_cache import SUMMARY_CACHE_FILE, SummaryCache
 from orchestrator.scheduler_query import QueryResult, refresh_states
+from orchestrator.summary_cache import SUMMARY_CACHE_FILE, SummaryCache
 from orchestrator.table import dumps_indented
 
 #: ``status`` with no ids shows every non-terminal job plus those active within this window.
