@@ -12,7 +12,6 @@ starts; both are picked up on the next poll because the directory listing is rep
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -236,8 +235,3 @@ def _read_tail_upto(
         first_nl = buf.find(b"\n") + 1
         return buf[first_nl:], pos + first_nl
     return buf, 0
-
-
-def follow_paths_exist(run_dir: Path | str) -> bool:
-    """True if the run has any attempt folder yet (used to print a helpful 'waiting' note)."""
-    return os.path.isdir(Path(run_dir) / "logs")

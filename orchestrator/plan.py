@@ -8,7 +8,7 @@ and ``submit`` all share this one path (torchx's split of plan and execution).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from orchestrator.errors import UserError
 from orchestrator.options import TrainingOptions, check_option_values, fsdp_only_given, options_from_json
@@ -178,7 +178,9 @@ def build_plan(
     node_count = profile.nodes.default if nodes is None else nodes
     procs = profile.default_procs_per_node if procs_per_node is None else procs_per_node
     check_combination(profile_name, profile, options, node_count, procs)
-    if auto_resume and profile.scheduler != "slurm":
+    from orchestrator.schedulers import get_scheduler
+
+    if auto_resume and not get_scheduler(profile.scheduler).can_lose_nodes:
         raise UserError(
             f"--auto-resume: profile '{profile_name}' runs locally, where there is no node to lose or exclude; "
             "use `orchestrator resume JOB` after a failure"
@@ -205,5 +207,3 @@ def build_plan(
         exclude_nodes=tuple(sorted(set(exclude_nodes))),
     )
 
-
-Scheduler = Literal["slurm", "local"]

@@ -32,51 +32,6 @@ TAIL_BYTES_CAP = 8 * 1024 * 1024
 ETA_WINDOW = 50
 
 
-def read_tail_bytes(path: Path, max_bytes: int) -> tuple[bytes, bool]:
-    """The last ``max_bytes`` of a file and whether that is the whole file (seek, don't scan)."""
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        start = max(0, size - max_bytes)
-        fh.seek(start)
-        return fh.read(size - start), start == 0
-
-
-def complete_lines(data: bytes, from_file_start: bool) -> list[bytes]:
-    """Split a tail window into whole lines: drop the cut first line (unless the window starts at
-    the file's beginning) and a torn last line (no trailing newline: still being written)."""
-    lines = data.split(b"\n")
-    # The element after the last "\n" is either b"" (file ends with newline) or a torn line.
-    lines = lines[:-1]
-    if not from_file_start and lines:
-        lines = lines[1:]
-    return lines
-
-
-def tail_lines(path: Path, k: int, chunk: int = 64 * 1024) -> list[str]:
-    """Last ``k`` complete lines of a text file, reading backwards in chunks from the end.
-
-    A final line without newline is included here (logs of a finished process may lack one);
-    callers that must skip torn lines use :func:`complete_lines`.
-    """
-    if k <= 0:
-        return []
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        pos = fh.tell()
-        buf = b""
-        while pos > 0 and buf.count(b"\n") <= k:
-            step = min(chunk, pos)
-            pos -= step
-            fh.seek(pos)
-            buf = fh.read(step) + buf
-    text = buf.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines[-k:]
-
-
 def iter_metrics(run_dir: Path) -> Iterator[dict[str, Any]]:
     """Every complete event in metrics.jsonl, streamed (for plots; ``status`` uses the tail)."""
     path = Path(run_dir) / METRICS_FILE

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -325,8 +324,3 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
         }
     )
     return _result(states, errors, calls)
-
-
-def slurm_available() -> bool:
-    """True if the Slurm client tools are on PATH (not whether a controller answers)."""
-    return shutil.which("squeue") is not None

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.job_states import JobState
 from orchestrator.local_state import local_state
 from orchestrator.run_dir import last_complete_checkpoint, write_cancel_marker
-from orchestrator.run_summary import complete_lines, count_resumes, iter_lines_reversed, summarize, tail_lines
+from orchestrator.run_summary import count_resumes, iter_lines_reversed, summarize
 
 
 def train_event(step: int, t: float, max_steps: int = 100, **kw: Any) -> dict[str, Any]:
@@ -175,32 +175,6 @@ def test_checkpoint_marker_cannot_point_outside(tmp_path: Path) -> None:
     d.mkdir(parents=True)
     (d / "COMPLETE.json").write_text(json.dumps({"step": 1, "files": {"../../../outside.bin": 4}}))
     assert last_complete_checkpoint(rd) is None
-
-
-def test_complete_lines_drops_cut_first_and_torn_last() -> None:
-    assert complete_lines(b"cut line\nA\nB\ntorn", from_file_start=False) == [b"A", b"B"]
-    assert complete_lines(b"A\nB\n", from_file_start=True) == [b"A", b"B"]
-    assert complete_lines(b"torn only", from_file_start=True) == []
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    lines=st.lists(
-        st.text(
-            alphabet=st.characters(blacklist_characters="\n\r", blacklist_categories=["Cs"]), max_size=30
-        ),
-        max_size=60,
-    ),
-    k=st.integers(min_value=0, max_value=70),
-    chunk=st.integers(min_value=1, max_value=64),
-)
-def test_tail_lines_matches_naive(
-    tmp_path_factory: pytest.TempPathFactory, lines: list[str], k: int, chunk: int
-) -> None:
-    path = tmp_path_factory.mktemp("tail") / "f.log"
-    path.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
-    expected = lines[-k:] if k else []
-    assert tail_lines(path, k, chunk=chunk) == expected
 
 
 # ---------------------------------------------------------------- local job state

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     sig = parse_signal(args.signal) if args.signal else None
     with Registry.open() as registry:
         job = registry.get(args.job)
-        successor = registry.successors([job.job_id]).get(job.job_id)
-        if successor is not None:
+        successor = registry.run_of(job.job_id).newest_job_id
+        if successor != job.job_id:
             # Its run directory belongs to the new job now: a cancel marker written there would stop
             # that job from requeueing after a preemption.
             raise UserError(

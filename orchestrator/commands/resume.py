@@ -17,6 +17,7 @@ from orchestrator.errors import UserError
 from orchestrator.options import OPTIONS
 from orchestrator.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.profiles import load_profile
+from orchestrator.schedulers import get_scheduler
 from orchestrator.strategies import STRATEGIES
 
 
@@ -55,6 +56,10 @@ def resume_plan(previous: LaunchPlan, args: argparse.Namespace) -> LaunchPlan:
         job_name=previous.job_name,
         time_limit=previous.time_limit if args.profile is None else None,
         max_requeues=previous.max_requeues,
+        # What earlier attempts learned about the cluster stays: a lost node is still excluded, and
+        # --auto-resume still applies (the exclusions only where they name this cluster's nodes).
+        auto_resume=previous.auto_resume and get_scheduler(profile.scheduler).can_lose_nodes,
+        exclude_nodes=previous.exclude_nodes if args.profile is None else (),
     )
 
 
@@ -77,7 +82,7 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
     run's newest job (this one, or the one its run went on in) must be over first."""
     from orchestrator.scheduler_query import refresh_states
 
-    newest = registry.successors([job_id]).get(job_id, job_id)
+    newest = registry.run_of(job_id).newest_job_id
     record = registry.get(newest)
     st = refresh_states(registry, [record]).states.get(newest)
     state = st.state if st is not None else record.last_state
@@ -91,7 +96,7 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.registry import Registry
-    from orchestrator.run_dir import last_complete_checkpoint, read_job_json
+    from orchestrator.run_dir import JOB_FILE, last_complete_checkpoint, read_current_plan_json
     from orchestrator.submission import submit
 
     registry = Registry.open()
@@ -100,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(job.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"job {args.job_id}: run directory {run_dir} no longer exists")
-    data = read_job_json(run_dir)
+    data = read_current_plan_json(run_dir)
     if not data:
-        raise UserError(f"job {args.job_id}: {run_dir / 'job.json'} is missing or unreadable")
+        raise UserError(f"job {args.job_id}: {run_dir / JOB_FILE} is missing or unreadable")
     previous = LaunchPlan.from_json(data)
     checkpoint = last_complete_checkpoint(run_dir)
     if checkpoint is None:
