@@ -73,7 +73,9 @@ class TrainingOptions:
     offload: bool = option(False, fsdp_only=True, help="FSDP CPU offload")
     """Keep parameters and optimizer state in host memory: trades step time for GPU memory. FSDP's
     offload pins memory, so it needs GPUs even though the data lands on the CPU."""
-    wrap_cls: str | None = option(None, fsdp_only=True, metavar="NAME", help="layer class wrapped as one FSDP unit")
+    wrap_cls: str | None = option(
+        None, fsdp_only=True, metavar="NAME", help="layer class wrapped as one FSDP unit"
+    )
     """Layer class wrapped as one FSDP unit (TRANSFORMER_BASED_WRAP), e.g. ``TransformerBlock``.
     None: size-based wrapping, which needs no knowledge of the model."""
     state_dict: str = option("sharded", choices=("sharded", "full"), help="default: sharded")

@@ -103,7 +103,9 @@ def _check_port_range(start: int, end: int) -> None:
         raise ValueError(f"end ({end}) must be >= start ({start})")
 
 
-def _check_profile(scheduler: str, partition: str | None, procs_per_node: int | None, gpus_per_node: int) -> None:
+def _check_profile(
+    scheduler: str, partition: str | None, procs_per_node: int | None, gpus_per_node: int
+) -> None:
     if scheduler == "slurm" and not partition:
         raise ValueError("partition: required when scheduler is 'slurm'")
     if procs_per_node and gpus_per_node and procs_per_node > gpus_per_node:
@@ -134,7 +136,8 @@ class _Record:
         super().__init_subclass__()
         if dataclasses.is_dataclass(cls):
             cls.model_fields = {
-                f.name: _REQUIRED if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(cls)
+                f.name: _REQUIRED if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(cls)
             }
             return
         names = [n for n in cls.__dict__.get("__annotations__", {}) if not n.startswith("_")]
@@ -293,4 +296,3 @@ class ClusterProfile(_Record):
     @property
     def supports_fp16(self) -> bool:
         return self.gpus_per_node > 0
-

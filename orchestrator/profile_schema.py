@@ -115,7 +115,6 @@ def _scalar_map(value: Any) -> bool:
 _line = _optional(_all(_valid_str, _passes(_check_single_line)))
 
 
-
 def _type_check(annotation: Any) -> Callable[[Any], bool]:
     """The fast check of a plain annotation; an unknown one is a declaration error, found at import."""
     if annotation is bool:
@@ -125,7 +124,11 @@ def _type_check(annotation: Any) -> Callable[[Any], bool]:
     if annotation is int:
         return _int_range(-_I64, _I64 - 1)
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+    if (
+        typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        and len(args) == 2
+        and type(None) in args
+    ):
         return _optional(_type_check(next(a for a in args if a is not type(None))))
     raise TypeError(f"no fast check for the annotation {annotation!r}")
 
@@ -166,7 +169,9 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
 _FAST_AFTER: dict[type[_Record], Callable[[dict[str, Any]], None]] = {
     NodeLimits: lambda v: _check_node_limits(v["default"], v["max"]),
     PortRange: lambda v: _check_port_range(v["start"], v["end"]),
-    ClusterProfile: lambda v: _check_profile(v["scheduler"], v["partition"], v["procs_per_node"], v["gpus_per_node"]),
+    ClusterProfile: lambda v: _check_profile(
+        v["scheduler"], v["partition"], v["procs_per_node"], v["gpus_per_node"]
+    ),
 }
 
 
@@ -300,7 +305,9 @@ def schema() -> dict[str, type[BaseModel]]:
         def _slurm_time(cls, value: str) -> str:
             return _check_slurm_time(value)
 
-        @field_validator("partition", "account", "qos", "constraint", "gpu_type", "time_limit", "network_interface")
+        @field_validator(
+            "partition", "account", "qos", "constraint", "gpu_type", "time_limit", "network_interface"
+        )
         @classmethod
         def _single_line(cls, value: str | None) -> str | None:
             return _check_single_line(value)
@@ -330,7 +337,13 @@ def schema() -> dict[str, type[BaseModel]]:
             _check_profile(self.scheduler, self.partition, self.procs_per_node, self.gpus_per_node)
             return self
 
-    models: list[type[BaseModel]] = [NodeLimits, PortRange, PreTimeoutSignal, TrainingDefaults, ClusterProfile]
+    models: list[type[BaseModel]] = [
+        NodeLimits,
+        PortRange,
+        PreTimeoutSignal,
+        TrainingDefaults,
+        ClusterProfile,
+    ]
     return {m.__name__: m for m in models}
 
 
@@ -439,4 +452,3 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
         annotation = current.model_fields[part].annotation
         current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     return current
-

@@ -131,7 +131,9 @@ def parse_profile(text: str, source: str) -> ClusterProfile:
     if data is None:
         raise UserError(f"{source}: (top level): expected a mapping of profile keys, got an empty file")
     if not isinstance(data, dict):
-        raise UserError(f"{source}: (top level): expected a mapping of profile keys, got {type(data).__name__}")
+        raise UserError(
+            f"{source}: (top level): expected a mapping of profile keys, got {type(data).__name__}"
+        )
     bad_keys = [k for k in data if not isinstance(k, str)]
     if bad_keys:
         raise UserError(f"{source}: (top level): expected string keys, got {bad_keys[0]!r}")
@@ -216,7 +218,9 @@ def load_profile(
     if any(ord(ch) < 32 or ch == "\x7f" for ch in path.stem):
         # The name lands on comment lines of the sbatch script and the Accelerate config:
         # a newline there would turn the rest of the file name into shell code.
-        raise UserError(f"{display_path(path)!r}: profile file name: expected a name without control characters")
+        raise UserError(
+            f"{display_path(path)!r}: profile file name: expected a name without control characters"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

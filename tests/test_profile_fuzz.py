@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import UserError
+from orchestrator.options import OPTIONS
 from orchestrator.plan import build_plan, merge_options
 from orchestrator.profiles import (
     ClusterProfile,
@@ -30,7 +31,6 @@ from orchestrator.profiles import (
     parse_profile,
 )
 from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
-from orchestrator.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "cluster_profiles/fuzz.yaml"
@@ -87,8 +87,8 @@ plausible = st.one_of(
         st.sampled_from(["default", "max", "start", "end", "name", "seconds_before"]), small_ints, max_size=3
     ),
     st.dictionaries(
-        st.sampled_from(["strategy", "fsdp_version", "mixed_precision", "offload", "wrap_cls"]),
-        st.sampled_from([*STRATEGIES, 1, 2, 3, "bf16", "fp16", "fp8", True, None, "Block"]),
+        st.sampled_from([o.name for o in OPTIONS]),
+        st.sampled_from([*(c for o in OPTIONS for c in o.spec.choices), 3, "fp8", True, None, "Block"]),
         max_size=4,
     ),  # fmt: skip
     st.dictionaries(
@@ -110,6 +110,7 @@ profile_like = st.fixed_dictionaries(
         "signal": st.one_of(model_dict(PreTimeoutSignal), any_value),
         "defaults": st.one_of(model_dict(TrainingDefaults), any_value),
         "gpu_type": st.one_of(st.sampled_from(["a100", "v100", "h100"]), any_value),
+        "python": st.one_of(st.sampled_from(["python3", "/opt/venv/bin/python", "py\nthon", ""]), any_value),
         "env": st.one_of(
             st.dictionaries(text, st.one_of(text, small_ints, st.booleans()), max_size=3), any_value
         ),

@@ -113,6 +113,44 @@ def test_several_problems_one_line_each() -> None:
     assert all(line.startswith("p.yaml: ") for line in lines)
 
 
+def test_python_key() -> None:
+    """The node-side interpreter: None (the submitting one) unless the profile names one."""
+    assert parse_profile("scheduler: local\n", "p.yaml").python is None
+    for value in ("python3", "/shared/venvs/train/bin/python"):
+        profile = parse_profile(f"scheduler: local\npython: {value}\n", "p.yaml")
+        assert profile.python == value
+        assert ClusterProfile.model_validate(profile.model_dump(mode="json"), strict=False) == profile
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('python: "py\\nthon"', "a non-empty single-line path or command name"),
+        ('python: ""', "a non-empty single-line path or command name"),
+        ("python: 3", "a string"),
+        ("pyhton: python3", "unknown key (did you mean 'python'?)"),
+    ],
+)
+def test_python_key_refused_with_the_key_named(text: str, expected: str) -> None:
+    with pytest.raises(UserError) as err:
+        parse_profile(f"scheduler: local\n{text}\n", "p.yaml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("p.yaml: py") and expected in message, message
+
+
+def test_cli_refuses_bad_python_key(tmp_path: Path) -> None:
+    """Exit 2, one line naming the file and key, no traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_text('scheduler: local\npython: ""\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "render", "--profile", str(path), "--", "train/train.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "bad.yaml: python: expected a non-empty single-line path" in proc.stderr.strip(), proc.stderr
+
+
 # ---------------------------------------------------------------------------- search order
 
 
