@@ -11,12 +11,12 @@ flag's type), ``fsdp_only`` (meaningless for ddp: a profile's value applies to F
 only, a command-line value is refused for ddp), ``help`` (the flag's help) and ``metavar`` (for
 free strings). The type is the field's annotation: ``bool`` becomes a ``--x/--no-x`` flag.
 
-Standard library only, and no ``from __future__ import annotations``: the derivations read the
-annotations as objects, and this module is imported on every CLI start.
+Standard library only: this module is imported on every CLI start.
 """
 
 import argparse
 import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -117,12 +117,13 @@ class Option:
 
 
 def _declared() -> tuple[Option, ...]:
+    hints = typing.get_type_hints(TrainingOptions)  # annotations as objects, even if written as strings
     found = []
     for f in dataclasses.fields(TrainingOptions):
         spec = f.metadata.get(_KEY)
         if not isinstance(spec, OptionSpec):
             raise TypeError(f"TrainingOptions.{f.name}: declare it with option(...)")
-        found.append(Option(f.name, f.type, f.default, spec))
+        found.append(Option(f.name, hints[f.name], f.default, spec))
     return tuple(found)
 
 
