@@ -20,6 +20,7 @@ import re
 from typing import Any, ClassVar, Literal, TypeVar
 
 from orchestrator.options import TrainingOptions
+from orchestrator.schedulers import SchedulerName
 
 #: Slurm accepts these time formats for --time; we accept the same, minus the
 #: rarely used "minutes:seconds" (ambiguous with hours:minutes to a human).
@@ -106,8 +107,10 @@ def _check_port_range(start: int, end: int) -> None:
 def _check_profile(
     scheduler: str, partition: str | None, procs_per_node: int | None, gpus_per_node: int
 ) -> None:
-    if scheduler == "slurm" and not partition:
-        raise ValueError("partition: required when scheduler is 'slurm'")
+    from orchestrator.schedulers import get_scheduler
+
+    if get_scheduler(scheduler).needs_partition and not partition:
+        raise ValueError(f"partition: required when scheduler is '{scheduler}'")
     if procs_per_node and gpus_per_node and procs_per_node > gpus_per_node:
         raise ValueError(f"procs_per_node: {procs_per_node} is more than gpus_per_node ({gpus_per_node})")
 
@@ -233,7 +236,7 @@ class ClusterProfile(_Record):
 
     description: str = ""
     """One line shown by ``orchestrator profiles list``."""
-    scheduler: Literal["slurm", "local"]
+    scheduler: SchedulerName
     """``slurm`` submits through sbatch; ``local`` runs simulated nodes on this machine."""
     partition: str | None = None
     """Slurm partition (``--partition``); required for slurm profiles."""

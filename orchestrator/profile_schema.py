@@ -44,6 +44,7 @@ from orchestrator.profile_records import (
     _check_slurm_time,
     _Record,
 )
+from orchestrator.schedulers import SCHEDULER_NAMES, SchedulerName
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
@@ -144,7 +145,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
     TrainingDefaults: {o.name: _option_check(o) for o in OPTIONS},
     ClusterProfile: {
         "description": _valid_str,
-        "scheduler": _choice("slurm", "local"),
+        "scheduler": _choice(*SCHEDULER_NAMES),
         "partition": _line,
         "account": _line,
         "qos": _line,
@@ -276,7 +277,7 @@ def schema() -> dict[str, type[BaseModel]]:
 
     class ClusterProfile(_Strict):
         description: str = ""
-        scheduler: Literal["slurm", "local"]
+        scheduler: SchedulerName
         partition: str | None = None
         account: str | None = None
         qos: str | None = None

@@ -46,6 +46,7 @@ from orchestrator.registry_schema import (
     retry_when_locked,
     schema_version,
 )
+from orchestrator.schedulers import SCHEDULER_NAMES
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -181,7 +182,7 @@ class Registry:
         restart at 1 after a cluster state wipe, and silently overwriting an old job's row would
         point ``status`` at the wrong run directory.
         """
-        if scheduler not in ("slurm", "local"):
+        if scheduler not in SCHEDULER_NAMES:
             raise UserError(f"scheduler must be 'slurm' or 'local', not {scheduler!r}")
         now = time.time() if submitted_at is None else submitted_at
         run_dir_s = str(Path(run_dir).expanduser().absolute())

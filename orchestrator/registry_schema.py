@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState
+from orchestrator.schedulers import SchedulerName
 
-SchedulerKind = Literal["slurm", "local"]
+SchedulerKind = SchedulerName
 #: Writers wait this long for the lock before giving up. Long enough for a burst of submits.
 BUSY_TIMEOUT_MS = 30_000
 _T = TypeVar("_T")

@@ -21,17 +21,14 @@ shard and replicate group sizes, local shard sizes), both before the first step.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.run_dir import EXIT_SELFCHECK, write_exit_status
 from orchestrator.strategies import STRATEGIES as STRATEGY_TABLE
 from orchestrator.strategies import STRATEGY_NAMES
-
-EXIT_SELFCHECK = 3
 
 #: The strategy facts the checks compare against: orchestrator's own table, so a strategy added
 #: there is checked here too.
@@ -396,9 +393,7 @@ def fail(problems: list[str], exp: Expectation, found: str, run_dir: str | None,
     if run_dir and rank == 0:
         try:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
-            (Path(run_dir) / "exit_status.json").write_text(
-                json.dumps({"code": EXIT_SELFCHECK, "reason": "selfcheck", "problems": problems, "time": time.time()})
-            )
+            write_exit_status(Path(run_dir), EXIT_SELFCHECK, "selfcheck", problems=problems)
         except OSError:
             pass
     sys.stdout.flush()

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from orchestrator.schedulers.base import Scheduler
 
-#: name -> "module:class". A new scheduler is one entry here plus its module.
+#: The profile's ``scheduler`` values (profiles, their schema and the registry take them from here).
+SchedulerName = Literal["slurm", "local"]
+SCHEDULER_NAMES: tuple[str, ...] = get_args(SchedulerName)
+#: name -> "module:class". A new scheduler is its name above, one entry here, and its module.
 IMPLEMENTATIONS: dict[str, str] = {
     "slurm": "orchestrator.schedulers.slurm:SlurmScheduler",
     "local": "orchestrator.schedulers.local:LocalScheduler",
 }
-SCHEDULER_NAMES: tuple[str, ...] = tuple(IMPLEMENTATIONS)
 
 
 @cache

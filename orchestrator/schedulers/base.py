@@ -61,6 +61,8 @@ class Scheduler(ABC):
     name: ClassVar[str]
     can_lose_nodes: ClassVar[bool]
     """Whether a node can die under a job (and ``--auto-resume`` can exclude it)."""
+    needs_partition: ClassVar[bool]
+    """Whether a profile must name a partition (a profile check, before anything is rendered)."""
     writes_batch_script: ClassVar[bool]
     """Whether :meth:`dryrun`'s text is a batch script worth showing in ``render``."""
 

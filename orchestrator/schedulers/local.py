@@ -175,6 +175,7 @@ def signal_local_process(pid: int, sig: signal.Signals) -> int:
 
 class LocalScheduler(Scheduler):
     name = "local"
+    needs_partition = False
     can_lose_nodes = False
     writes_batch_script = False
 

@@ -200,6 +200,7 @@ def _template_executor(request: Request) -> Any:
 
 class SlurmScheduler(Scheduler):
     name = "slurm"
+    needs_partition = True
     can_lose_nodes = True
     writes_batch_script = True
 
