@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import run_dir
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 PACKAGE = REPO / "orchestrator"
 SCHEDULERS = PACKAGE / "schedulers"
@@ -115,36 +115,6 @@ def test_the_run_dir_contract_needs_only_the_standard_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['orchestrator', 'orchestrator.run_dir']"
-
-
-def test_the_layout_names_every_file_name_the_contract_declares() -> None:
-    doc = run_dir.__doc__ or ""
-    names = {
-        value
-        for key, value in vars(run_dir).items()
-        if key.isupper() and isinstance(value, str) and (key.endswith(("_FILE", "_DIR", "_MARKER")))
-    }
-    assert names and {n for n in names if n not in doc} == set()
-
-
-def test_attempt_numbers_continue_across_submissions(tmp_path: Path) -> None:
-    assert run_dir.next_attempt(tmp_path) == 0
-    run_dir.write_plan(tmp_path, 0, {"nodes": 2})
-    assert run_dir.next_attempt(tmp_path) == 1  # planned, even before any node logged
-    run_dir.attempt_dir(tmp_path, run_dir.attempt_number(0, 2)).mkdir(parents=True)  # requeued twice
-    assert run_dir.next_attempt(tmp_path) == 3
-    run_dir.write_plan(tmp_path, 3, {"nodes": 4})
-    assert run_dir.read_current_plan_json(tmp_path)["nodes"] == 4
-    assert run_dir.read_plan_json(tmp_path, 0) == {"nodes": 2, "attempt_base": 0}
-
-
-def test_current_plan_of_a_run_directory_from_before_attempt_files(tmp_path: Path) -> None:
-    """Older run directories kept the first plan in job.json and later ones in job.attempt_<A>.json."""
-    (tmp_path / "job.json").write_text(json.dumps({"nodes": 2}))
-    (tmp_path / "job.attempt_3.json").write_text(json.dumps({"nodes": 4}))
-    assert run_dir.read_current_plan_json(tmp_path)["nodes"] == 4
-    assert run_dir.read_plan_json(tmp_path, 0) == {"nodes": 2}
-    assert run_dir.next_attempt(tmp_path) == 4
 
 
 def test_every_scheduler_name_has_its_implementation() -> None:

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import train_launch as tl
 
+from tests.helpers import train_launch as tl
 from train import checkpointing
 
 STEPS = 10

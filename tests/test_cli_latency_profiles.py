@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from orchestrator import profile_records as R
 from orchestrator import profile_schema as S
 from orchestrator import profiles as P
-from tests.test_profile_fuzz import FAST, documents, profile_like
+from tests.helpers.profile_docs import FAST, documents, profile_like
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = [P.NodeLimits, P.PortRange, P.PreTimeoutSignal, P.TrainingDefaults, P.ClusterProfile]

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.run_summary import summarize
 from orchestrator.summary_cache import SummaryCache
-from tests.test_run_dir import make_checkpoint, train_event, write_metrics
+from tests.helpers.run_dirs import make_checkpoint, train_event, write_metrics
 
 _AGES = itertools.count(1)
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.slurm_cluster import (
+from tests.helpers.slurm_cluster import (
     kill_node_processes,
     require_cluster,
     revive_nodes,

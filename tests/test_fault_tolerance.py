@@ -32,8 +32,8 @@ import yaml
 from orchestrator.auto_resume import read_decisions
 from orchestrator.run_dir import last_complete_checkpoint
 from orchestrator.run_summary import iter_metrics
-from tests.conftest import REPO, kill_tree, poll, run_cli, sacct_state
-from tests.slurm_cluster import (
+from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state
+from tests.helpers.slurm_cluster import (
     kill_node_processes,
     revive_nodes,
     slurm,

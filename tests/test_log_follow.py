@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from orchestrator.job_states import JobState
 from orchestrator.log_follow import LogFollower, LogLine
 from orchestrator.registry import Registry
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 def log_path(run_dir: Path, attempt: int, node: int) -> Path:

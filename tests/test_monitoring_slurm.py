@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
+from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
 
 pytestmark = pytest.mark.slurm
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")

@@ -12,7 +12,7 @@ from orchestrator.errors import RunFailure
 from orchestrator.job_states import JobState
 from orchestrator.plotting import load_series, plot_run
 from orchestrator.registry import Registry
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

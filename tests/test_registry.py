@@ -15,7 +15,7 @@ import pytest
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState
 from orchestrator.registry import MIGRATIONS, SCHEMA_VERSION, Registry
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 def _add(reg: Registry, job_id: str, **kw: object) -> None:

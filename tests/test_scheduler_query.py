@@ -23,7 +23,7 @@ import pytest
 from orchestrator.job_states import JobState
 from orchestrator.registry import Registry, SchedulerKind
 from orchestrator.scheduler_query import parse_sacct, parse_squeue, query_states, refresh_states, run_bounded
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 REAL_SQUEUE = shutil.which("squeue")
 REAL_SACCT = shutil.which("sacct")

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import REPO, job_and_run_dir, run_cli, sacct_state, train_losses
+from tests.helpers.cli import REPO, job_and_run_dir, run_cli, sacct_state, train_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TRAIN = str(REPO / "train" / "train.py")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, poll, run_cli
+from tests.helpers.cli import REPO, poll, run_cli
 
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
 
 pytestmark = pytest.mark.slurm
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")

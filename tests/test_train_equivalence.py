@@ -3,7 +3,7 @@
 Each batch is a pure function of (seed, sample index), so at one world size every
 correct strategy (DDP, FSDP1 any sharding, FSDP2, HSDP) gives the same losses to
 4 decimals; one that does not synchronise gradients diverges at once. Runs go
-through the orchestrator's rendered Accelerate configs (tests/train_launch.py).
+through the orchestrator's rendered Accelerate configs (tests/helpers/train_launch.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import train_launch as tl
+
+from tests.helpers import train_launch as tl
 
 STEPS = 20
 ARGS = ("--max-steps", str(STEPS))

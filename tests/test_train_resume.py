@@ -2,7 +2,7 @@
 
 The interrupted runs are killed (the whole process tree, SIGKILL) as soon as the
 step-10 checkpoint's marker exists, then relaunched; the uninterrupted 20-step
-baselines are shared with test_train_equivalence.py (tests/train_launch.py caches runs).
+baselines are shared with test_train_equivalence.py (tests/helpers/train_launch.py caches runs).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import signal
 from pathlib import Path
 
 import pytest
-import train_launch as tl
 
+from tests.helpers import train_launch as tl
 from train import checkpointing
 
 STEPS = 20

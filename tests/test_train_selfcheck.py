@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import pytest
-import train_launch as tl
 
+from tests.helpers import train_launch as tl
 from train import selfcheck
 
 ORCHESTRATOR_EXPECTATIONS = (

@@ -6,7 +6,7 @@ and stops the cluster afterwards.
 
 This is a plain module, not a conftest: import what you need, e.g.::
 
-    from tests.slurm_cluster import require_cluster, wait_for_job_state
+    from tests.helpers.slurm_cluster import require_cluster, wait_for_job_state
 
 Every wait here polls a condition with a deadline; none sleeps as a means of synchronisation.
 """
@@ -26,7 +26,7 @@ import pytest
 ENV_FLAG = "ORCHESTRATOR_TEST_CLUSTER"
 ENV_PREFIX = "ORCHESTRATOR_TEST_CLUSTER_"
 DEFAULT_BASE = "/tmp/orchestrator-slurm"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPTS = REPO_ROOT / "tests" / "cluster"
 
 #: Job states after which a job never runs again by itself. NODE_FAIL and PREEMPTED are left out:

@@ -10,7 +10,7 @@ by a timeout, and teardown kills the whole psutil process tree of every launcher
 
 Usable by hand too::
 
-    python tests/train_launch.py --strategy full_shard --fsdp-version 2 --nodes 1 --procs 2 -- --max-steps 20
+    python -m tests.helpers.train_launch --strategy full_shard --fsdp-version 2 --nodes 1 --procs 2 -- --max-steps 20
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 SCRIPT = "train/train.py"

@@ -1,0 +1,100 @@
+"""Running the CLI and waiting for things, with bounded timeouts everywhere."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """Run `python -m orchestrator ARGS` with a hard timeout; the whole process group dies on timeout."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"orchestrator {' '.join(args)} did not finish in {timeout} s\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+def kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+def sacct_state(job_id: str, timeout: float = 60.0) -> str:
+    """Final job state from accounting, polled with a deadline (slurmdbd records asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["sacct", "-nXP", "-j", job_id, "-o", "State"], capture_output=True, text=True, timeout=15
+        ).stdout.strip()
+        state = out.splitlines()[-1].split()[0] if out else ""
+        if state and state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"):
+            return state
+        time.sleep(0.5)
+    return state
+
+def job_and_run_dir(submit_stdout: str) -> tuple[str, Path]:
+    """Job id and run directory from what `orchestrator submit` prints."""
+    job_id = submit_stdout.split("submitted job ")[1].split()[0]
+    return job_id, Path(submit_stdout.split("run directory ")[1].split()[0])
+
+def user_profile_dir(tmp_path: Path, **overrides: object) -> Path:
+    """A user profile folder whose slurm_test overrides the built-in one by name."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+    data.update(overrides)
+    folder = tmp_path / "profiles"
+    folder.mkdir(exist_ok=True)
+    (folder / "slurm_test.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+def train_losses(run_dir: Path) -> list[float]:
+    """Losses of the train events rank 0 wrote into metrics.jsonl, in order."""
+    import json
+
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [e["loss"] for e in events if e.get("event") == "train"]
+
+def poll(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.3,
+         diagnostics: Callable[[], str] | None = None) -> T:
+    """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = diagnostics() if diagnostics else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{extra}")
+        time.sleep(interval)
