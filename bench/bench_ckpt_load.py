@@ -33,22 +33,77 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
-TRAIN_ARGS = ["--preset", "base", "--data", "synthetic", "--max-steps", "1", "--ckpt-every", "1", "--keep-last", "2",
-              "--log-every", "1000", "--batch-size", "1", "--seq-len", "16", "--eval-batches", "1", "--warmup-steps", "1"]
+TRAIN_ARGS = [
+    "--preset",
+    "base",
+    "--data",
+    "synthetic",
+    "--max-steps",
+    "1",
+    "--ckpt-every",
+    "1",
+    "--keep-last",
+    "2",
+    "--log-every",
+    "1000",
+    "--batch-size",
+    "1",
+    "--seq-len",
+    "16",
+    "--eval-batches",
+    "1",
+    "--warmup-steps",
+    "1",
+]
 
 
 def render(out: Path, env: dict, state_dict: str) -> Path:
-    subprocess.run([PY, "-m", "orchestrator", "render", "--profile", "local", "--nodes", "1", "--procs-per-node", "2",
-                    "--strategy", "full_shard", "--wrap-cls", "TransformerBlock", "--state-dict", state_dict,
-                    "--out", str(out), "--", "train/train.py"], env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            PY,
+            "-m",
+            "orchestrator",
+            "render",
+            "--profile",
+            "local",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "2",
+            "--strategy",
+            "full_shard",
+            "--wrap-cls",
+            "TransformerBlock",
+            "--state-dict",
+            state_dict,
+            "--out",
+            str(out),
+            "--",
+            "train/train.py",
+        ],
+        env=env,
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return next(out.glob("accelerate_config*.yaml"))
 
 
 def launch(cfg: Path, run_dir: Path, env: dict, port: int) -> str:
     acc = shutil.which("accelerate") or "accelerate"
     env = dict(env, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
-    cmd = [acc, "launch", "--config_file", str(cfg), "--main_process_port", str(port), "train/train.py", *TRAIN_ARGS,
-           "--run-dir", str(run_dir)]
+    cmd = [
+        acc,
+        "launch",
+        "--config_file",
+        str(cfg),
+        "--main_process_port",
+        str(port),
+        "train/train.py",
+        *TRAIN_ARGS,
+        "--run-dir",
+        str(run_dir),
+    ]
     res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr[-3000:]}")
@@ -78,8 +133,13 @@ def one(kind: str, cfg: Path, run_dir: Path, env: dict, port, load: bool = True)
         launch(cfg, run_dir, env, port())
         load_s = float(json.loads((run_dir / "loaded.json").read_text())["load_s"])
     read_s = raw_read(folder)
-    return {"save_s": float(m.group(1)), "load_s": load_s, "bytes": nbytes, "raw_read_s": read_s,
-            "files": len(marker["files"])}
+    return {
+        "save_s": float(m.group(1)),
+        "load_s": load_s,
+        "bytes": nbytes,
+        "raw_read_s": read_s,
+        "files": len(marker["files"]),
+    }
 
 
 def raw_write_per_rank(folder: Path, nbytes: int, ranks: int = 2, chunk: int = 8 << 20) -> float:
@@ -112,10 +172,15 @@ def raw_write_per_rank(folder: Path, nbytes: int, ranks: int = 2, chunk: int = 8
     return wall
 
 
-def bench_ckpt_base(tmp: Path, reps: int, env: dict, free_port, raw_write, log=print, full_load: bool = True) -> dict:
+def bench_ckpt_base(
+    tmp: Path, reps: int, env: dict, free_port, raw_write, log=print, full_load: bool = True
+) -> dict:
     """``full_load=False`` (``--quick``) skips loading the full-state-dict checkpoint (one launch less)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    cfgs = {"sharded": render(tmp / "cfg_sharded", env, "sharded"), "full": render(tmp / "cfg_full", env, "full")}
+    cfgs = {
+        "sharded": render(tmp / "cfg_sharded", env, "sharded"),
+        "full": render(tmp / "cfg_full", env, "full"),
+    }
     runs: dict[str, list[dict]] = {"sharded": [], "full": []}
     raw_w: list[float] = []
     raw_ranks: list[float] = []
@@ -126,7 +191,9 @@ def bench_ckpt_base(tmp: Path, reps: int, env: dict, free_port, raw_write, log=p
             n += 1
             log(f"checkpoints (base): {kind} save + load, repetition {r + 1}")
             run_dir = tmp / f"run{n}_{kind}"
-            runs[kind].append(one(kind, cfgs[kind], run_dir, env, free_port, load=kind == "sharded" or full_load))
+            runs[kind].append(
+                one(kind, cfgs[kind], run_dir, env, free_port, load=kind == "sharded" or full_load)
+            )
             shutil.rmtree(run_dir, ignore_errors=True)  # 1.5 GB each
         raw_w.append(raw_write(tmp / "raw.bin", runs["sharded"][-1]["bytes"]))
         raw_ranks.append(raw_write_per_rank(tmp, runs["sharded"][-1]["bytes"]))
@@ -134,8 +201,12 @@ def bench_ckpt_base(tmp: Path, reps: int, env: dict, free_port, raw_write, log=p
     def med(xs):
         return statistics.median(xs)
 
-    res: dict = {"preset": "base", "strategy": "full_shard (FSDP2, wrap TransformerBlock), 2 ranks, CPU", "reps": reps,
-                 "train_args": TRAIN_ARGS}
+    res: dict = {
+        "preset": "base",
+        "strategy": "full_shard (FSDP2, wrap TransformerBlock), 2 ranks, CPU",
+        "reps": reps,
+        "train_args": TRAIN_ARGS,
+    }
     nbytes = med([x["bytes"] for x in runs["sharded"]])
     raw_s = med(raw_w)
     res["raw_write_fsync_median_s"] = round(raw_s, 3)
@@ -151,11 +222,16 @@ def bench_ckpt_base(tmp: Path, reps: int, env: dict, free_port, raw_write, log=p
         loads = [x["load_s"] for x in rows if x["load_s"] is not None]
         ld = med(loads) if loads else None
         res[kind] = {
-            "bytes": int(b), "files": rows[0]["files"],
-            "save_median_s": round(s, 3), "save_all_s": [x["save_s"] for x in rows], "save_MBps": round(b / s / 1e6, 1),
-            "load_median_s": round(ld, 3) if ld else None, "load_all_s": [round(x, 3) for x in loads],
+            "bytes": int(b),
+            "files": rows[0]["files"],
+            "save_median_s": round(s, 3),
+            "save_all_s": [x["save_s"] for x in rows],
+            "save_MBps": round(b / s / 1e6, 1),
+            "load_median_s": round(ld, 3) if ld else None,
+            "load_all_s": [round(x, 3) for x in loads],
             "load_MBps": round(b / ld / 1e6, 1) if ld else None,
-            "raw_read_median_s": round(rd, 3), "raw_read_MBps": round(b / rd / 1e6, 1),
+            "raw_read_median_s": round(rd, 3),
+            "raw_read_MBps": round(b / rd / 1e6, 1),
             "save_vs_raw_write": round((b / s) / (nbytes / raw_s), 3),
             "save_vs_raw_write_2_writers": round((b / s) / (nbytes / raw_ranks_s), 3),
         }
@@ -165,22 +241,35 @@ def bench_ckpt_base(tmp: Path, reps: int, env: dict, free_port, raw_write, log=p
 def goal_rows(c: dict) -> list[dict]:
     s, f = c["sharded"], c["full"]
     return [
-        {"item": f"sharded save, base ({s['bytes'] / 1e9:.2f} GB) vs raw write+fsync (2 writers at once, as the 2 ranks)",
-         "goal": ">= 0.5x raw disk bandwidth",
-         "measured": f"{s['save_median_s']:.2f} s = {s['save_MBps']} MB/s vs raw 2 writers "
-                     f"{c['raw_write_2_writers_median_s']:.2f} s = {c['raw_write_2_writers_MBps']} MB/s "
-                     f"(1 stream: {c['raw_write_fsync_median_s']:.2f} s = {c['raw_write_MBps']} MB/s)",
-         "ratio": f"{s['save_vs_raw_write_2_writers']:.2f}x of disk (1 stream: {s['save_vs_raw_write']:.2f}x)",
-         "met": s["save_vs_raw_write_2_writers"] >= 0.5},
-        {"item": "sharded load, base vs reading its files", "goal": "report",
-         "measured": f"{s['load_median_s']:.2f} s = {s['load_MBps']} MB/s vs raw read {s['raw_read_median_s']:.2f} s = {s['raw_read_MBps']} MB/s (page cache warm)",
-         "ratio": f"{s['load_MBps'] / s['raw_read_MBps']:.2f}x of read", "met": None},
-        {"item": f"full state dict save / load, base ({f['bytes'] / 1e9:.2f} GB, rank 0 writes)", "goal": "report (vs sharded)",
-         "measured": f"save {f['save_median_s']:.2f} s = {f['save_MBps']} MB/s, " + (
-             f"load {f['load_median_s']:.2f} s = {f['load_MBps']} MB/s" if f["load_median_s"] else "load not measured (--quick)"),
-         "ratio": f"sharded save {f['save_median_s'] / s['save_median_s']:.2f}x faster" + (
-             f", load {f['load_median_s'] / s['load_median_s']:.2f}x faster" if f["load_median_s"] else ""),
-         "met": None},
+        {
+            "item": f"sharded save, base ({s['bytes'] / 1e9:.2f} GB) vs raw write+fsync (2 writers at once, as the 2 ranks)",
+            "goal": ">= 0.5x raw disk bandwidth",
+            "measured": f"{s['save_median_s']:.2f} s = {s['save_MBps']} MB/s vs raw 2 writers "
+            f"{c['raw_write_2_writers_median_s']:.2f} s = {c['raw_write_2_writers_MBps']} MB/s "
+            f"(1 stream: {c['raw_write_fsync_median_s']:.2f} s = {c['raw_write_MBps']} MB/s)",
+            "ratio": f"{s['save_vs_raw_write_2_writers']:.2f}x of disk (1 stream: {s['save_vs_raw_write']:.2f}x)",
+            "met": s["save_vs_raw_write_2_writers"] >= 0.5,
+        },
+        {
+            "item": "sharded load, base vs reading its files",
+            "goal": "report",
+            "measured": f"{s['load_median_s']:.2f} s = {s['load_MBps']} MB/s vs raw read {s['raw_read_median_s']:.2f} s = {s['raw_read_MBps']} MB/s (page cache warm)",
+            "ratio": f"{s['load_MBps'] / s['raw_read_MBps']:.2f}x of read",
+            "met": None,
+        },
+        {
+            "item": f"full state dict save / load, base ({f['bytes'] / 1e9:.2f} GB, rank 0 writes)",
+            "goal": "report (vs sharded)",
+            "measured": f"save {f['save_median_s']:.2f} s = {f['save_MBps']} MB/s, "
+            + (
+                f"load {f['load_median_s']:.2f} s = {f['load_MBps']} MB/s"
+                if f["load_median_s"]
+                else "load not measured (--quick)"
+            ),
+            "ratio": f"sharded save {f['save_median_s'] / s['save_median_s']:.2f}x faster"
+            + (f", load {f['load_median_s'] / s['load_median_s']:.2f}x faster" if f["load_median_s"] else ""),
+            "met": None,
+        },
     ]
 
 
@@ -188,5 +277,11 @@ if __name__ == "__main__":  # pragma: no cover - manual run
     sys.path.insert(0, str(REPO / "bench"))
     from run import BASE_ENV, free_port, raw_write_fsync
 
-    print(json.dumps(bench_ckpt_base(Path(os.environ.get("TMPDIR", "/tmp")) / "ckpt_base", 1, BASE_ENV, free_port,
-                                     raw_write_fsync), indent=1))
+    print(
+        json.dumps(
+            bench_ckpt_base(
+                Path(os.environ.get("TMPDIR", "/tmp")) / "ckpt_base", 1, BASE_ENV, free_port, raw_write_fsync
+            ),
+            indent=1,
+        )
+    )

@@ -50,14 +50,41 @@ def formula_bytes(variant: str, psi: int, n: int) -> int:
     return 16 * psi // n
 
 
-FORMULA_TEXT = {"ddp": "16Ψ", "shard_grad_op": "4Ψ + 12Ψ/N", "full_shard": "16Ψ/N", "full_shard+offload": "16Ψ/N"}
+FORMULA_TEXT = {
+    "ddp": "16Ψ",
+    "shard_grad_op": "4Ψ + 12Ψ/N",
+    "full_shard": "16Ψ/N",
+    "full_shard+offload": "16Ψ/N",
+}
 
 
 def render(variant: str, out: Path, env: dict) -> Path:
     strategy, extra = VARIANTS[variant]
-    subprocess.run([PY, "-m", "orchestrator", "render", "--profile", "local", "--nodes", "1", "--procs-per-node", "2",
-                    "--strategy", strategy, *extra, "--out", str(out), "--", "train/train.py"],
-                   env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            PY,
+            "-m",
+            "orchestrator",
+            "render",
+            "--profile",
+            "local",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "2",
+            "--strategy",
+            strategy,
+            *extra,
+            "--out",
+            str(out),
+            "--",
+            "train/train.py",
+        ],
+        env=env,
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     config = next(out.glob("accelerate_config*.yaml"))
     if variant in FORCE_OFFLOAD:
         text = config.read_text()
@@ -69,8 +96,21 @@ def render(variant: str, out: Path, env: dict) -> Path:
 def probe(cfg: Path, preset: str, steps: int, out: Path, env: dict, port: int) -> dict:
     acc = shutil.which("accelerate") or "accelerate"
     env = dict(env, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [acc, "launch", "--config_file", str(cfg), "--main_process_port", str(port), "bench/memory_probe.py",
-           "--preset", preset, "--steps", str(steps), "--out", str(out)]
+    cmd = [
+        acc,
+        "launch",
+        "--config_file",
+        str(cfg),
+        "--main_process_port",
+        str(port),
+        "bench/memory_probe.py",
+        "--preset",
+        preset,
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+    ]
     res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     if res.returncode != 0 or not out.exists():
         raise RuntimeError(f"memory probe {preset} {cfg} failed ({res.returncode}): {res.stderr[-3000:]}")
@@ -89,8 +129,12 @@ def summarise(variant: str, raw: dict) -> dict:
     rss_peak = max(r["hwm_steps"] - r["rss_baseline"] for r in ranks if r["hwm_steps"] is not None)
     rss_lifetime = max(r["ru_maxrss"] - r["rss_baseline"] for r in ranks)
     return {
-        "variant": variant, "preset": raw["preset"], "num_params": psi, "world_size": n,
-        "formula": FORMULA_TEXT[variant], "formula_bytes": formula,
+        "variant": variant,
+        "preset": raw["preset"],
+        "num_params": psi,
+        "world_size": n,
+        "formula": FORMULA_TEXT[variant],
+        "formula_bytes": formula,
         "model_state_bytes": state,
         "model_state_by_kind": ranks[0]["model_state"],
         "params_between_forward_and_backward_bytes": held,
@@ -108,8 +152,15 @@ def summarise(variant: str, raw: dict) -> dict:
     }
 
 
-def bench_memory(tmp: Path, env: dict, presets: list[str], steps: int, free_port, log=print,
-                 skip: AbstractSet[tuple[str, str]] = frozenset()) -> dict:
+def bench_memory(
+    tmp: Path,
+    env: dict,
+    presets: list[str],
+    steps: int,
+    free_port,
+    log=print,
+    skip: AbstractSet[tuple[str, str]] = frozenset(),
+) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     cfgs = {v: render(v, tmp / f"cfg_{v}", env) for v in VARIANTS}
     rows = []
@@ -120,8 +171,12 @@ def bench_memory(tmp: Path, env: dict, presets: list[str], steps: int, free_port
             log(f"memory: {preset} {v}")
             raw = probe(cfg, preset, steps, tmp / f"{preset}_{v}.json", env, free_port())
             rows.append(summarise(v, raw))
-    return {"steps": steps, "batch_size": rows[0]["raw"]["batch_size"] if rows else None,
-            "seq_len": rows[0]["raw"]["seq_len"] if rows else None, "rows": rows}
+    return {
+        "steps": steps,
+        "batch_size": rows[0]["raw"]["batch_size"] if rows else None,
+        "seq_len": rows[0]["raw"]["seq_len"] if rows else None,
+        "rows": rows,
+    }
 
 
 def mb(x: float) -> str:
@@ -132,14 +187,20 @@ def goal_rows(M: dict) -> list[dict]:
     out = []
     for r in M["rows"]:
         is_goal = r["variant"] == "full_shard"
-        out.append({
-            "item": f"memory/rank {r['preset']} ({r['num_params'] / 1e6:.1f}M) {r['variant']}, N={r['world_size']}",
-            "goal": "model state <= 1.2x of 16Ψ/N (fp32)" if is_goal else f"report vs {r['formula']} (fp32)",
-            "measured": (f"model state {mb(r['model_state_bytes'])} (in-step {mb(r['in_step_model_state_bytes'])}); "
-                         f"peak RSS − baseline {mb(r['peak_rss_minus_baseline_bytes'])}; formula {r['formula']} = {mb(r['formula_bytes'])}"),
-            "ratio": f"state {r['model_state_ratio']:.2f}x, in-step {r['in_step_ratio']:.2f}x, RSS {r['rss_ratio']:.2f}x",
-            "met": (r["model_state_ratio"] <= 1.2) if is_goal else None,
-        })
+        out.append(
+            {
+                "item": f"memory/rank {r['preset']} ({r['num_params'] / 1e6:.1f}M) {r['variant']}, N={r['world_size']}",
+                "goal": "model state <= 1.2x of 16Ψ/N (fp32)"
+                if is_goal
+                else f"report vs {r['formula']} (fp32)",
+                "measured": (
+                    f"model state {mb(r['model_state_bytes'])} (in-step {mb(r['in_step_model_state_bytes'])}); "
+                    f"peak RSS − baseline {mb(r['peak_rss_minus_baseline_bytes'])}; formula {r['formula']} = {mb(r['formula_bytes'])}"
+                ),
+                "ratio": f"state {r['model_state_ratio']:.2f}x, in-step {r['in_step_ratio']:.2f}x, RSS {r['rss_ratio']:.2f}x",
+                "met": (r["model_state_ratio"] <= 1.2) if is_goal else None,
+            }
+        )
     return out
 
 
@@ -154,5 +215,6 @@ def table(M: dict) -> list[str]:
             f"| {r['preset']} | {r['variant']} | {r['formula']} | {mb(r['formula_bytes'])} | {mb(k['params'])} | {mb(k['grads'])} | "
             f"{mb(k['optimizer'])} | {mb(r['model_state_bytes'])} | {r['model_state_ratio']:.2f}x | "
             f"{mb(r['params_between_forward_and_backward_bytes'])} | {mb(r['in_step_model_state_bytes'])} | {r['in_step_ratio']:.2f}x | "
-            f"{mb(r['peak_rss_minus_baseline_bytes'])} | {r['rss_ratio']:.2f}x |")
+            f"{mb(r['peak_rss_minus_baseline_bytes'])} | {r['rss_ratio']:.2f}x |"
+        )
     return lines

@@ -101,7 +101,9 @@ def train_events_since_last_resume(run_dir: Path) -> list[dict]:
 
 
 def sacct_attempts(job_id: str) -> list[dict]:
-    res = soak.run("sacct", "-D", "-X", "-P", "-n", "-j", job_id, "-o", "State,Submit,Eligible,Start,End", timeout=30)
+    res = soak.run(
+        "sacct", "-D", "-X", "-P", "-n", "-j", job_id, "-o", "State,Submit,Eligible,Start,End", timeout=30
+    )
     rows = []
     for line in res.stdout.splitlines():
         f = line.split("|")
@@ -131,14 +133,18 @@ def c10d_stamps(node_log: Path) -> dict:
         if key in out:
             continue
         sec = float(m.group(6))
-        t = time.mktime((year, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(sec), 0, 0, -1))
+        t = time.mktime(
+            (year, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), int(sec), 0, 0, -1)
+        )
         out[key] = t + (sec - int(sec))
     return out
 
 
 def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: float = 300) -> dict:
     # The current attempt trains (>= 3 steps since its start/resume).
-    if not soak.wait(lambda: len(train_events_since_last_resume(run_dir)) >= 3, timeout=timeout, interval=0.2):
+    if not soak.wait(
+        lambda: len(train_events_since_last_resume(run_dir)) >= 3, timeout=timeout, interval=0.2
+    ):
         raise RuntimeError("the attempt never started training")
     resumes_before = sum(1 for e in list(iter_metrics(run_dir)) if e.get("event") == "resume")
     attempts_before = {p.name for p in (run_dir / "logs").glob("attempt_*")}
@@ -181,27 +187,41 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
         raise RuntimeError("no resumed step within the timeout")
     resume, first = got
     loaded = json.loads((run_dir / "loaded.json").read_text())
-    new_attempts = sorted(set(p.name for p in (run_dir / "logs").glob("attempt_*")) - attempts_before,
-                          key=lambda n: int(n.split("_")[1]))
+    new_attempts = sorted(
+        set(p.name for p in (run_dir / "logs").glob("attempt_*")) - attempts_before,
+        key=lambda n: int(n.split("_")[1]),
+    )
     pid_file = run_dir / "logs" / new_attempts[-1] / "node_0.pid" if new_attempts else None
     rec.update(
         attempt=new_attempts[-1] if new_attempts else None,
-        resume_time=float(resume["time"]), load_s=float(loaded["load_s"]), resumed_step=int(resume["step"]),
-        first_step_time=float(first["time"]), first_step_s=float(first["step_time_s"]),
+        resume_time=float(resume["time"]),
+        load_s=float(loaded["load_s"]),
+        resumed_step=int(resume["step"]),
+        first_step_time=float(first["time"]),
+        first_step_s=float(first["step_time_s"]),
         launcher_start_time=pid_file.stat().st_mtime if pid_file and pid_file.exists() else None,
     )
     rec["left_running"] = poller.first(rec["marker_time"], lambda s: s != "RUNNING")
     rec["running_again"] = poller.first(rec["left_running"] or t_signal, lambda s: s == "RUNNING")
     rec["states"] = [(round(t - t_signal, 2), s, r) for t, s, r in poller.changes if t >= t_signal - 1]
     # Why the job waited while PENDING (BeginTime = the requeue hold; Resources/Priority = other jobs).
-    rec["pending_reasons"] = sorted({r for t, s, r in poller.changes
-                                     if s == "PENDING" and rec["left_running"] and t >= rec["left_running"]
-                                     and (rec["running_again"] is None or t <= rec["running_again"])})
+    rec["pending_reasons"] = sorted(
+        {
+            r
+            for t, s, r in poller.changes
+            if s == "PENDING"
+            and rec["left_running"]
+            and t >= rec["left_running"]
+            and (rec["running_again"] is None or t <= rec["running_again"])
+        }
+    )
     load_begin = rec["resume_time"] - rec["load_s"]
     ph = {
         "checkpoint": rec["marker_time"] - t_signal,
         "exit": (rec["left_running"] - rec["marker_time"]) if rec["left_running"] else None,
-        "scheduler_requeue": (rec["running_again"] - rec["left_running"]) if rec["running_again"] and rec["left_running"] else None,
+        "scheduler_requeue": (rec["running_again"] - rec["left_running"])
+        if rec["running_again"] and rec["left_running"]
+        else None,
         "startup": (load_begin - rec["running_again"]) if rec["running_again"] else None,
         "load": rec["resume_time"] - load_begin,
         "first_step": rec["first_step_time"] - rec["resume_time"],
@@ -212,9 +232,11 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
         assert pid_file is not None  # launcher_start_time is only set from it
         stamps = c10d_stamps(pid_file.parent / "node_0.log")
         if "launcher_store" in stamps and "worker_pg" in stamps:
-            split.update(launcher_to_store=stamps["launcher_store"] - rec["launcher_start_time"],
-                         store_to_worker_pg=stamps["worker_pg"] - stamps["launcher_store"],
-                         worker_pg_to_load=load_begin - stamps["worker_pg"])
+            split.update(
+                launcher_to_store=stamps["launcher_store"] - rec["launcher_start_time"],
+                store_to_worker_pg=stamps["worker_pg"] - stamps["launcher_store"],
+                worker_pg_to_load=load_begin - stamps["worker_pg"],
+            )
         else:
             split["launcher_to_load"] = load_begin - rec["launcher_start_time"]
         rec["startup_split_s"] = {k: round(v, 2) for k, v in split.items()}
@@ -246,10 +268,41 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     env = dict(os.environ, ORCHESTRATOR_HOME=str(tmp / "home"), ORCHESTRATOR_RUNS=str(tmp / "runs"))
     env["PYTHONPATH"] = str(soak.REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("ORCHESTRATOR_RUN_DIR", None)
-    train_args = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1",
-                  "--max-steps", "100000", "--ckpt-every", "100000", "--keep-last", "2"]
-    res = soak.cli(env, "submit", "--profile", "slurm_test", "--strategy", "full_shard", "--nodes", "2",
-                   "--procs-per-node", "1", "--max-requeues", str(reps + 1), "--", soak.TRAIN, *train_args)
+    train_args = [
+        "--preset",
+        "tiny",
+        "--data",
+        "synthetic",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "64",
+        "--log-every",
+        "1",
+        "--max-steps",
+        "100000",
+        "--ckpt-every",
+        "100000",
+        "--keep-last",
+        "2",
+    ]
+    res = soak.cli(
+        env,
+        "submit",
+        "--profile",
+        "slurm_test",
+        "--strategy",
+        "full_shard",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "1",
+        "--max-requeues",
+        str(reps + 1),
+        "--",
+        soak.TRAIN,
+        *train_args,
+    )
     if res.returncode != 0:
         raise RuntimeError(f"submit failed: {res.stdout}{res.stderr}")
     job_id = res.stdout.split("submitted job ")[1].split()[0]
@@ -261,8 +314,10 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     try:
         for i in range(reps):
             rec = one_preemption(job_id, run_dir, poller)
-            log(f"requeue {i + 1}/{reps}: round trip {rec['round_trip_s']} s; " +
-                ", ".join(f"{k} {v}" for k, v in rec["phases_s"].items()))
+            log(
+                f"requeue {i + 1}/{reps}: round trip {rec['round_trip_s']} s; "
+                + ", ".join(f"{k} {v}" for k, v in rec["phases_s"].items())
+            )
             records.append(rec)
     except (RuntimeError, OSError, ValueError, KeyError) as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -282,12 +337,24 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     trips = [r["round_trip_s"] for r in records]
     splits = [r["startup_split_s"] for r in records if "startup_split_s" in r]
     return {
-        "job": {"profile": "slurm_test", "strategy": "full_shard", "nodes": 2, "procs_per_node": 1, "train_args": train_args},
-        "reps": len(records), "error": error, "error_logs": error_logs,
+        "job": {
+            "profile": "slurm_test",
+            "strategy": "full_shard",
+            "nodes": 2,
+            "procs_per_node": 1,
+            "train_args": train_args,
+        },
+        "reps": len(records),
+        "error": error,
+        "error_logs": error_logs,
         "round_trip_median_s": round(statistics.median(trips), 2) if trips else None,
         "round_trip_all_s": trips,
         "phases_median_s": med,
-        "startup_split_median_s": {k: round(statistics.median([s[k] for s in splits if k in s]), 2) for k in splits[0]} if splits else None,
+        "startup_split_median_s": {
+            k: round(statistics.median([s[k] for s in splits if k in s]), 2) for k in splits[0]
+        }
+        if splits
+        else None,
         "pending_reasons": sorted({x for r in records for x in r.get("pending_reasons", [])}),
         "sacct_attempts": attempts,
         "records": records,

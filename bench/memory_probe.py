@@ -104,8 +104,13 @@ def main() -> int:
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     kind = accelerator.distributed_type.value
     detail = {}
-    if kind == "FSDP" and plugin is not None and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy" \
-            and getattr(plugin.cpu_offload, "pin_memory", False) and not torch.cuda.is_available():
+    if (
+        kind == "FSDP"
+        and plugin is not None
+        and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy"
+        and getattr(plugin.cpu_offload, "pin_memory", False)
+        and not torch.cuda.is_available()
+    ):
         # FSDP2 CPU offload pins its CPU copies (pin_memory=True by default, Accelerate has no option):
         # on a machine without an accelerator that raises "Cannot access accelerator device when none
         # is available". train/accelerate_workarounds.py has no fix for it yet; the probe turns pinning off.
@@ -113,8 +118,11 @@ def main() -> int:
 
         plugin.cpu_offload = CPUOffloadPolicy(pin_memory=False)
         pending.applied.append("bench:offload_without_pinning")
-        detail = {"fsdp_version": plugin.fsdp_version, "reshard_after_forward": str(plugin.reshard_after_forward),
-                  "cpu_offload": str(plugin.cpu_offload)}
+        detail = {
+            "fsdp_version": plugin.fsdp_version,
+            "reshard_after_forward": str(plugin.reshard_after_forward),
+            "cpu_offload": str(plugin.cpu_offload),
+        }
 
     accelerator.wait_for_everyone()
     rss_base = rss_bytes()
@@ -172,9 +180,18 @@ def main() -> int:
     else:
         everyone = [mine]
     if rank == 0:
-        out = {"preset": a.preset, "num_params": num_params, "world_size": world, "distributed_type": kind,
-               "batch_size": a.batch_size, "seq_len": a.seq_len, "steps": a.steps,
-               "workarounds": list(pending.applied), **detail, "ranks": everyone}
+        out = {
+            "preset": a.preset,
+            "num_params": num_params,
+            "world_size": world,
+            "distributed_type": kind,
+            "batch_size": a.batch_size,
+            "seq_len": a.seq_len,
+            "steps": a.steps,
+            "workarounds": list(pending.applied),
+            **detail,
+            "ranks": everyone,
+        }
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
         print(json.dumps(out), flush=True)
     accelerate_workarounds.finish(accelerator)

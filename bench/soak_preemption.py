@@ -60,8 +60,24 @@ TRAIN = str(REPO / "train" / "train.py")
 CKPT_EVERY = 5
 KEEP_LAST = 3
 MAX_STEPS = 200
-TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1",
-        "--max-steps", str(MAX_STEPS), "--ckpt-every", str(CKPT_EVERY), "--keep-last", str(KEEP_LAST)]
+TINY = [
+    "--preset",
+    "tiny",
+    "--data",
+    "synthetic",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "64",
+    "--log-every",
+    "1",
+    "--max-steps",
+    str(MAX_STEPS),
+    "--ckpt-every",
+    str(CKPT_EVERY),
+    "--keep-last",
+    str(KEEP_LAST),
+]
 ACTIONS = ("usr2", "requeue", "kill", "kill_in_save")
 LOCK = threading.Lock()
 
@@ -71,7 +87,9 @@ def log(line: str) -> None:
         print(f"[soak {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def run(*argv: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *argv: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
@@ -119,8 +137,11 @@ def training_pids(node: str, job_id: str) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job_id}".encode() in environ and any(c.endswith(b"train.py") for c in cmd) \
-                and b"-c" not in cmd:
+        if (
+            f"SLURM_JOB_ID={job_id}".encode() in environ
+            and any(c.endswith(b"train.py") for c in cmd)
+            and b"-c" not in cmd
+        ):
             pids.append(pid)
     return pids
 
@@ -150,8 +171,16 @@ def wait(condition: Any, timeout: float, interval: float = 0.25) -> Any:
 
 # ------------------------------------------------------------------------------------ one run
 class Soak(threading.Thread):
-    def __init__(self, index: int, strategy: str, actions: list[str], rng: random.Random, env: dict[str, str],
-                 stop_events_at: float, deadline: float) -> None:
+    def __init__(
+        self,
+        index: int,
+        strategy: str,
+        actions: list[str],
+        rng: random.Random,
+        env: dict[str, str],
+        stop_events_at: float,
+        deadline: float,
+    ) -> None:
         super().__init__(name=f"soak-{index}", daemon=True)
         self.index, self.strategy, self.actions, self.rng, self.env = index, strategy, actions, rng, env
         self.stop_events_at, self.deadline = stop_events_at, deadline
@@ -188,8 +217,21 @@ class Soak(threading.Thread):
                     run("scancel", job_id, timeout=30)
 
     def _run(self) -> None:
-        res = cli(self.env, "submit", "--profile", "slurm_test", "--strategy", self.strategy, "--nodes", "2",
-                  "--procs-per-node", "1", "--", TRAIN, *TINY)
+        res = cli(
+            self.env,
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--strategy",
+            self.strategy,
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "1",
+            "--",
+            TRAIN,
+            *TINY,
+        )
         if res.returncode != 0:
             raise RuntimeError(f"submit failed: {res.stdout}{res.stderr}")
         job_id = res.stdout.split("submitted job ")[1].split()[0]
@@ -203,8 +245,14 @@ class Soak(threading.Thread):
                 break
             record = self._event(job_id, action)
             self.records.append(record)
-            log(f"run {self.index} event {n} {action}: " + ", ".join(
-                f"{k}={record[k]}" for k in ("round_trip_s", "detection_s", "resume_step", "recomputed", "ok") if k in record))
+            log(
+                f"run {self.index} event {n} {action}: "
+                + ", ".join(
+                    f"{k}={record[k]}"
+                    for k in ("round_trip_s", "detection_s", "resume_step", "recomputed", "ok")
+                    if k in record
+                )
+            )
             if record.get("new_job_id"):
                 job_id = record["new_job_id"]
                 self.job_ids.append(job_id)
@@ -214,9 +262,17 @@ class Soak(threading.Thread):
 
     def _event(self, job_id: str, action: str) -> dict[str, Any]:
         assert self.run_dir is not None
-        rec: dict[str, Any] = {"run": self.index, "strategy": self.strategy, "action": action, "job_id": job_id}
+        rec: dict[str, Any] = {
+            "run": self.index,
+            "strategy": self.strategy,
+            "action": action,
+            "job_id": job_id,
+        }
         # 1. The current attempt is training (>= 2 steps logged since its start/resume), steps remain.
-        running = wait(lambda: self._steps_since_last_resume()[1:] and self._steps_since_last_resume(), timeout=max(30.0, self.deadline - time.monotonic()))
+        running = wait(
+            lambda: self._steps_since_last_resume()[1:] and self._steps_since_last_resume(),
+            timeout=max(30.0, self.deadline - time.monotonic()),
+        )
         if not running:
             rec.update(ok=False, fatal=True, problem="the attempt never started training")
             return rec
@@ -246,7 +302,9 @@ class Soak(threading.Thread):
         resumes_before = len(self._resumes())
         if action == "kill_in_save":
             root = self.run_dir / "checkpoints"
-            caught = wait(lambda: any(p.name.startswith(".tmp-step_") for p in root.glob(".tmp-*")), 20, interval=0.01)
+            caught = wait(
+                lambda: any(p.name.startswith(".tmp-step_") for p in root.glob(".tmp-*")), 20, interval=0.01
+            )
             rec["caught_in_save"] = bool(caught)
         t_event = time.time()
         # 3. Act.
@@ -262,7 +320,9 @@ class Soak(threading.Thread):
                     pass
             rec.update(victim=victim, killed_pids=len(pids))
             t0 = time.monotonic()
-            state = wait(lambda: (s := job_state(job_id)) in ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT") and s, 120)
+            state = wait(
+                lambda: (s := job_state(job_id)) in ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT") and s, 120
+            )
             rec["detection_s"] = round(time.monotonic() - t0, 1)
             rec["state_after_kill"] = state
             if state != "FAILED":
@@ -295,8 +355,11 @@ class Soak(threading.Thread):
         complete_then = {**before["complete"], **after["complete"]}
         eligible = [s for s, t in complete_then.items() if t < resume["time"]]
         newest = max(eligible, default=None)
-        lost = [s for s in before["complete"] if s not in after["complete"]
-                and sum(1 for x in after["complete"] if x > s) < KEEP_LAST]
+        lost = [
+            s
+            for s in before["complete"]
+            if s not in after["complete"] and sum(1 for x in after["complete"] if x > s) < KEEP_LAST
+        ]
         recomputed = max(0, last_step_before - int(resume["step"]))
         rec.update(
             resume_step=int(resume["step"]),
@@ -327,7 +390,9 @@ class Soak(threading.Thread):
         assert self.run_dir is not None
         left = self.deadline - time.monotonic()
         done = wait(lambda: (self.run_dir / "final.json").exists(), timeout=max(5.0, left), interval=1.0)
-        state = wait(lambda: (s := job_state(job_id)) not in ("RUNNING", "COMPLETING", "PENDING") and s, 60) or job_state(job_id)
+        state = wait(
+            lambda: (s := job_state(job_id)) not in ("RUNNING", "COMPLETING", "PENDING") and s, 60
+        ) or job_state(job_id)
         self.summary.update(completed=bool(done), final_state=state)
         if not done:
             log(f"run {self.index}: not finished within the budget ({state}); cancelled")
@@ -350,17 +415,25 @@ class Soak(threading.Thread):
             final = json.loads((self.run_dir / "final.json").read_text())
         except (OSError, ValueError):
             pass
-        self.summary.update(steps_recomputed_total=repeated, recomputed_loss_mismatches=mismatches,
-                            final_step=final.get("step"), attempts=len(list((self.run_dir / "logs").glob("attempt_*"))),
-                            job_ids=self.job_ids)
+        self.summary.update(
+            steps_recomputed_total=repeated,
+            recomputed_loss_mismatches=mismatches,
+            final_step=final.get("step"),
+            attempts=len(list((self.run_dir / "logs").glob("attempt_*"))),
+            job_ids=self.job_ids,
+        )
 
 
 # ------------------------------------------------------------------------------------ main
 def describe(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
-    return {"n": len(values), "median": round(statistics.median(values), 1), "min": round(min(values), 1),
-            "max": round(max(values), 1)}
+    return {
+        "n": len(values),
+        "median": round(statistics.median(values), 1),
+        "min": round(min(values), 1),
+        "max": round(max(values), 1),
+    }
 
 
 def main() -> int:
@@ -372,7 +445,10 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "results_soak.json"))
     args = parser.parse_args()
     if run("scontrol", "ping", timeout=20).returncode != 0:
-        print("the Slurm test cluster does not answer (start it: bash tests/cluster/start_cluster.sh)", file=sys.stderr)
+        print(
+            "the Slurm test cluster does not answer (start it: bash tests/cluster/start_cluster.sh)",
+            file=sys.stderr,
+        )
         return 2
     rng = random.Random(args.seed)
     started = time.monotonic()
@@ -388,9 +464,21 @@ def main() -> int:
     soaks = []
     for r, actions in enumerate(per_run):
         rng.shuffle(actions)
-        soaks.append(Soak(r, strategies[r % len(strategies)], actions, random.Random(rng.random()), env,
-                          stop_events_at, deadline))
-    log(f"{args.events} events over {args.runs} runs: " + "; ".join(f"run {s.index}: {s.actions}" for s in soaks))
+        soaks.append(
+            Soak(
+                r,
+                strategies[r % len(strategies)],
+                actions,
+                random.Random(rng.random()),
+                env,
+                stop_events_at,
+                deadline,
+            )
+        )
+    log(
+        f"{args.events} events over {args.runs} runs: "
+        + "; ".join(f"run {s.index}: {s.actions}" for s in soaks)
+    )
     for s in soaks:
         s.start()
     for s in soaks:
@@ -406,14 +494,23 @@ def main() -> int:
         "events_skipped": len(skipped),
         "by_action": {a: len(v) for a, v in by_action.items()},
         "kills_caught_during_save": sum(1 for r in records if r.get("caught_in_save")),
-        "round_trip_s": {a: describe([r["round_trip_s"] for r in v if "round_trip_s" in r]) for a, v in by_action.items()},
+        "round_trip_s": {
+            a: describe([r["round_trip_s"] for r in v if "round_trip_s" in r]) for a, v in by_action.items()
+        },
         "failure_detection_s": describe([r["detection_s"] for r in records if "detection_s" in r]),
-        "steps_recomputed": {a: describe([float(r["recomputed"]) for r in v if "recomputed" in r]) for a, v in by_action.items()},
+        "steps_recomputed": {
+            a: describe([float(r["recomputed"]) for r in v if "recomputed" in r])
+            for a, v in by_action.items()
+        },
         "torn_checkpoints_seen_at_resume": sum(len(r.get("torn_at_resume", [])) for r in records),
         "resumed_from_torn": sum(1 for r in records if any("torn" in p for p in r.get("problems", []))),
         "complete_checkpoints_lost": sum(len(r.get("lost_complete", [])) for r in records),
-        "not_resumed_from_newest_complete": sum(1 for r in records if any("newest complete" in p for p in r.get("problems", []))),
-        "recomputed_loss_mismatches": sum(len(s.summary.get("recomputed_loss_mismatches", [])) for s in soaks),
+        "not_resumed_from_newest_complete": sum(
+            1 for r in records if any("newest complete" in p for p in r.get("problems", []))
+        ),
+        "recomputed_loss_mismatches": sum(
+            len(s.summary.get("recomputed_loss_mismatches", [])) for s in soaks
+        ),
         "runs_completed": sum(1 for s in soaks if s.summary.get("completed")),
         "failed_events": [r for r in records if not r.get("ok")],
         "thread_errors": [s.error for s in soaks if s.error],
@@ -421,15 +518,33 @@ def main() -> int:
     }
     # A run that did not reach max steps within the budget is cancelled, not a failure: the events are
     # what is measured (completion after interruptions is tests/test_fault_tolerance.py's job).
-    ok = (not summary["failed_events"] and not summary["thread_errors"] and summary["recomputed_loss_mismatches"] == 0
-          and len(done) >= min(10, args.events))
+    ok = (
+        not summary["failed_events"]
+        and not summary["thread_errors"]
+        and summary["recomputed_loss_mismatches"] == 0
+        and len(done) >= min(10, args.events)
+    )
     result = {
         "benchmark": "soak_preemption",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "config": {"events": args.events, "runs": args.runs, "seed": args.seed, "budget_s": args.budget,
-                   "max_steps": MAX_STEPS, "ckpt_every": CKPT_EVERY, "keep_last": KEEP_LAST,
-                   "nodes": 2, "procs_per_node": 1, "profile": "slurm_test", "train_args": TINY},
+        "host": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "config": {
+            "events": args.events,
+            "runs": args.runs,
+            "seed": args.seed,
+            "budget_s": args.budget,
+            "max_steps": MAX_STEPS,
+            "ckpt_every": CKPT_EVERY,
+            "keep_last": KEEP_LAST,
+            "nodes": 2,
+            "procs_per_node": 1,
+            "profile": "slurm_test",
+            "train_args": TINY,
+        },
         "ok": ok,
         "summary": summary,
         "runs": [s.summary for s in soaks],

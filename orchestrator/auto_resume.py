@@ -68,10 +68,20 @@ class Decision:
 def probe_node(node: str, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """Can ``node`` still run a step of this job? ``--overlap``: the failed step may still hold
     resources on live nodes while it is being cleaned up."""
-    argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1",
-            "--quiet", "true"]
+    argv = [
+        "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        "--kill-on-bad-exit=1",
+        "--quiet",
+        "true",
+    ]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         return ProbeResult(node, False, f"no answer within {timeout_s:.0f} s")
     except OSError as exc:
@@ -104,26 +114,34 @@ def decide(
         return Decision(job_id, step_status, "none", cancelled, lost)
     if lost and not auto_resume:
         return Decision(
-            job_id, step_status, "refused",
+            job_id,
+            step_status,
+            "refused",
             f"node(s) {', '.join(lost)} lost; --auto-resume is off: `orchestrator resume {job_id}` continues "
             "from the last complete checkpoint",
             lost,
         )
     if not lost:
         return Decision(
-            job_id, step_status, "none",
+            job_id,
+            step_status,
+            "none",
             "every node still answers: the program failed (or was killed) by itself; not resubmitted "
             "(`orchestrator resume` starts a new attempt from the last checkpoint)",
         )
     if resubmissions_so_far >= plan.max_requeues:
         return Decision(
-            job_id, step_status, "refused",
+            job_id,
+            step_status,
+            "refused",
             f"node(s) {', '.join(lost)} lost, but {resubmissions_so_far} auto-resume(s) reached max_requeues "
             f"({plan.max_requeues})",
             lost,
         )
     exclude = sorted(set(plan.exclude_nodes) | set(lost))
-    return Decision(job_id, step_status, "resubmitted", f"node(s) {', '.join(lost)} lost", lost, exclude_nodes=exclude)
+    return Decision(
+        job_id, step_status, "resubmitted", f"node(s) {', '.join(lost)} lost", lost, exclude_nodes=exclude
+    )
 
 
 def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
@@ -161,7 +179,9 @@ def resubmit(run_dir: Path, plan: LaunchPlan, decision: Decision) -> None:
     new_plan = replace(plan, exclude_nodes=tuple(decision.exclude_nodes))
     registry = Registry.open()
     clean_submit_environment()
-    submitted = submit(new_plan, registry=registry, existing_run_dir=run_dir, resumed_from=decision.checkpoint)
+    submitted = submit(
+        new_plan, registry=registry, existing_run_dir=run_dir, resumed_from=decision.checkpoint
+    )
     decision.new_job_id = submitted.job_id
     registry.set_end_reason(decision.job_id, f"{decision.reason}; auto-resumed as job {submitted.job_id}")
 
@@ -190,7 +210,11 @@ def after_failed_step(
     started = time.time()
 
     def say(line: str) -> None:
-        print(f"[orchestrator auto-resume] {time.strftime('%H:%M:%S')} job {job_id}: {line}", file=sys.stderr, flush=True)
+        print(
+            f"[orchestrator auto-resume] {time.strftime('%H:%M:%S')} job {job_id}: {line}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     if requeue_recorded_since(run_dir, step_started):
         say("training checkpointed on a signal: the requeue is node 0's decision")
@@ -203,7 +227,9 @@ def after_failed_step(
             say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")
     plan = current_plan(run_dir)
     previous = [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
-    decision = decide(job_id, step_status, probes, plan, len(previous), cancelled_by_user(run_dir, job_id), auto_resume)
+    decision = decide(
+        job_id, step_status, probes, plan, len(previous), cancelled_by_user(run_dir, job_id), auto_resume
+    )
     if decision.action == "resubmitted":
         try:
             resubmit(run_dir, plan, decision)
@@ -214,8 +240,14 @@ def after_failed_step(
             from orchestrator.registry import Registry
 
             Registry.open().set_end_reason(job_id, decision.reason)
-    say(f"{decision.action}: {decision.reason}"
-        + (f" -> job {decision.new_job_id} excluding {','.join(decision.exclude_nodes)}" if decision.new_job_id else "")
-        + f" (decided in {time.time() - started:.1f} s)")
+    say(
+        f"{decision.action}: {decision.reason}"
+        + (
+            f" -> job {decision.new_job_id} excluding {','.join(decision.exclude_nodes)}"
+            if decision.new_job_id
+            else ""
+        )
+        + f" (decided in {time.time() - started:.1f} s)"
+    )
     append_decision(run_dir, decision)
     return decision

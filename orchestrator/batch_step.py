@@ -89,7 +89,9 @@ def record_requeued_attempt(run_dir: Path, job_id: str, attempt_base: int) -> No
 
         checkpoint = last_complete_checkpoint(run_dir)
         Registry.open().add_attempt(
-            job_id, attempt=attempt_number(attempt_base, restarts), scheduler_job_id=job_id,
+            job_id,
+            attempt=attempt_number(attempt_base, restarts),
+            scheduler_job_id=job_id,
             started_from_checkpoint=str(checkpoint.path) if checkpoint else None,
         )
     except Exception as exc:  # noqa: BLE001
@@ -119,7 +121,9 @@ def supervise(
             continue
         if time.monotonic() - watch.first_failure_at < grace_s:
             continue
-        say(f"a task failed ({watch.failed_line}) and srun is still waiting after {grace_s:.0f} s: probing the nodes")
+        say(
+            f"a task failed ({watch.failed_line}) and srun is still waiting after {grace_s:.0f} s: probing the nodes"
+        )
         probes = ar.probe_nodes(allocation_nodes(), probe_timeout)
         for p in probes:
             say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")
@@ -137,7 +141,9 @@ def supervise(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.batch_step", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.batch_step", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--auto-resume", action="store_true")
     parser.add_argument("--probe-timeout", type=float, default=20.0)
     parser.add_argument("--attempt-base", type=int, default=0, help="the attempt this submission started at")

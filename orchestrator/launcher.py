@@ -38,14 +38,20 @@ class PrewarmedLauncher:
             [sys.executable, "-m", SHIM_MODULE], stdin=subprocess.PIPE, start_new_session=True
         )
 
-    def hand_off(self, argv: list[str], env: dict[str, str], log_path: Path, node_log_bin: IO[bytes]) -> subprocess.Popen[bytes]:
+    def hand_off(
+        self, argv: list[str], env: dict[str, str], log_path: Path, node_log_bin: IO[bytes]
+    ) -> subprocess.Popen[bytes]:
         """Run ``argv`` (``accelerate launch ...``) in the prewarmed interpreter, or start it now."""
         proc, self.proc = self.proc, None
         if proc is None or argv[:1] != ["accelerate"] or proc.poll() is not None:
             if proc is not None:
                 _discard(proc)
             return subprocess.Popen(
-                launcher_argv(argv), env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                launcher_argv(argv),
+                env=env,
+                stdout=node_log_bin,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         assert proc.stdin is not None
@@ -56,7 +62,11 @@ class PrewarmedLauncher:
         except BrokenPipeError:  # it died while importing: start the command the ordinary way
             _discard(proc)
             return subprocess.Popen(
-                launcher_argv(argv), env=env, stdout=node_log_bin, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                launcher_argv(argv),
+                env=env,
+                stdout=node_log_bin,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         return proc
@@ -87,7 +97,9 @@ class SignalRelay:
     handler would fail or requeue the job behind our back).
     """
 
-    def __init__(self, launcher: subprocess.Popen[bytes] | None, log: Any, stop_signals: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, launcher: subprocess.Popen[bytes] | None, log: Any, stop_signals: tuple[int, ...] = ()
+    ) -> None:
         self.launcher = launcher
         self.log = log
         self.stop_signals = stop_signals
@@ -142,7 +154,6 @@ def stop_signal(signal_name: str) -> int:
     """The profile's pre-timeout signal (USR2 by default) as a number."""
     name = signal_name.upper()
     return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}", signal.SIGUSR2))
-
 
 
 def launcher_argv(argv: list[str]) -> list[str]:

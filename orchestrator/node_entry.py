@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 # NodeTask starts the launcher's interpreter before paying for them (see PrewarmedLauncher).
 
 
-def training_environment(plan: LaunchPlan, node: NodeEnvironment, run_dir: Path, attempt: int) -> dict[str, str]:
+def training_environment(
+    plan: LaunchPlan, node: NodeEnvironment, run_dir: Path, attempt: int
+) -> dict[str, str]:
     """Environment for ``accelerate launch`` and, through it, every rank."""
     env = dict(os.environ)
     for name, value in plan.profile.env.items():
@@ -69,7 +71,11 @@ def training_environment(plan: LaunchPlan, node: NodeEnvironment, run_dir: Path,
 
 
 def run_node(
-    plan: LaunchPlan, run_dir: Path, node: NodeEnvironment, attempt: int, prewarmed: PrewarmedLauncher | None = None
+    plan: LaunchPlan,
+    run_dir: Path,
+    node: NodeEnvironment,
+    attempt: int,
+    prewarmed: PrewarmedLauncher | None = None,
 ) -> int:
     """Render this node's config, launch training, relay signals; return the exit code.
 
@@ -77,16 +83,22 @@ def run_node(
     if prewarmed is None:
         prewarmed = PrewarmedLauncher()
     if node.num_nodes != plan.nodes:
-        raise RunFailure(f"allocation has {node.num_nodes} task(s) but the plan asks for {plan.nodes} node(s)")
+        raise RunFailure(
+            f"allocation has {node.num_nodes} task(s) but the plan asks for {plan.nodes} node(s)"
+        )
     path = attempt_dir(run_dir, attempt)
     path.mkdir(parents=True, exist_ok=True)
     log_path = node_log_file(path, node.node_rank)
     with open(log_path, "ab", buffering=0) as node_log_bin:
         log = open(node_log_bin.fileno(), "w", closefd=False, buffering=1)  # noqa: SIM115 (shares the fd)
-        relay = SignalRelay(None, log, stop_signals=(stop_signal(plan.profile.signal.name), int(signal.SIGTERM)))
+        relay = SignalRelay(
+            None, log, stop_signals=(stop_signal(plan.profile.signal.name), int(signal.SIGTERM))
+        )
         relay.install()
         try:
-            code = _launch_and_wait(plan, node, run_dir, attempt, path, log, node_log_bin, relay, prewarmed, log_path)
+            code = _launch_and_wait(
+                plan, node, run_dir, attempt, path, log, node_log_bin, relay, prewarmed, log_path
+            )
         finally:
             relay.restore()
             prewarmed.discard()  # no-op once handed off
@@ -136,8 +148,16 @@ def _launch_and_wait(
         # Stopped before training started: nothing to checkpoint. The pre-timeout signal asks
         # for a requeue (the next attempt resumes from the last complete checkpoint).
         code = EXIT_REQUEUE if stop in relay.received else 128 + relay.received[0]
-        print(f"[orchestrator node] not launched: {signal.Signals(relay.received[0]).name} came first", file=log, flush=True)
-        print(f"[orchestrator node] host={host} node_rank={node.node_rank} exit={code} after 0.0 s", file=log, flush=True)
+        print(
+            f"[orchestrator node] not launched: {signal.Signals(relay.received[0]).name} came first",
+            file=log,
+            flush=True,
+        )
+        print(
+            f"[orchestrator node] host={host} node_rank={node.node_rank} exit={code} after 0.0 s",
+            file=log,
+            flush=True,
+        )
         return code
     print(f"[orchestrator node] exec: {' '.join(argv)}", file=log, flush=True)
     env = training_environment(plan, node, run_dir, attempt)
@@ -215,4 +235,8 @@ class NodeTask:
 
 
 def _note_signal(signum: int, frame: FrameType | None) -> None:
-    print(f"[orchestrator node] {signal.Signals(signum).name} ignored: training is not running", file=sys.stderr, flush=True)
+    print(
+        f"[orchestrator node] {signal.Signals(signum).name} ignored: training is not running",
+        file=sys.stderr,
+        flush=True,
+    )

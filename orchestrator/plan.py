@@ -139,7 +139,9 @@ def check_combination(
         )
     fsdp_only = fsdp_only_given(options)
     if fsdp_only and not strategy.uses_fsdp:
-        raise UserError(f"{fsdp_only[0].flag}: only FSDP strategies support it, not ddp; pick full_shard or shard_grad_op")
+        raise UserError(
+            f"{fsdp_only[0].flag}: only FSDP strategies support it, not ddp; pick full_shard or shard_grad_op"
+        )
     if strategy.uses_fsdp and options.offload and profile.gpus_per_node == 0:
         # Measured with torch 2.13: FSDP1 pins its CPU gradient buffers and FSDP2's CPUOffloadPolicy pins
         # the sharded parameters; both fail with "Cannot access accelerator device when none is available".
@@ -191,7 +193,9 @@ def build_plan(
         from orchestrator.profiles import _TIME_RE
 
         if not _TIME_RE.match(time_limit):
-            raise UserError(f"--time: expected a Slurm time such as '04:00:00' or '90' (minutes), got {time_limit!r}")
+            raise UserError(
+                f"--time: expected a Slurm time such as '04:00:00' or '90' (minutes), got {time_limit!r}"
+            )
     return LaunchPlan(
         profile_name=profile_name,
         profile=profile,
@@ -206,4 +210,3 @@ def build_plan(
         auto_resume=auto_resume,
         exclude_nodes=tuple(sorted(set(exclude_nodes))),
     )
-

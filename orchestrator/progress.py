@@ -50,7 +50,9 @@ def wait_for_job(registry: Any, job_id: str, poll_s: float = 2.0, out: TextIO = 
         if state.is_terminal():
             why = registry.get(job_id).end_reason or (st.reason if st is not None else None)  # ours says more
             reason = f" ({why})" if why else ""
-            print(f"job {job_id} ended {state.value}{reason}; run directory {job.run_dir}", file=out, flush=True)
+            print(
+                f"job {job_id} ended {state.value}{reason}; run directory {job.run_dir}", file=out, flush=True
+            )
             followed.add(job_id)
             successor = registry.successors([job_id]).get(job_id)
             if successor is None or successor in followed:

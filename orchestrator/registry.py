@@ -188,7 +188,9 @@ class Registry:
         run_dir_s = str(Path(run_dir).expanduser().absolute())
         try:
             with self._write() as conn:
-                conn.execute("INSERT OR IGNORE INTO runs (run_dir, created_at) VALUES (?, ?)", (run_dir_s, now))
+                conn.execute(
+                    "INSERT OR IGNORE INTO runs (run_dir, created_at) VALUES (?, ?)", (run_dir_s, now)
+                )
                 run_id, run_seq = conn.execute(
                     "SELECT r.run_id, (SELECT COALESCE(MAX(j.run_seq) + 1, 0) FROM jobs j WHERE j.run_id = r.run_id) "
                     "FROM runs r WHERE r.run_dir = ?",
@@ -356,7 +358,8 @@ class Registry:
         todo = {
             j: v
             for j, v in info.items()
-            if j in current and tuple(new or old for new, old in zip(v, current[j], strict=True)) != current[j]
+            if j in current
+            and tuple(new or old for new, old in zip(v, current[j], strict=True)) != current[j]
         }
         if not todo:
             return  # the usual poll: the scheduler says what the registry already holds
@@ -452,10 +455,14 @@ class Registry:
         return self._run_where("run_dir = ?", str(Path(run_dir).expanduser().absolute()))
 
     def _run_where(self, clause: str, value: object) -> RunRecord | None:
-        row = self._conn.execute(f"SELECT run_id, run_dir, created_at FROM runs WHERE {clause}", (value,)).fetchone()
+        row = self._conn.execute(
+            f"SELECT run_id, run_dir, created_at FROM runs WHERE {clause}", (value,)
+        ).fetchone()
         if row is None:
             return None
-        jobs = self._conn.execute("SELECT job_id FROM jobs WHERE run_id = ? ORDER BY run_seq", (row[0],)).fetchall()
+        jobs = self._conn.execute(
+            "SELECT job_id FROM jobs WHERE run_id = ? ORDER BY run_seq", (row[0],)
+        ).fetchall()
         if not jobs:
             return None
         return RunRecord(int(row[0]), Path(row[1]), float(row[2]), tuple(j[0] for j in jobs))

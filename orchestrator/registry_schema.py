@@ -265,7 +265,9 @@ def retry_when_locked(step: Callable[[], _T], budget_s: float = BUSY_TIMEOUT_MS 
 
 def schema_version(conn: sqlite3.Connection) -> int:
     """Version recorded in the file, 0 for a new/empty file (read without taking a write lock)."""
-    has_table = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
+    has_table = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone()
     if not has_table:
         return 0
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()

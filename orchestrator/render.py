@@ -144,7 +144,9 @@ def gres_for(plan: LaunchPlan) -> str:
     return f"gpu:{gpu}:{plan.profile.gpus_per_node}" if gpu else f"gpu:{plan.profile.gpus_per_node}"
 
 
-def render_sbatch(plan: LaunchPlan, run_dir: str, submitit_folder: str, python: str, attempt_base: int = 0) -> str:
+def render_sbatch(
+    plan: LaunchPlan, run_dir: str, submitit_folder: str, python: str, attempt_base: int = 0
+) -> str:
     """The batch script. ``python`` (the profile's ``python`` key, or the submitting interpreter) is
     looked up on the batch host after the profile's set-up lines, and runs both the supervisor and
     submitit's per-task entry point on every node."""

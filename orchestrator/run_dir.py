@@ -226,7 +226,9 @@ def node_config_file(attempt_path: Path, node: int) -> Path:
 # ---------------------------------------------------------------------------- exit status
 def write_exit_status(run_dir: Path, code: int, reason: str, **details: Any) -> None:
     """Rank 0's last word. Survives torchrun, which turns a worker's exit code into 1."""
-    write_json_atomic(Path(run_dir) / EXIT_STATUS_FILE, {"code": code, "reason": reason, **details, "time": time.time()})
+    write_json_atomic(
+        Path(run_dir) / EXIT_STATUS_FILE, {"code": code, "reason": reason, **details, "time": time.time()}
+    )
 
 
 def read_exit_status(run_dir: Path) -> dict[str, Any] | None:
@@ -245,7 +247,8 @@ def requeue_recorded_since(run_dir: Path, since: float) -> bool:
 def write_cancel_marker(run_dir: Path, signal_name: str, user: str | None = None) -> None:
     """Record that ``cancel`` was asked, so the job is not requeued and reads CANCELLED."""
     write_json_atomic(
-        Path(run_dir) / CANCEL_MARKER, {"signal": signal_name, "time": time.time(), "user": user or os.environ.get("USER")}
+        Path(run_dir) / CANCEL_MARKER,
+        {"signal": signal_name, "time": time.time(), "user": user or os.environ.get("USER")},
     )
 
 
@@ -299,7 +302,10 @@ def check_checkpoint(ckpt_dir: Path) -> tuple[dict[str, Any] | None, str]:
         if not stat.S_ISREG(st.st_mode):
             return None, f"{rel_s} is not a file"
         if type(size) is not int or st.st_size != size:
-            return None, f"file {rel_s} has {st.st_size} bytes, {COMPLETE_MARKER} says {size} (truncated or torn)"
+            return (
+                None,
+                f"file {rel_s} has {st.st_size} bytes, {COMPLETE_MARKER} says {size} (truncated or torn)",
+            )
     return marker, ""
 
 

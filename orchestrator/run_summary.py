@@ -58,7 +58,6 @@ def _parse_event(raw: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-
 # ---------------------------------------------------------------------------- resume counting
 _RESUME_NEEDLE = b'"resume"'
 # (device, inode) -> (bytes scanned, resume events seen): `status --watch` rescans only new bytes.

@@ -38,7 +38,13 @@ STRATEGIES: dict[str, Strategy] = {
     for s in (
         Strategy("ddp", "nothing sharded; gradients all-reduced", "ZeRO-0", False, None, None, False),
         Strategy(
-            "full_shard", "parameters, gradients and optimizer state sharded", "ZeRO-3", True, "FULL_SHARD", True, False
+            "full_shard",
+            "parameters, gradients and optimizer state sharded",
+            "ZeRO-3",
+            True,
+            "FULL_SHARD",
+            True,
+            False,
         ),
         Strategy(
             "shard_grad_op",
@@ -49,7 +55,15 @@ STRATEGIES: dict[str, Strategy] = {
             False,
             False,
         ),
-        Strategy("no_shard", "FSDP wrapper without sharding (DDP-like); FSDP1 only", "ZeRO-0", True, "NO_SHARD", None, False),
+        Strategy(
+            "no_shard",
+            "FSDP wrapper without sharding (DDP-like); FSDP1 only",
+            "ZeRO-0",
+            True,
+            "NO_SHARD",
+            None,
+            False,
+        ),
         Strategy(
             "hybrid_shard",
             "full_shard within a node, replicated across nodes",

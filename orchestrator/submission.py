@@ -120,7 +120,12 @@ def submit(
         scheduler.prepare_run_dir(registry, run_dir)
         (run_dir / CANCEL_MARKER).unlink(missing_ok=True)  # a resumed job starts a new outcome
     attempt_base = next_attempt(run_dir)
-    if request is None or request.plan != plan or request.run_dir != run_dir or request.attempt_base != attempt_base:
+    if (
+        request is None
+        or request.plan != plan
+        or request.run_dir != run_dir
+        or request.attempt_base != attempt_base
+    ):
         request = scheduler.dryrun(plan, run_dir, attempt_base, sys.executable)
     write_plan(run_dir, attempt_base, plan_record(plan, run_dir, resumed_from))
     scheduled = scheduler.schedule(request, registry)
@@ -144,4 +149,9 @@ def submit(
             scheduler_job_id=scheduled.scheduler_job_id,
             started_from_checkpoint=resumed_from,
         )
-    return Submitted(job_id=scheduled.job_id, run_dir=run_dir, scheduler=plan.profile.scheduler, submitit_job=scheduled.handle)
+    return Submitted(
+        job_id=scheduled.job_id,
+        run_dir=run_dir,
+        scheduler=plan.profile.scheduler,
+        submitit_job=scheduled.handle,
+    )

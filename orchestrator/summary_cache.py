@@ -61,7 +61,9 @@ def _summary_from_cache(run_dir: Path, data: list[Any]) -> RunSummary:
     info = None
     if ckpt is not None:
         info = CheckpointInfo.__new__(CheckpointInfo)
-        info.__dict__.update(zip(_CHECKPOINT_FIELDS, ckpt[1:], strict=True), path=run_dir.joinpath(CHECKPOINTS_DIR, ckpt[0]))
+        info.__dict__.update(
+            zip(_CHECKPOINT_FIELDS, ckpt[1:], strict=True), path=run_dir.joinpath(CHECKPOINTS_DIR, ckpt[0])
+        )
     summary = RunSummary.__new__(RunSummary)
     summary.__dict__.update(zip(_SUMMARY_FIELDS, values, strict=True), run_dir=run_dir, checkpoint=info)
     return summary
@@ -137,7 +139,9 @@ class SummaryCache:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(
-                    {"version": _CACHE_VERSION, "entries": entries, "resumes": resumes}, fh, separators=(",", ":")
+                    {"version": _CACHE_VERSION, "entries": entries, "resumes": resumes},
+                    fh,
+                    separators=(",", ":"),
                 )
             os.replace(tmp, self.path)
             self._dirty = False

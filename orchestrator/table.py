@@ -9,7 +9,9 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None) -> str:
+def format_table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None
+) -> str:
     heads = [h.upper() for h in (headers or columns)]
     cells = [["" if row.get(c) is None else str(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(heads)]
@@ -81,10 +83,15 @@ def _dumps(obj: Any, level: int) -> str:
     if isinstance(obj, dict) and obj and _STR.issuperset(map(type, obj)):
         if _SCALARS.issuperset(map(type, obj.values())):  # C-speed checks: one row is ~25 values
             return "{" + pad + "  " + _flat_encoder(level + 1)(obj)[1:-1] + pad + "}"
-        items = (pad + "  " + encode_basestring_ascii(k) + ": " + _dumps(v, level + 1) for k, v in obj.items())
+        items = (
+            pad + "  " + encode_basestring_ascii(k) + ": " + _dumps(v, level + 1) for k, v in obj.items()
+        )
         return "{" + ",".join(items) + pad + "}"
     if isinstance(obj, (list, tuple)) and obj:
-        if all(type(v) is dict and v and _STR.issuperset(v) and _SCALARS.issuperset(map(type, v.values())) for v in obj):
+        if all(
+            type(v) is dict and v and _STR.issuperset(v) and _SCALARS.issuperset(map(type, v.values()))
+            for v in obj
+        ):
             return _flat_rows(obj, level)
         return "[" + ",".join(pad + "  " + _dumps(v, level + 1) for v in obj) + pad + "]"
     # Scalars, empty containers and anything unusual (non-str keys): the json module itself.

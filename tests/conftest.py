@@ -42,6 +42,6 @@ def slurm_cluster() -> dict[str, str]:
     from tests.helpers.slurm_cluster import require_cluster
 
     require_cluster()
-    return {k: v for k, v in os.environ.items() if k.startswith("ORCHESTRATOR_TEST_CLUSTER") or k == "SLURM_CONF"}
-
-
+    return {
+        k: v for k, v in os.environ.items() if k.startswith("ORCHESTRATOR_TEST_CLUSTER") or k == "SLURM_CONF"
+    }

@@ -57,7 +57,9 @@ def test_modules_stay_small() -> None:
 @pytest.mark.parametrize("name", ["EXIT_REQUEUE", "EXIT_SELFCHECK", "EXIT_BAD_RESTORE"])
 def test_each_exit_code_is_defined_once(name: str) -> None:
     definition = re.compile(rf"^\s*{name}\s*(:[^=]+)?=", re.M)
-    defined_in = [str(p.relative_to(REPO)) for p in sources(PACKAGE, REPO / "train") if definition.search(p.read_text())]
+    defined_in = [
+        str(p.relative_to(REPO)) for p in sources(PACKAGE, REPO / "train") if definition.search(p.read_text())
+    ]
     assert defined_in == ["orchestrator/run_dir.py"]
 
 
@@ -77,7 +79,9 @@ def _checkpoint(root: Path, name: str, files: dict[str, bytes], marker: object) 
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)
     if marker is not None:
-        (folder / run_dir.COMPLETE_MARKER).write_text(marker if isinstance(marker, str) else json.dumps(marker))
+        (folder / run_dir.COMPLETE_MARKER).write_text(
+            marker if isinstance(marker, str) else json.dumps(marker)
+        )
     return folder
 
 

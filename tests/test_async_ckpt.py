@@ -43,7 +43,9 @@ def _ok(launch: tl.Launch) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,fsdp_version", CASES)
-def test_async_checkpoints_match_sync_and_resume_exactly(tmp_path: Path, strategy: str, fsdp_version: int) -> None:
+def test_async_checkpoints_match_sync_and_resume_exactly(
+    tmp_path: Path, strategy: str, fsdp_version: int
+) -> None:
     sync = tl.run(tmp_path / "sync", strategy, fsdp_version, 1, 2, list(ARGS))
     _ok(sync)
     run_dir = tmp_path / "async"

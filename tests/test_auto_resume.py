@@ -21,8 +21,15 @@ from orchestrator.profiles import load_profile
 @pytest.fixture()
 def plan():
     name, _, profile = load_profile("slurm_test", None)
-    return build_plan(name, profile, merge_options(profile, strategy="full_shard"), "train/train.py", nodes=2,
-                      auto_resume=True, max_requeues=2)
+    return build_plan(
+        name,
+        profile,
+        merge_options(profile, strategy="full_shard"),
+        "train/train.py",
+        nodes=2,
+        auto_resume=True,
+        max_requeues=2,
+    )
 
 
 def probes(**alive: bool) -> list[ar.ProbeResult]:
@@ -66,24 +73,32 @@ def test_superseded_job_is_found_and_newest_plan_read(tmp_path: Path, plan) -> N
     (tmp_path / "job.attempt_1.json").write_text(json.dumps(replace(plan, exclude_nodes=("n2",)).to_json()))
     assert ar.current_plan(tmp_path).exclude_nodes == ("n2",)
     assert ar.superseded_by(tmp_path, "7") is None
-    ar.append_decision(tmp_path, ar.Decision("7", 1, "resubmitted", "node(s) n2 lost", ["n2"], new_job_id="8"))
+    ar.append_decision(
+        tmp_path, ar.Decision("7", 1, "resubmitted", "node(s) n2 lost", ["n2"], new_job_id="8")
+    )
     assert ar.superseded_by(tmp_path, "7") == "8" and ar.superseded_by(tmp_path, "8") is None
 
 
-@pytest.mark.parametrize("line,node", [
-    (b"srun: error: n1: task 0: Exited with exit code 1\n", b"n1"),
-    (b"srun: error: node-17: tasks 2-3: Killed\n", b"node-17"),
-    (b"srun: error: gpu001: tasks 0,2: Segmentation fault\n", b"gpu001"),
-])
+@pytest.mark.parametrize(
+    "line,node",
+    [
+        (b"srun: error: n1: task 0: Exited with exit code 1\n", b"n1"),
+        (b"srun: error: node-17: tasks 2-3: Killed\n", b"node-17"),
+        (b"srun: error: gpu001: tasks 0,2: Segmentation fault\n", b"gpu001"),
+    ],
+)
 def test_task_failure_lines_are_recognised(line: bytes, node: bytes) -> None:
     m = TASK_FAILURE_RE.search(line)
     assert m and m.group(1) == node
 
 
-@pytest.mark.parametrize("line", [
-    b"srun: launch/slurm: _step_signal: Terminating StepId=9.0\n",
-    b"srun: error: Node failure on n2\n",
-    b"[default0]: srun: error: nothing\n",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"srun: launch/slurm: _step_signal: Terminating StepId=9.0\n",
+        b"srun: error: Node failure on n2\n",
+        b"[default0]: srun: error: nothing\n",
+    ],
+)
 def test_other_srun_lines_are_not_task_failures(line: bytes) -> None:
     assert not TASK_FAILURE_RE.search(line)

@@ -12,7 +12,11 @@ from hypothesis import strategies as st
 from orchestrator.table import dumps_indented
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8)
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
 )
 documents = st.recursive(
     scalars,
@@ -36,7 +40,7 @@ class Color(str, enum.Enum):
 
 
 def test_status_shaped_document_and_odd_values() -> None:
-    row = {"job_id": "1", "loss": 0.5, "eta_s": None, "stale": True, "name": "é\n\"x\"", "n": float("nan")}
+    row = {"job_id": "1", "loss": 0.5, "eta_s": None, "stale": True, "name": 'é\n"x"', "n": float("nan")}
     doc = {
         "source": "squeue",
         "errors": [],

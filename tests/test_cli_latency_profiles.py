@@ -108,9 +108,7 @@ def test_valid_render_imports_no_pydantic(tmp_path: Path) -> None:
         "rc = main(['render', '--profile', 'slurm_a100', '--strategy', 'full_shard', '--', 'train/train.py'])\n"
         "print('PYDANTIC' if 'pydantic' in sys.modules else 'NO_PYDANTIC', file=sys.stderr)\nsys.exit(rc)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().endswith("NO_PYDANTIC"), proc.stderr
 
@@ -121,10 +119,22 @@ EDGES: list[tuple[str, Any]] = [
     *[("procs_per_node", v) for v in (0, 1, 8, 9, 256, None)],
     *[("cpus_per_task", v) for v in (0, 1, 1024, 1025)],
     *[("max_requeues", v) for v in (-1, 0, 100, 101)],
-    *[("nodes", v) for v in ({"default": 0}, {"default": 2}, {"default": 3, "max": 2}, {"max": 2**70}, {"x": 1})],
-    *[("port_range", v) for v in ({"start": 1023}, {"start": 1024, "end": 1024}, {"end": 65536}, {"start": 30000})],
-    *[("signal", v) for v in ({"name": "KILL"}, {"name": "TERM", "seconds_before": 9}, {"seconds_before": 3600})],
-    *[("defaults", v) for v in ({"fsdp_version": 3}, {"fsdp_version": True}, {"strategy": "zero3"}, {"offload": 1})],
+    *[
+        ("nodes", v)
+        for v in ({"default": 0}, {"default": 2}, {"default": 3, "max": 2}, {"max": 2**70}, {"x": 1})
+    ],
+    *[
+        ("port_range", v)
+        for v in ({"start": 1023}, {"start": 1024, "end": 1024}, {"end": 65536}, {"start": 30000})
+    ],
+    *[
+        ("signal", v)
+        for v in ({"name": "KILL"}, {"name": "TERM", "seconds_before": 9}, {"seconds_before": 3600})
+    ],
+    *[
+        ("defaults", v)
+        for v in ({"fsdp_version": 3}, {"fsdp_version": True}, {"strategy": "zero3"}, {"offload": 1})
+    ],
     *[("time_limit", v) for v in ("01:00:00", "1-2", "90", "25:61", "1:00:00\n", "")],
     *[("mem", v) for v in ("0", "480G", "480GB", "480G\n", None, 0)],
     *[("partition", v) for v in ("", "a\nb", None, "debug")],
@@ -137,7 +147,13 @@ EDGES: list[tuple[str, Any]] = [
 
 
 #: Values the fast path leaves to pydantic on purpose (it may only be stricter, and these are rare).
-DEFERRED = [("gpus_per_node", True), ("defaults", {"fsdp_version": True}), ("gpus_per_node", 1.0), ("nodes", {"max": 2**70}), ("env", {"A": 2**64})]
+DEFERRED = [
+    ("gpus_per_node", True),
+    ("defaults", {"fsdp_version": True}),
+    ("gpus_per_node", 1.0),
+    ("nodes", {"max": 2**70}),
+    ("env", {"A": 2**64}),
+]
 
 
 @pytest.mark.parametrize(("key", "value"), EDGES, ids=lambda x: repr(x)[:30])

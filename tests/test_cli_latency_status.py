@@ -158,7 +158,9 @@ def test_resume_scan_progress_carries_over_between_processes(tmp_path: Path) -> 
     assert [row[2:] for row in saved] == [[size, 1]]
     R._resume_cache.clear()  # a new process
     R._resume_touched.clear()
-    write_metrics(run, [train_event(41, 1041.0), {"event": "resume", "step": 40, "checkpoint": "y", "time": 2.0}])
+    write_metrics(
+        run, [train_event(41, 1041.0), {"event": "resume", "step": 40, "checkpoint": "y", "time": 2.0}]
+    )
     again = SummaryCache(cache_file)
     assert R._resume_cache  # seeded from the file: only the appended bytes get scanned
     assert again.summarize(run) == summarize(run)

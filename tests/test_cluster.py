@@ -51,8 +51,15 @@ def test_sinfo_shows_partition_with_all_nodes(cluster):
 
 def test_srun_on_two_nodes(cluster):
     out = slurm(
-        "srun", "-N2", "--ntasks-per-node=1", "-l", "-p", cluster.partition,
-        "sh", "-c", 'echo "$SLURMD_NODENAME $(hostname) $(hostname -I)"',
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        "-l",
+        "-p",
+        cluster.partition,
+        "sh",
+        "-c",
+        'echo "$SLURMD_NODENAME $(hostname) $(hostname -I)"',
         timeout=60,
     ).stdout
     rows = {}
@@ -71,7 +78,8 @@ def test_tcp_between_tasks_on_different_nodes(cluster, shared_dir):
     if not cluster.netns:
         pytest.skip("multislurmd mode: all nodes share the host's network, nothing crosses a link")
     script = shared_dir / "tcp_pair.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, socket, sys, time
         rank = int(os.environ["SLURM_PROCID"])
         port = 29400 + int(os.environ["SLURM_JOB_ID"]) % 500
@@ -94,10 +102,16 @@ def test_tcp_between_tasks_on_different_nodes(cluster, shared_dir):
                     time.sleep(0.1)
             c.sendall(f"hello from {socket.gethostname()}".encode())
             print(f"n2 got {c.recv(10).decode()!r}", flush=True)
-    """))
+    """)
+    )
     out = slurm(
-        "srun", "-N2", "--ntasks-per-node=1", "-p", cluster.partition,
-        sys.executable, str(script),
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        "-p",
+        cluster.partition,
+        sys.executable,
+        str(script),
         timeout=90,
     ).stdout
     assert "n1 got 'hello from n2' from 10.77.0.12" in out, out
@@ -108,7 +122,9 @@ def test_sbatch_job_completes_and_shows_in_sacct(cluster, shared_dir):
     if not cluster.accounting:
         pytest.skip("cluster started with ACCOUNTING=0")
     out_file = shared_dir / "job.out"
-    job = sbatch("-N1", "-p", cluster.partition, "-o", str(out_file), "--wrap", "echo hello from $SLURMD_NODENAME")
+    job = sbatch(
+        "-N1", "-p", cluster.partition, "-o", str(out_file), "--wrap", "echo hello from $SLURMD_NODENAME"
+    )
     wait_for_job_state(job, "COMPLETED", timeout=60)
     # slurmctld sends the record to slurmdbd asynchronously: poll sacct itself.
     deadline = time.monotonic() + 30
@@ -120,7 +136,9 @@ def test_sbatch_job_completes_and_shows_in_sacct(cluster, shared_dir):
 
 
 def test_more_nodes_than_partition_is_rejected(cluster):
-    proc = slurm("sbatch", "-N", str(cluster.nodes + 1), "-p", cluster.partition, "--wrap", "true", check=False)
+    proc = slurm(
+        "sbatch", "-N", str(cluster.nodes + 1), "-p", cluster.partition, "--wrap", "true", check=False
+    )
     assert proc.returncode != 0
     assert "Node count specification invalid" in proc.stderr, proc.stderr
 
@@ -135,7 +153,8 @@ def test_two_jobs_share_two_nodes_at_the_same_time(cluster, shared_dir):
     barrier.mkdir(mode=0o777)
     release = shared_dir / "release"
     script = shared_dir / "job.sh"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!/bin/bash
         srun -N2 --ntasks-per-node=1 --cpus-per-task=2 bash -c '
           touch {barrier}/$SLURM_JOB_ID.$SLURMD_NODENAME
@@ -151,9 +170,18 @@ def test_two_jobs_share_two_nodes_at_the_same_time(cluster, shared_dir):
             sleep 0.1
           done
           echo "$SLURMD_NODENAME sees $n tasks"'
-    """))
-    common = ["-N2", "--ntasks-per-node=1", "--cpus-per-task=2", "--mem=2G", "-w", "n1,n2",
-              "-p", cluster.partition]
+    """)
+    )
+    common = [
+        "-N2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=2",
+        "--mem=2G",
+        "-w",
+        "n1,n2",
+        "-p",
+        cluster.partition,
+    ]
     a = sbatch(*common, "-o", str(shared_dir / "a.out"), str(script))
     b = sbatch(*common, "-o", str(shared_dir / "b.out"), str(script))
     try:
@@ -190,8 +218,18 @@ def test_two_jobs_share_two_nodes_at_the_same_time(cluster, shared_dir):
 
 
 def test_killing_the_processes_on_one_node_fails_the_job(cluster):
-    job = sbatch("-N2", "--ntasks-per-node=1", "-w", "n1,n2", "-p", cluster.partition,
-                 "-o", "/dev/null", "--wrap", "srun --kill-on-bad-exit=1 sleep 300")
+    job = sbatch(
+        "-N2",
+        "--ntasks-per-node=1",
+        "-w",
+        "n1,n2",
+        "-p",
+        cluster.partition,
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "srun --kill-on-bad-exit=1 sleep 300",
+    )
     try:
         wait_for_job_state(job, "RUNNING", timeout=60)
         wait_for_task_on(cluster, "n2", job)
@@ -217,8 +255,9 @@ def test_dead_node_is_noticed_and_its_batch_job_requeued(cluster):
     (JobRequeue=1), runs again on the remaining nodes; n2 then comes back (ReturnToService=2)."""
     if cluster.nodes < 3:
         pytest.skip("needs a spare node to requeue a 2-node job onto")
-    job = sbatch("-N2", "--ntasks-per-node=1", "-p", cluster.partition, "-o", "/dev/null",
-                 "--wrap", "srun sleep 300")
+    job = sbatch(
+        "-N2", "--ntasks-per-node=1", "-p", cluster.partition, "-o", "/dev/null", "--wrap", "srun sleep 300"
+    )
     wait_for_job_state(job, "RUNNING", timeout=60)
     first_nodes = slurm("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
     victim = "n2" if first_nodes in ("n[1-2]", "n[2-3]") else "n1"
@@ -233,8 +272,11 @@ def test_dead_node_is_noticed_and_its_batch_job_requeued(cluster):
         deadline = time.monotonic() + 90
         while True:
             q = slurm("squeue", "-h", "-j", job, "-o", "%T %N").stdout.split()
-            if q and q[0] == "RUNNING" and victim not in slurm(
-                "scontrol", "show", "hostnames", q[1]).stdout.split():
+            if (
+                q
+                and q[0] == "RUNNING"
+                and victim not in slurm("scontrol", "show", "hostnames", q[1]).stdout.split()
+            ):
                 break
             assert time.monotonic() < deadline, f"job not running again without {victim}: {q}"
             time.sleep(0.5)
@@ -245,6 +287,8 @@ def test_dead_node_is_noticed_and_its_batch_job_requeued(cluster):
     wait_for_node_state(victim, ("idle", "mixed"), timeout=30)
     if cluster.accounting:  # sacct -D keeps the record of the failed first run
         deadline = time.monotonic() + 30
-        while "NODE_FAIL" not in (states := slurm("sacct", "-nXP", "-D", "-j", job, "-o", "State").stdout.split()):
+        while "NODE_FAIL" not in (
+            states := slurm("sacct", "-nXP", "-D", "-j", job, "-o", "State").stdout.split()
+        ):
             assert time.monotonic() < deadline, states
             time.sleep(0.5)

@@ -49,7 +49,16 @@ TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-l
 STEPS = 50
 CKPT_EVERY = 10
 RUN_ARGS = [*TINY, "--max-steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY)]
-TWO_NODES_FSDP = ["--profile", "slurm_test", "--strategy", "full_shard", "--nodes", "2", "--procs-per-node", "1"]
+TWO_NODES_FSDP = [
+    "--profile",
+    "slurm_test",
+    "--strategy",
+    "full_shard",
+    "--nodes",
+    "2",
+    "--procs-per-node",
+    "1",
+]
 #: The time-limit job: work sized (from a measured step rate) to outlast what one attempt can do.
 TIME_LIMIT_WORK_S = 60.0
 TIME_LIMIT_CKPT_EVERY = 25
@@ -65,8 +74,12 @@ def pick_victim(job_id: str, run_dir: Path, show: Callable[[], str]) -> tuple[st
     """Once the 2-node job has a complete checkpoint and two more steps: its second node (not the batch
     host, whose batch script runs the after-step check) and that node's training processes."""
     first_ckpt = run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json"
-    poll(lambda: first_ckpt.exists() and len(trains(run_dir)) >= CKPT_EVERY + 2, 240,
-         "a complete checkpoint and two more steps", diagnostics=show)
+    poll(
+        lambda: first_ckpt.exists() and len(trains(run_dir)) >= CKPT_EVERY + 2,
+        240,
+        "a complete checkpoint and two more steps",
+        diagnostics=show,
+    )
     nodes = job_nodes(job_id)
     assert len(nodes) == 2, nodes
     victim = nodes[-1]
@@ -140,7 +153,9 @@ def diag(job_id: str, run_dir: Path) -> Callable[[], str]:
     return show
 
 
-def submit(env: dict[str, str], options: list[str], script_args: list[str], script: str = TRAIN) -> tuple[str, Path]:
+def submit(
+    env: dict[str, str], options: list[str], script_args: list[str], script: str = TRAIN
+) -> tuple[str, Path]:
     res = run_cli(["submit", *options, "--", script, *script_args], env, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     return job_and_dir(res.stdout)
@@ -187,8 +202,13 @@ class Background:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=REPO,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         self._result: subprocess.CompletedProcess[str] | None = None
 
@@ -199,7 +219,9 @@ class Background:
             except subprocess.TimeoutExpired:
                 kill_tree(self.proc.pid)
                 out, err = self.proc.communicate()
-                raise AssertionError(f"orchestrator {' '.join(self.args)} did not finish in {timeout:.0f} s\n{out}\n{err}") from None
+                raise AssertionError(
+                    f"orchestrator {' '.join(self.args)} did not finish in {timeout:.0f} s\n{out}\n{err}"
+                ) from None
             self._result = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
         return self._result
 
@@ -230,13 +252,34 @@ def selected(request: pytest.FixtureRequest, *names: str) -> bool:
 @pytest.fixture(scope="module")
 def reference(request: pytest.FixtureRequest, ft_env: dict[str, str]) -> Background | None:
     """The uninterrupted run, in local mode at the same world size, started once in the background."""
-    if not selected(request, "test_preemption_usr2_then_scontrol_requeue_resume_exactly",
-                    "test_sigkill_on_one_node_fails_then_resume_completes_exactly",
-                    "test_node_death_with_auto_resume_continues_without_that_node"):
+    if not selected(
+        request,
+        "test_preemption_usr2_then_scontrol_requeue_resume_exactly",
+        "test_sigkill_on_one_node_fails_then_resume_completes_exactly",
+        "test_node_death_with_auto_resume_continues_without_that_node",
+    ):
         yield None
         return
-    bg = Background(["submit", "--profile", "local", "--strategy", "full_shard", "--nodes", "2",
-                     "--procs-per-node", "1", "--wait", "--poll", "1", "--", TRAIN, *RUN_ARGS], ft_env)
+    bg = Background(
+        [
+            "submit",
+            "--profile",
+            "local",
+            "--strategy",
+            "full_shard",
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "1",
+            "--wait",
+            "--poll",
+            "1",
+            "--",
+            TRAIN,
+            *RUN_ARGS,
+        ],
+        ft_env,
+    )
     yield bg
     bg.stop()
 
@@ -267,7 +310,10 @@ def measure_step_rate(env: dict[str, str], tmp: Path) -> float:
     run_dir = tmp / "calibrate"
     proc = subprocess.run(
         [sys.executable, TRAIN, *TINY, "--max-steps", "60", "--resume", "never", "--run-dir", str(run_dir)],
-        env={**env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
+        env={**env, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = trains(run_dir)[10:]  # past the warm-up
@@ -275,8 +321,9 @@ def measure_step_rate(env: dict[str, str], tmp: Path) -> float:
 
 
 @pytest.fixture(scope="module")
-def time_limit_job(request: pytest.FixtureRequest, ft_env: dict[str, str],
-                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any] | None:
+def time_limit_job(
+    request: pytest.FixtureRequest, ft_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any] | None:
     """Submitted at the start of the module when test_time_limit is selected: it spends most of its
     life waiting on Slurm's clock, so the other tests run meanwhile."""
     if not selected(request, "test_time_limit_reached_over_several_attempts"):
@@ -298,7 +345,13 @@ def time_limit_job(request: pytest.FixtureRequest, ft_env: dict[str, str],
         ["--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "1", "--time", "1"],
         [*TINY, "--max-steps", str(max_steps), "--ckpt-every", str(TIME_LIMIT_CKPT_EVERY)],
     )
-    info = {"job_id": job_id, "run_dir": run_dir, "max_steps": max_steps, "rate": rate, "submitted": time.monotonic()}
+    info = {
+        "job_id": job_id,
+        "run_dir": run_dir,
+        "max_steps": max_steps,
+        "rate": rate,
+        "submitted": time.monotonic(),
+    }
     yield info
     if sacct_state(job_id, timeout=1) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
         scancel_quietly(job_id)
@@ -310,7 +363,9 @@ def _start_background(reference: Background | None, time_limit_job: dict[str, An
 
 
 # ----------------------------------------------------------------------------------------- 1. preemption
-def test_preemption_usr2_then_scontrol_requeue_resume_exactly(ft_env: dict[str, str], reference: Background) -> None:
+def test_preemption_usr2_then_scontrol_requeue_resume_exactly(
+    ft_env: dict[str, str], reference: Background
+) -> None:
     job_id, run_dir = submit(ft_env, TWO_NODES_FSDP, RUN_ARGS)
     show = diag(job_id, run_dir)
     try:
@@ -320,7 +375,12 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(ft_env: dict[str, 
         t_usr2 = time.time()
         slurm("scancel", "--signal=USR2", job_id)
         first = poll(lambda: resumes(run_dir), 180, "the resume after USR2", diagnostics=show)[0]
-        after = poll(lambda: [e for e in segments(run_dir)[1]["train"]], 120, "a step after the resume", diagnostics=show)
+        after = poll(
+            lambda: [e for e in segments(run_dir)[1]["train"]],
+            120,
+            "a step after the resume",
+            diagnostics=show,
+        )
         round_trip = after[0]["time"] - t_usr2
         record("usr2_round_trip_s", round(round_trip, 1))
         stopped_at = max(e["step"] for e in segments(run_dir)[0]["train"])
@@ -328,12 +388,21 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(ft_env: dict[str, 
         assert after[0]["step"] == first["step"] + 1
 
         # Requeue by the scheduler (SIGTERM, then requeued): the same, from the last checkpoint.
-        poll(lambda: len(segments(run_dir)[1]["train"]) >= 3, 120, "3 steps after the first resume", diagnostics=show)
+        poll(
+            lambda: len(segments(run_dir)[1]["train"]) >= 3,
+            120,
+            "3 steps after the first resume",
+            diagnostics=show,
+        )
         assert not (run_dir / "final.json").exists(), "run finished before it could be requeued: raise STEPS"
         t_requeue = time.time()
         slurm("scontrol", "requeue", job_id)
-        second = poll(lambda: resumes(run_dir)[1:], 180, "the resume after scontrol requeue", diagnostics=show)[0]
-        after2 = poll(lambda: segments(run_dir)[2]["train"], 120, "a step after the second resume", diagnostics=show)
+        second = poll(
+            lambda: resumes(run_dir)[1:], 180, "the resume after scontrol requeue", diagnostics=show
+        )[0]
+        after2 = poll(
+            lambda: segments(run_dir)[2]["train"], 120, "a step after the second resume", diagnostics=show
+        )
         record("scontrol_requeue_round_trip_s", round(after2[0]["time"] - t_requeue, 1))
 
         poll(lambda: (run_dir / "final.json").exists(), 240, "final.json", diagnostics=show)
@@ -355,7 +424,9 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(ft_env: dict[str, 
         assert (folder / "node_0.log").is_file() and (folder / "node_1.log").is_file(), attempt
         assert f"attempt={attempt}" in (folder / "node_0.log").read_text()
         if attempt in (0, 1, attempts[-1]):
-            assert list(folder.glob("node_0_ranks/*/attempt_0/0/stdout.log")), f"rank logs of attempt {attempt}"
+            assert list(folder.glob("node_0_ranks/*/attempt_0/0/stdout.log")), (
+                f"rank logs of attempt {attempt}"
+            )
     assert "exit=75" in (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
     assert "exit=75" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
     assert "exit=0" in (run_dir / "logs" / f"attempt_{attempts[-1]}" / "node_0.log").read_text()
@@ -370,7 +441,9 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(ft_env: dict[str, 
 
 
 # ----------------------------------------------------------------------------------------- 3. hard kill
-def test_sigkill_on_one_node_fails_then_resume_completes_exactly(ft_env: dict[str, str], reference: Background) -> None:
+def test_sigkill_on_one_node_fails_then_resume_completes_exactly(
+    ft_env: dict[str, str], reference: Background
+) -> None:
     job_id, run_dir = submit(ft_env, TWO_NODES_FSDP, RUN_ARGS)
     show = diag(job_id, run_dir)
     try:
@@ -415,9 +488,16 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     # `submit --wait` must follow the run into the auto-resumed job and answer for it
     runs = Path(ft_env["ORCHESTRATOR_RUNS"])
     before = set(runs.glob("*/job_id"))
-    waiter = Background(["submit", *TWO_NODES_FSDP, "--auto-resume", "--wait", "--poll", "1", "--", TRAIN, *RUN_ARGS], ft_env)
-    id_file = poll(lambda: [p for p in runs.glob("*/job_id") if p not in before and not p.read_text().startswith("local-")],
-                   60, "the submitted job's id")[0]
+    waiter = Background(
+        ["submit", *TWO_NODES_FSDP, "--auto-resume", "--wait", "--poll", "1", "--", TRAIN, *RUN_ARGS], ft_env
+    )
+    id_file = poll(
+        lambda: [
+            p for p in runs.glob("*/job_id") if p not in before and not p.read_text().startswith("local-")
+        ],
+        60,
+        "the submitted job's id",
+    )[0]
     job_id, run_dir = id_file.read_text().strip(), id_file.parent
     show = diag(job_id, run_dir)
     new_job = None
@@ -426,8 +506,9 @@ def test_node_death_with_auto_resume_continues_without_that_node(
         victim, _ = pick_victim(job_id, run_dir, show)
         killed_at = time.monotonic()
         assert kill_node_processes(victim, include_daemons=True)
-        decision = poll(lambda: read_decisions(run_dir), 120,
-                        "the after-step check's decision", diagnostics=show)[0]
+        decision = poll(
+            lambda: read_decisions(run_dir), 120, "the after-step check's decision", diagnostics=show
+        )[0]
         record("node_death_to_resubmission_s", round(time.monotonic() - killed_at, 1))
         assert decision["action"] == "resubmitted", decision
         assert decision["lost_nodes"] == [victim] and decision["exclude_nodes"] == [victim], decision
@@ -474,8 +555,12 @@ def test_resume_on_fewer_nodes_restores_exact_state(ft_env: dict[str, str]) -> N
     job_id, run_dir = submit(ft_env, options, RUN_ARGS)
     show = diag(job_id, run_dir)
     try:
-        poll(lambda: (run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json").exists(), 240,
-             "the first checkpoint", diagnostics=show)
+        poll(
+            lambda: (run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json").exists(),
+            240,
+            "the first checkpoint",
+            diagnostics=show,
+        )
         res = run_cli(["cancel", job_id], ft_env, timeout=60)  # SIGTERM: training saves, no requeue
         assert res.returncode == 0, res.stdout + res.stderr
         state = wait_for_job_state(job_id, ["CANCELLED", "FAILED", "COMPLETED"], timeout=90)
@@ -505,10 +590,27 @@ def test_resume_on_fewer_nodes_restores_exact_state(ft_env: dict[str, str]) -> N
 # ----------------------------------------------------------------------------------------- 5. own failure
 def test_script_that_raises_is_not_requeued(ft_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "boom.py"
-    script.write_text("import sys\nprint('about to fail', flush=True)\nraise SystemExit('boom: the script failed by itself')\n")
+    script.write_text(
+        "import sys\nprint('about to fail', flush=True)\nraise SystemExit('boom: the script failed by itself')\n"
+    )
     # --auto-resume too: every node still answers, so the after-step check must not resubmit.
-    res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "1", "--auto-resume", "--wait", "--poll", "0.5",
-                   "--", str(script)], ft_env, timeout=180)
+    res = run_cli(
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--nodes",
+            "1",
+            "--auto-resume",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            str(script),
+        ],
+        ft_env,
+        timeout=180,
+    )
     job_id, run_dir = job_and_dir(res.stdout)
     assert res.returncode == 1, res.stdout + res.stderr
     assert sacct_state(job_id) == "FAILED"
@@ -524,13 +626,24 @@ def test_script_that_raises_is_not_requeued(ft_env: dict[str, str], tmp_path: Pa
 
 # ----------------------------------------------------------------------------------------- 2. time limit
 def test_time_limit_reached_over_several_attempts(time_limit_job: dict[str, Any]) -> None:
-    job_id, run_dir, max_steps = time_limit_job["job_id"], time_limit_job["run_dir"], time_limit_job["max_steps"]
-    record("time_limit_work", {"max_steps": max_steps, "measured_steps_per_s": round(time_limit_job["rate"], 1)})
+    job_id, run_dir, max_steps = (
+        time_limit_job["job_id"],
+        time_limit_job["run_dir"],
+        time_limit_job["max_steps"],
+    )
+    record(
+        "time_limit_work", {"max_steps": max_steps, "measured_steps_per_s": round(time_limit_job["rate"], 1)}
+    )
     show = diag(job_id, run_dir)
     left = TIME_LIMIT_DEADLINE_S - (time.monotonic() - time_limit_job["submitted"])
     try:
-        poll(lambda: (run_dir / "final.json").exists(), max(30.0, left), "the time-limited job to finish",
-             interval=1.0, diagnostics=show)
+        poll(
+            lambda: (run_dir / "final.json").exists(),
+            max(30.0, left),
+            "the time-limited job to finish",
+            interval=1.0,
+            diagnostics=show,
+        )
         assert sacct_state(job_id, timeout=90) == "COMPLETED", show()
     finally:
         if not (run_dir / "final.json").exists():

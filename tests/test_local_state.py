@@ -49,6 +49,7 @@ def test_local_state_lifecycle(tmp_path: Path) -> None:
     ls = local_state(rd)
     assert (ls.state, ls.exit_code, ls.reason) == (JobState.OUT_OF_MEMORY, 9, "oom")
 
+
 def test_recycled_pid_does_not_look_alive(tmp_path: Path) -> None:
     """A pid file older than the process now holding that pid means the job's process is gone."""
     rd = tmp_path / "run"

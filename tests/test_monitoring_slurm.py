@@ -19,19 +19,35 @@ SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TRAIN = str(REPO / "train" / "train.py")
 
 
-
-
 def _status(job_id: str, env: dict) -> dict:
     res = run_cli(["status", "--json", job_id], env, timeout=30)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
 
-def test_status_follows_pending_running_completed(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+def test_status_follows_pending_running_completed(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
     # --begin keeps the job PENDING for a few seconds: the first state is observable, not a race.
     profiles = user_profile_dir(tmp_path, extra_sbatch={"begin": "now+4"})
-    res = run_cli(["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--",
-                   SCRIPT, "--expect-world-size", "2", "--out", str(tmp_path / "o")], orch_env)
+    res = run_cli(
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--profiles-dir",
+            str(profiles),
+            "--nodes",
+            "2",
+            "--",
+            SCRIPT,
+            "--expect-world-size",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        orch_env,
+    )
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.split("submitted job ")[1].split()[0]
     seen: list[str] = []
@@ -48,16 +64,45 @@ def test_status_follows_pending_running_completed(slurm_cluster: dict, orch_env:
     assert job_id in hist
 
 
-def test_cancel_shows_cancelled_and_logs_follow_stops(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
-    res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "2", "--", TRAIN, "--preset", "tiny", "--data",
-                   "synthetic", "--batch-size", "2", "--seq-len", "32", "--max-steps", "100000", "--log-every", "1"],
-                  orch_env)
+def test_cancel_shows_cancelled_and_logs_follow_stops(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    res = run_cli(
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--nodes",
+            "2",
+            "--",
+            TRAIN,
+            "--preset",
+            "tiny",
+            "--data",
+            "synthetic",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "32",
+            "--max-steps",
+            "100000",
+            "--log-every",
+            "1",
+        ],
+        orch_env,
+    )
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.split("submitted job ")[1].split()[0]
     run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
-    follower = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", job_id, "-f", "--interval", "0.2"],
-                                cwd=REPO, env=orch_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "logs", job_id, "-f", "--interval", "0.2"],
+        cwd=REPO,
+        env=orch_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -78,9 +123,29 @@ def test_cancel_shows_cancelled_and_logs_follow_stops(slurm_cluster: dict, orch_
         subprocess.run(["scancel", job_id], timeout=30)
 
 
-def test_status_answers_stale_when_accounting_is_down(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
-    res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "1", "--wait", "--poll", "0.5", "--",
-                   SCRIPT, "--expect-world-size", "1", "--out", str(tmp_path / "o")], orch_env, timeout=180)
+def test_status_answers_stale_when_accounting_is_down(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    res = run_cli(
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--nodes",
+            "1",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            SCRIPT,
+            "--expect-world-size",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        orch_env,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     job_id = res.stdout.split("submitted job ")[1].split()[0]
     base = Path(slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_BASE", "/tmp/orchestrator-slurm"))

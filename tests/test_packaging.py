@@ -16,8 +16,20 @@ from tests.helpers.cli import REPO
 def test_wheel_install_finds_templates_and_profiles(tmp_path: Path) -> None:
     target = tmp_path / "site"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--target", str(target), str(REPO)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     assert (target / "orchestrator" / "job_templates" / "sbatch.sh.j2").is_file()
@@ -26,11 +38,29 @@ def test_wheel_install_finds_templates_and_profiles(tmp_path: Path) -> None:
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(target)
-    for args in (["profiles", "list"], ["render", "--profile", "slurm_a100", "--strategy", "hybrid_shard", "--", "t.py"]):
-        res = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=elsewhere, env=env,
-                             capture_output=True, text=True, timeout=60)
+    for args in (
+        ["profiles", "list"],
+        ["render", "--profile", "slurm_a100", "--strategy", "hybrid_shard", "--", "t.py"],
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         assert str(REPO) not in res.stdout  # nothing came from the checkout
     assert "parallelism_config_dp_replicate_size: 2" in res.stdout
-    assert "slurm_h100" in subprocess.run([sys.executable, "-m", "orchestrator", "profiles", "list"], cwd=elsewhere,
-                                          env=env, capture_output=True, text=True, timeout=60).stdout
+    assert (
+        "slurm_h100"
+        in subprocess.run(
+            [sys.executable, "-m", "orchestrator", "profiles", "list"],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )

@@ -31,6 +31,7 @@ from tests.helpers.profile_docs import FAST, documents, profile_like
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "cluster_profiles/fuzz.yaml"
 
+
 def check_outcome(text_in: str) -> ClusterProfile | None:
     """parse_profile either returns a profile or raises UserError naming the source on every line."""
     try:

@@ -157,7 +157,9 @@ def test_attempts_of_one_job(tmp_path: Path) -> None:
     with Registry.open(tmp_path) as reg:
         _add(reg, "9")
         a0 = reg.add_attempt("9", scheduler_job_id="9", started_at=1.0)
-        a1 = reg.add_attempt("9", scheduler_job_id="9", started_from_checkpoint="/r/checkpoints/step_00000040")
+        a1 = reg.add_attempt(
+            "9", scheduler_job_id="9", started_from_checkpoint="/r/checkpoints/step_00000040"
+        )
         assert (a0.attempt, a1.attempt) == (0, 1)
         with pytest.raises(UserError, match="already recorded"):
             reg.add_attempt("9", attempt=1)
@@ -357,7 +359,9 @@ def test_jobs_in_one_run_dir_are_one_run(tmp_path: Path) -> None:
         _add(reg, "local-9", run_dir="/r/a", submitted_at=5.0)
         _add(reg, "local-20", run_dir="/r/b", submitted_at=5.0)
         _add(reg, "local-10", run_dir="/r/a", submitted_at=5.0)  # same clock: id "10" < "9" as text
-        _add(reg, "local-11", run_dir="/r/a/", submitted_at=4.0)  # a clock stepped back; same dir spelled with /
+        _add(
+            reg, "local-11", run_dir="/r/a/", submitted_at=4.0
+        )  # a clock stepped back; same dir spelled with /
         assert reg.successors(["local-9", "local-10", "local-11", "local-20", "nope"]) == {
             "local-9": "local-11",
             "local-10": "local-11",

@@ -24,6 +24,7 @@ def test_checkpoint_verification(tmp_path: Path) -> None:
     ck = last_complete_checkpoint(rd)
     assert ck is not None and ck.step == 20 and ck.n_files == 2 and ck.path.name == "step_00000020"
 
+
 def test_checkpoint_marker_cannot_point_outside(tmp_path: Path) -> None:
     rd = tmp_path / "run"
     (tmp_path / "outside.bin").write_bytes(b"1234")

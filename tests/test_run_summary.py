@@ -36,12 +36,14 @@ def test_summary_of_a_run(tmp_path: Path) -> None:
     assert s.resumes == 0
     json.dumps(s.to_json())
 
+
 def test_summary_of_empty_and_missing_dirs(tmp_path: Path) -> None:
     s = summarize(tmp_path / "nope")
     assert s.step is None and s.eta_s is None and s.checkpoint is None and s.resumes == 0
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "metrics.jsonl").write_text('{"event": "tra')
     assert summarize(tmp_path / "r").step is None
+
 
 def test_eta_uses_current_attempt_only(tmp_path: Path) -> None:
     rd = tmp_path / "run"
@@ -55,6 +57,7 @@ def test_eta_uses_current_attempt_only(tmp_path: Path) -> None:
     assert s.step == 15 and s.resumes == 1
     assert s.eta_s == pytest.approx((100 - 15) * 3.0)
 
+
 def test_eta_falls_back_to_step_time_and_max_steps_from_job_json(tmp_path: Path) -> None:
     rd = tmp_path / "run"
     ev = train_event(5, 1.0, step_time_s=0.25)
@@ -63,6 +66,7 @@ def test_eta_falls_back_to_step_time_and_max_steps_from_job_json(tmp_path: Path)
     (rd / "job.json").write_text(json.dumps({"max_steps": 45}))
     s = summarize(rd)
     assert s.max_steps == 45 and s.eta_s == pytest.approx(40 * 0.25)
+
 
 def test_status_reads_only_the_tail_of_a_huge_file(tmp_path: Path) -> None:
     """60 MB of metrics whose head is not even JSON: summarize must not care (and must be fast)."""
@@ -84,6 +88,7 @@ def test_status_reads_only_the_tail_of_a_huge_file(tmp_path: Path) -> None:
     # Parsing 60 MB would take seconds; a 256 KB tail takes milliseconds.
     assert per_call < 0.05, per_call
 
+
 def test_resume_count_is_incremental_and_exact(tmp_path: Path) -> None:
     rd = tmp_path / "run"
     write_metrics(rd, [train_event(1, 1.0), {"event": "resume", "step": 0, "checkpoint": "a", "time": 2.0}])
@@ -96,6 +101,7 @@ def test_resume_count_is_incremental_and_exact(tmp_path: Path) -> None:
     assert count_resumes(rd) == 2
     write_metrics(rd, [{"event": "resume", "step": 9, "checkpoint": "c", "time": 5.0}])
     assert count_resumes(rd) == 3
+
 
 @settings(max_examples=80, deadline=None)
 @given(

@@ -23,12 +23,29 @@ TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-l
 def sections(output: str) -> dict[str, str]:
     """``==> NAME <==`` sections of ``render``/``submit --dry-run`` output, each as a file's text."""
     parts = re.split(r"^==> (.+) <==\n", output, flags=re.M)
-    return {name: body.split("\n# dry run:")[0].rstrip("\n") + "\n" for name, body in zip(parts[1::2], parts[2::2])}
+    return {
+        name: body.split("\n# dry run:")[0].rstrip("\n") + "\n"
+        for name, body in zip(parts[1::2], parts[2::2])
+    }
 
 
-def test_dry_run_is_byte_for_byte_the_submitted_script(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
-    args = ["--profile", "slurm_test", "--nodes", "2", "--name", "same", "--", SCRIPT, "--expect-world-size", "2",
-            "--out", str(tmp_path / "plain")]
+def test_dry_run_is_byte_for_byte_the_submitted_script(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    args = [
+        "--profile",
+        "slurm_test",
+        "--nodes",
+        "2",
+        "--name",
+        "same",
+        "--",
+        SCRIPT,
+        "--expect-world-size",
+        "2",
+        "--out",
+        str(tmp_path / "plain"),
+    ]
     dry = run_cli(["submit", "--dry-run", *args], orch_env)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     planned = dry.stdout.split("run directory would be ")[1].split(")")[0]
@@ -46,11 +63,32 @@ def test_dry_run_is_byte_for_byte_the_submitted_script(slurm_cluster: dict, orch
     assert sacct_state(job_id) == "COMPLETED"
 
 
-def test_resume_keeps_auto_resume_and_excluded_nodes(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+def test_resume_keeps_auto_resume_and_excluded_nodes(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
     first = run_cli(
-        ["submit", "--profile", "slurm_test", "--nodes", "2", "--auto-resume", "--exclude", "n3", "--wait",
-         "--poll", "0.5", "--", TRAIN, *TINY, "--max-steps", "4", "--ckpt-every", "2"],
-        orch_env, timeout=300,
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--nodes",
+            "2",
+            "--auto-resume",
+            "--exclude",
+            "n3",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            TRAIN,
+            *TINY,
+            "--max-steps",
+            "4",
+            "--ckpt-every",
+            "2",
+        ],
+        orch_env,
+        timeout=300,
     )
     assert first.returncode == 0, first.stdout + first.stderr
     job_id, run_dir = job_and_run_dir(first.stdout)
@@ -68,25 +106,49 @@ def test_resume_keeps_auto_resume_and_excluded_nodes(slurm_cluster: dict, orch_e
     # Each submission keeps its own plan; the first one is unchanged.
     assert json.loads((run_dir / "job.attempt_0.json").read_text())["attempt_base"] == 0
     assert (run_dir / "logs" / "attempt_1" / "node_0.log").is_file()
-    nodes = subprocess.run(["sacct", "-nXP", "-j", new_job, "-o", "NodeList"], capture_output=True, text=True,
-                           timeout=30).stdout
+    nodes = subprocess.run(
+        ["sacct", "-nXP", "-j", new_job, "-o", "NodeList"], capture_output=True, text=True, timeout=30
+    ).stdout
     assert "n3" not in nodes and sacct_state(new_job) == "COMPLETED"
 
 
-def test_node_side_interpreter_comes_from_the_setup_lines(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+def test_node_side_interpreter_comes_from_the_setup_lines(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
     """A venv that only the nodes activate (profile setup), at a path the submitting interpreter knows
     nothing of; profile key ``python: python`` is looked up after the setup lines."""
     venv = tmp_path / "node venv"  # a space: the path must travel as one word
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
     base = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
-    profiles = user_profile_dir(tmp_path, setup=[*base.get("setup", []), f"source '{venv}/bin/activate'"],
-                                python="python")
+    profiles = user_profile_dir(
+        tmp_path, setup=[*base.get("setup", []), f"source '{venv}/bin/activate'"], python="python"
+    )
     out = tmp_path / "plain"
     res = run_cli(
-        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--wait", "--poll",
-         "0.5", "--", SCRIPT, "--expect-world-size", "2", "--out", str(out)],
-        orch_env, timeout=240,
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--profiles-dir",
+            str(profiles),
+            "--nodes",
+            "2",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            SCRIPT,
+            "--expect-world-size",
+            "2",
+            "--out",
+            str(out),
+        ],
+        orch_env,
+        timeout=240,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
@@ -103,9 +165,26 @@ def test_missing_node_interpreter_fails_the_job_with_the_reason(
 ) -> None:
     profiles = user_profile_dir(tmp_path, python="python-that-no-node-has")
     res = run_cli(
-        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "1", "--wait", "--poll",
-         "0.5", "--", SCRIPT, "--expect-world-size", "1", "--out", str(tmp_path / "plain")],
-        orch_env, timeout=240,
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--profiles-dir",
+            str(profiles),
+            "--nodes",
+            "1",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            SCRIPT,
+            "--expect-world-size",
+            "1",
+            "--out",
+            str(tmp_path / "plain"),
+        ],
+        orch_env,
+        timeout=240,
     )
     assert res.returncode == 1, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)

@@ -34,7 +34,6 @@ BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
 
-
 SUPERVISOR_RE = re.compile(
     r"^exec (.*) -m orchestrator\.batch_step --attempt-base \d+( --auto-resume)? -- (?=srun )", re.M
 )
@@ -49,6 +48,7 @@ def strip_supervisor(script: str) -> str:
     assert len(matches) == 1, script
     assert matches[0][0] == '"$ORCHESTRATOR_PYTHON"', matches
     return SUPERVISOR_RE.sub("", script)
+
 
 def hostile(marker: Path) -> list[str]:
     """Strings that run `touch <marker>` if anything ever evaluates them."""

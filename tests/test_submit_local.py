@@ -20,8 +20,24 @@ def _records(prefix: Path, world: int) -> list[dict]:
 def test_unmodified_script_gets_requested_world_size(orch_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "out"
     res = run_cli(
-        ["submit", "--profile", "local", "--nodes", "2", "--strategy", "ddp", "--wait", "--poll", "0.5",
-         "--", SCRIPT, "--expect-world-size", "4", "--out", str(out)],
+        [
+            "submit",
+            "--profile",
+            "local",
+            "--nodes",
+            "2",
+            "--strategy",
+            "ddp",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            SCRIPT,
+            "--expect-world-size",
+            "4",
+            "--out",
+            str(out),
+        ],
         orch_env,
         timeout=180,
     )
@@ -37,7 +53,9 @@ def test_unmodified_script_gets_requested_world_size(orch_env: dict[str, str], t
     assert "machine_rank: 1" in configs[1].read_text()  # rendered on the node, not on the submitter
     assert json.loads((run_dir / "job.json").read_text())["world_size"] == 4
     # state and registry agree
-    st = run_cli(["status", "--json", run_dir.name and res.stdout.split("submitted job ")[1].split()[0]], orch_env)
+    st = run_cli(
+        ["status", "--json", run_dir.name and res.stdout.split("submitted job ")[1].split()[0]], orch_env
+    )
     assert st.returncode == 0 and "COMPLETED" in st.stdout
 
 
@@ -50,9 +68,30 @@ def test_two_jobs_at_once_do_not_clash(orch_env: dict[str, str], tmp_path: Path)
     for i in range(2):
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", "--nodes", "2", "--wait",
-                 "--poll", "0.5", "--", SCRIPT, "--expect-world-size", "4", "--out", str(tmp_path / f"o{i}")],
-                cwd=REPO, env=orch_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator",
+                    "submit",
+                    "--profile",
+                    "local",
+                    "--nodes",
+                    "2",
+                    "--wait",
+                    "--poll",
+                    "0.5",
+                    "--",
+                    SCRIPT,
+                    "--expect-world-size",
+                    "4",
+                    "--out",
+                    str(tmp_path / f"o{i}"),
+                ],
+                cwd=REPO,
+                env=orch_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         )
     outputs = [p.communicate(timeout=240)[0] for p in procs]
@@ -82,7 +121,9 @@ def test_dry_run_submits_nothing(orch_env: dict[str, str], tmp_path: Path) -> No
         ([], "no training script"),
     ],
 )
-def test_bad_requests_exit_2_and_leave_nothing(orch_env: dict[str, str], tmp_path: Path, args: list[str], needle: str) -> None:
+def test_bad_requests_exit_2_and_leave_nothing(
+    orch_env: dict[str, str], tmp_path: Path, args: list[str], needle: str
+) -> None:
     res = run_cli(["submit", "--profile", "local", *args], orch_env)
     assert res.returncode == 2, res.stdout + res.stderr
     assert needle in res.stderr and "Traceback" not in res.stderr
@@ -109,9 +150,23 @@ def test_prewarmed_launcher_runs_the_command_with_the_env_and_log_handed_over(tm
     assert prewarmed.proc is not None  # accelerate is installed in the test environment
     with open(log_path, "ab", buffering=0) as log_bin:
         proc = prewarmed.hand_off(
-            ["accelerate", "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
-             "--dynamo_backend", "no", str(script)],
-            env, log_path, log_bin,
+            [
+                "accelerate",
+                "launch",
+                "--cpu",
+                "--num_processes",
+                "1",
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                str(script),
+            ],
+            env,
+            log_path,
+            log_bin,
         )
         assert proc.wait(timeout=120) == 0, log_path.read_text()
     text = log_path.read_text()

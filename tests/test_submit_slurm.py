@@ -16,18 +16,29 @@ SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TRAIN = str(REPO / "train" / "train.py")
 
 
-
-
-
-
-
-
 def test_unmodified_script_spans_both_nodes(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
     out = tmp_path / "plain"
     res = run_cli(
-        ["submit", "--profile", "slurm_test", "--nodes", "2", "--procs-per-node", "2", "--wait", "--poll", "0.5",
-         "--", SCRIPT, "--expect-world-size", "4", "--out", str(out)],
-        orch_env, timeout=240,
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            SCRIPT,
+            "--expect-world-size",
+            "4",
+            "--out",
+            str(out),
+        ],
+        orch_env,
+        timeout=240,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
@@ -40,30 +51,76 @@ def test_unmodified_script_spans_both_nodes(slurm_cluster: dict, orch_env: dict,
     assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --signal=USR2@30" in sbatch
 
 
-def test_shell_metacharacters_in_profile_are_inert(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+def test_shell_metacharacters_in_profile_are_inert(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
     canary = tmp_path / "canary"
     evil = f"$(touch {canary}1) `touch {canary}2`; touch {canary}3 'q\"\nline2"
-    profiles = user_profile_dir(tmp_path, env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "MARKER_VALUE": evil})
+    profiles = user_profile_dir(
+        tmp_path, env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "MARKER_VALUE": evil}
+    )
     out = tmp_path / "plain"
     res = run_cli(
-        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2",
-         "--name", f"x$(touch {canary}4);`touch {canary}5`", "--wait", "--poll", "0.5",
-         "--", SCRIPT, "--expect-world-size", "2", "--out", str(out)],
-        orch_env, timeout=240,
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--profiles-dir",
+            str(profiles),
+            "--nodes",
+            "2",
+            "--name",
+            f"x$(touch {canary}4);`touch {canary}5`",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            SCRIPT,
+            "--expect-world-size",
+            "2",
+            "--out",
+            str(out),
+        ],
+        orch_env,
+        timeout=240,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not list(tmp_path.glob("canary*")), "a profile value was executed"
     assert json.loads(Path(f"{out}.rank0").read_text())["marker"] == evil  # arrived as a literal string
 
 
-def test_two_jobs_on_the_same_nodes_both_complete(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+def test_two_jobs_on_the_same_nodes_both_complete(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
     profiles = user_profile_dir(tmp_path, extra_sbatch={"nodelist": "n1,n2"})
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "submit", "--profile", "slurm_test", "--profiles-dir", str(profiles),
-             "--nodes", "2", "--wait", "--poll", "0.5", "--", SCRIPT, "--expect-world-size", "2",
-             "--out", str(tmp_path / f"o{i}")],
-            cwd=REPO, env=orch_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "submit",
+                "--profile",
+                "slurm_test",
+                "--profiles-dir",
+                str(profiles),
+                "--nodes",
+                "2",
+                "--wait",
+                "--poll",
+                "0.5",
+                "--",
+                SCRIPT,
+                "--expect-world-size",
+                "2",
+                "--out",
+                str(tmp_path / f"o{i}"),
+            ],
+            cwd=REPO,
+            env=orch_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
         )
         for i in range(2)
@@ -76,13 +133,19 @@ def test_two_jobs_on_the_same_nodes_both_complete(slurm_cluster: dict, orch_env:
     assert [p.returncode for p in procs] == [0, 0], outputs
     jobs = [job_and_run_dir(o) for o in outputs]
     ports = {
-        next(x for x in (d / "logs/attempt_0/accelerate_config.node0.yaml").read_text().splitlines() if "port" in x)
+        next(
+            x
+            for x in (d / "logs/attempt_0/accelerate_config.node0.yaml").read_text().splitlines()
+            if "port" in x
+        )
         for _, d in jobs
     }
     assert len(ports) == 2
     # both really ran on n1 and n2
     for job_id, _ in jobs:
-        nodes = subprocess.run(["sacct", "-nXP", "-j", job_id, "-o", "NodeList"], capture_output=True, text=True).stdout
+        nodes = subprocess.run(
+            ["sacct", "-nXP", "-j", job_id, "-o", "NodeList"], capture_output=True, text=True
+        ).stdout
         assert nodes.strip() == "n[1-2]"
 
 
@@ -107,6 +170,8 @@ def test_bad_requests_exit_2_before_submitting(
 
 def test_unknown_partition_exits_2(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
     profiles = user_profile_dir(tmp_path, partition="nosuchpart")
-    res = run_cli(["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--", SCRIPT], orch_env)
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--", SCRIPT], orch_env
+    )
     assert res.returncode == 2 and "partition 'nosuchpart' does not exist" in res.stderr, res.stderr
     assert not (tmp_path / "runs").exists()

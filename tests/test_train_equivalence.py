@@ -110,7 +110,12 @@ def test_two_ranks_match_ddp(strategy, fsdp_version, wrap_cls):
 
 @pytest.mark.parametrize(
     "strategy,fsdp_version,wrap_cls",
-    [("hybrid_shard", 1, None), ("hybrid_shard", 2, None), ("hybrid_shard_zero2", 1, BLOCK), ("hybrid_shard_zero2", 2, BLOCK)],
+    [
+        ("hybrid_shard", 1, None),
+        ("hybrid_shard", 2, None),
+        ("hybrid_shard_zero2", 1, BLOCK),
+        ("hybrid_shard_zero2", 2, BLOCK),
+    ],
 )
 def test_two_nodes_hybrid_match_four_rank_ddp(strategy, fsdp_version, wrap_cls):
     reference = tl.cached_run("ddp", 2, 2, 2, ARGS)
@@ -132,7 +137,9 @@ def _size_based_configs(folder, min_num_params: int) -> list:
     configs = tl.render_configs("full_shard", 2, 1, 2, tl.free_port(), folder)
     text = configs[0].read_text()
     assert "fsdp_auto_wrap_policy: SIZE_BASED_WRAP" in text and "fsdp_min_num_params: 1000000" in text, text
-    configs[0].write_text(text.replace("fsdp_min_num_params: 1000000", f"fsdp_min_num_params: {min_num_params}"))
+    configs[0].write_text(
+        text.replace("fsdp_min_num_params: 1000000", f"fsdp_min_num_params: {min_num_params}")
+    )
     return configs
 
 

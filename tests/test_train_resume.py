@@ -40,7 +40,9 @@ def interrupted_and_resumed(strategy: str, fsdp_version: int, nodes: int, procs:
         run_dir = tl.cache_dir() / f"resume-{strategy}-v{fsdp_version}-{nodes}x{procs}"
         first = tl.start(run_dir, strategy, fsdp_version, nodes, procs, [*ARGS, "--ckpt-every", str(KILL_AT)])
         try:
-            first.poll_until(lambda: _marker(run_dir, KILL_AT).exists(), 150, f"the step-{KILL_AT} checkpoint")
+            first.poll_until(
+                lambda: _marker(run_dir, KILL_AT).exists(), 150, f"the step-{KILL_AT} checkpoint"
+            )
         finally:
             first.kill(signal.SIGKILL)
         assert not _marker(run_dir, STEPS).exists()
@@ -61,7 +63,11 @@ def _assert_resume_exact(baseline: tl.Launch, run_dir: Path) -> None:
     # Bit-equal: same floats, not merely close.
     assert [got[s] for s in tail] == [ref[s] for s in tail], {s: (ref[s], got[s]) for s in tail}
     resumes = tl.read_metrics(run_dir, "resume")
-    assert resumes and resumes[-1]["step"] == KILL_AT and resumes[-1]["checkpoint"].endswith(f"step_{KILL_AT:08d}")
+    assert (
+        resumes
+        and resumes[-1]["step"] == KILL_AT
+        and resumes[-1]["checkpoint"].endswith(f"step_{KILL_AT:08d}")
+    )
     loaded = tl.read_json(run_dir / "loaded.json")
     saved = tl.read_json(_marker(run_dir, KILL_AT))
     assert loaded["param_checksum"] == saved["param_checksum"]
@@ -129,9 +135,17 @@ def test_fsdp1_optimizer_state_is_verified_on_load(tmp_path):
     the checksum comparison catches it (exit 4), it never trains on silently."""
     source = interrupted_and_resumed("full_shard", 1, 1, 2)
     run_dir = tmp_path / "run"
-    shutil.copytree(source / "checkpoints" / f"step_{KILL_AT:08d}", run_dir / "checkpoints" / f"step_{KILL_AT:08d}")
+    shutil.copytree(
+        source / "checkpoints" / f"step_{KILL_AT:08d}", run_dir / "checkpoints" / f"step_{KILL_AT:08d}"
+    )
     launch = tl.run(
-        run_dir, "full_shard", 1, 1, 2, list(ARGS), env={"ORCHESTRATOR_DISABLE_WORKAROUNDS": "fsdp1_optimizer_state_on_load"}
+        run_dir,
+        "full_shard",
+        1,
+        1,
+        2,
+        list(ARGS),
+        env={"ORCHESTRATOR_DISABLE_WORKAROUNDS": "fsdp1_optimizer_state_on_load"},
     )
     assert launch.returncodes != [0]
     out = launch.output()
@@ -186,7 +200,9 @@ def _fake_checkpoint(root: Path, step: int, complete: bool = True) -> Path:
     if not complete:
         return tmp
     final = root / "checkpoints" / f"step_{step:08d}"
-    checkpointing.finalize(tmp, final, {"step": step, "world_size": 1, "strategy": "ddp", "fsdp_version": None})
+    checkpointing.finalize(
+        tmp, final, {"step": step, "world_size": 1, "strategy": "ddp", "fsdp_version": None}
+    )
     return final
 
 
@@ -194,7 +210,12 @@ def test_marker_lists_files_and_sizes(tmp_path):
     folder = _fake_checkpoint(tmp_path, 3)
     marker = json.loads((folder / "COMPLETE.json").read_text())
     assert marker["files"] == {"optimizer_0/__0_0.distcp": 100, "random_states_0.pkl": 10}
-    assert marker["step"] == 3 and marker["world_size"] == 1 and marker["strategy"] == "ddp" and "fsdp_version" in marker
+    assert (
+        marker["step"] == 3
+        and marker["world_size"] == 1
+        and marker["strategy"] == "ddp"
+        and "fsdp_version" in marker
+    )
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
 
 

@@ -47,7 +47,9 @@ def _multi_cpu_config(tmp_path, port: int):
 def test_multi_cpu_config_starts_one_process_and_is_refused(tmp_path):
     started = time.monotonic()
     config = _multi_cpu_config(tmp_path, tl.free_port())
-    launch = tl.start(tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, config_paths=[config])
+    launch = tl.start(
+        tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, config_paths=[config]
+    )
     try:
         launch.wait()
     finally:
@@ -61,23 +63,40 @@ def test_multi_cpu_config_is_refused_when_run_by_hand(tmp_path):
     started = time.monotonic()
     config = _multi_cpu_config(tmp_path, tl.free_port())
     env = dict.fromkeys(ORCHESTRATOR_EXPECTATIONS)
-    launch = tl.start(tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, env=env, config_paths=[config])
+    launch = tl.start(
+        tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, env=env, config_paths=[config]
+    )
     try:
         launch.wait()
     finally:
         launch.kill()
-    _assert_selfcheck_failed(launch, "expected world size 2, found 1", "parent `accelerate launch`", "start ONE process", started=started)
+    _assert_selfcheck_failed(
+        launch,
+        "expected world size 2, found 1",
+        "parent `accelerate launch`",
+        "start ONE process",
+        started=started,
+    )
 
 
 @pytest.mark.slow
 def test_fsdp_on_cpu_without_the_shim_is_detected(tmp_path):
     started = time.monotonic()
     launch = tl.run(
-        tmp_path / "run", "full_shard", 2, 1, 2, ["--max-steps", "3"], timeout=90,
+        tmp_path / "run",
+        "full_shard",
+        2,
+        1,
+        2,
+        ["--max-steps", "3"],
+        timeout=90,
         env={"ORCHESTRATOR_DISABLE_WORKAROUNDS": "fsdp_on_cpu"},
     )
     _assert_selfcheck_failed(
-        launch, "expected FSDP (full_shard), found distributed type MULTI_CPU", "silently drops FSDP on CPU", started=started
+        launch,
+        "expected FSDP (full_shard), found distributed type MULTI_CPU",
+        "silently drops FSDP on CPU",
+        started=started,
     )
 
 
@@ -86,7 +105,13 @@ def test_fsdp1_hybrid_without_device_mesh_is_detected(tmp_path):
     """torch sizes FSDP1 hybrid shard groups by torch.cpu.device_count() == 1 without an explicit mesh."""
     started = time.monotonic()
     launch = tl.run(
-        tmp_path / "run", "hybrid_shard", 1, 2, 2, ["--max-steps", "3"], timeout=120,
+        tmp_path / "run",
+        "hybrid_shard",
+        1,
+        2,
+        2,
+        ["--max-steps", "3"],
+        timeout=120,
         env={"ORCHESTRATOR_DISABLE_WORKAROUNDS": "fsdp1_hybrid_mesh"},
     )
     out = _assert_selfcheck_failed(launch, "expected FSDP1", started=started)
@@ -97,8 +122,12 @@ def test_fsdp1_hybrid_without_device_mesh_is_detected(tmp_path):
 def test_gpu_config_without_accelerate_use_cpu_is_detected(tmp_path):
     """A MULTI_GPU config on a CPU machine without ACCELERATE_USE_CPU=1: N processes, each training alone."""
     started = time.monotonic()
-    launch = tl.run(tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, env={"ACCELERATE_USE_CPU": None})
-    _assert_selfcheck_failed(launch, "expected world size 2, found 1", "ACCELERATE_USE_CPU=1", started=started)
+    launch = tl.run(
+        tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, env={"ACCELERATE_USE_CPU": None}
+    )
+    _assert_selfcheck_failed(
+        launch, "expected world size 2, found 1", "ACCELERATE_USE_CPU=1", started=started
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -116,7 +145,13 @@ def test_expectations_from_the_launcher():
             "WORLD_SIZE": "1",
         }
     )
-    assert (exp.world_size, exp.num_nodes, exp.procs_per_node, exp.strategy, exp.fsdp_version) == (4, 2, 2, "hybrid_shard", 1)
+    assert (exp.world_size, exp.num_nodes, exp.procs_per_node, exp.strategy, exp.fsdp_version) == (
+        4,
+        2,
+        2,
+        "hybrid_shard",
+        1,
+    )
     assert "launcher" in exp.source
     assert selfcheck.expected_groups(exp, 4) == (2, 2)
 
@@ -124,19 +159,38 @@ def test_expectations_from_the_launcher():
 @pytest.mark.parametrize(
     "env,strategy,version",
     [
-        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "HYBRID_SHARD"}, "hybrid_shard", 1),
-        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "2"}, "shard_grad_op", 1),
-        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false"}, "shard_grad_op", 2),
         (
-            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "true",
-             "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2"},
-            "hybrid_shard", 2,
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "HYBRID_SHARD"},
+            "hybrid_shard",
+            1,
+        ),
+        (
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "2"},
+            "shard_grad_op",
+            1,
+        ),
+        (
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false"},
+            "shard_grad_op",
+            2,
+        ),
+        (
+            {
+                "ACCELERATE_USE_FSDP": "true",
+                "FSDP_VERSION": "2",
+                "FSDP_RESHARD_AFTER_FORWARD": "true",
+                "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2",
+            },
+            "hybrid_shard",
+            2,
         ),
         ({}, "ddp", None),
     ],
 )
 def test_expectations_by_hand_from_the_accelerate_environment(env, strategy, version):
-    exp = selfcheck.expectations_from_env({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", **env}, look_at_parent=False)
+    exp = selfcheck.expectations_from_env(
+        {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", **env}, look_at_parent=False
+    )
     assert (exp.world_size, exp.num_nodes, exp.procs_per_node) == (4, 2, 2)
     assert (exp.strategy, exp.fsdp_version) == (strategy, version)
 

@@ -270,7 +270,11 @@ def init_fsdp1_optimizer_state(accelerator, optimizer) -> None:
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if disabled("fsdp1_optimizer_state_on_load"):
         return
-    if accelerator.distributed_type == DistributedType.FSDP and plugin is not None and plugin.fsdp_version == 1:
+    if (
+        accelerator.distributed_type == DistributedType.FSDP
+        and plugin is not None
+        and plugin.fsdp_version == 1
+    ):
         _init_optim_state(getattr(optimizer, "optimizer", optimizer))
 
 

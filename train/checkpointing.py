@@ -265,7 +265,9 @@ class AsyncCheckpointer:
             if plugin.fsdp_version == 1:
                 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-                with FSDP.state_dict_type(model, plugin.state_dict_type, plugin.state_dict_config, plugin.optim_state_dict_config):
+                with FSDP.state_dict_type(
+                    model, plugin.state_dict_type, plugin.state_dict_config, plugin.optim_state_dict_config
+                ):
                     model_sd = model.state_dict()
                     optim_sd = FSDP.optim_state_dict(model, inner)
             else:
@@ -295,12 +297,21 @@ class AsyncCheckpointer:
                     stager.close()
                 assert not isinstance(staged_now, Future)  # use_async_staging=False: staged synchronously
                 staged = staged_now
-            job = {"kind": "dcp", "model": {"model": staged["model"]}, "optimizer": {"optimizer": staged["optimizer"]}}
+            job = {
+                "kind": "dcp",
+                "model": {"model": staged["model"]},
+                "optimizer": {"optimizer": staged["optimizer"]},
+            }
         elif acc.is_main_process:
             # DDP: every replica is identical; rank 0 writes Accelerate's model.safetensors + optimizer.bin.
             model_sd = {k: v.detach().clone() for k, v in acc.get_state_dict(model, unwrap=True).items()}
             optim_sd = copy.deepcopy(inner.state_dict())
-            job = {"kind": "ddp", "model": model_sd, "optimizer": optim_sd, "fqns": _optimizer_fqns(acc, model, inner)}
+            job = {
+                "kind": "ddp",
+                "model": model_sd,
+                "optimizer": optim_sd,
+                "fqns": _optimizer_fqns(acc, model, inner),
+            }
         # Small per-rank files: synchronously, exactly as save_state writes them.
         torch.save(_rng_states(step), tmp / f"random_states_{acc.process_index}.pkl")
         if acc.is_main_process:
@@ -317,7 +328,9 @@ class AsyncCheckpointer:
             "error": None,
         }
         if job["kind"] is not None or acc.is_main_process:
-            pending["thread"] = threading.Thread(target=self._background, args=(pending, job), name=f"ckpt-{step}", daemon=False)
+            pending["thread"] = threading.Thread(
+                target=self._background, args=(pending, job), name=f"ckpt-{step}", daemon=False
+            )
             pending["thread"].start()
         else:
             pending["thread"] = None
@@ -333,7 +346,11 @@ class AsyncCheckpointer:
 
                 for name, sub in (("model", "pytorch_model_fsdp_0"), ("optimizer", "optimizer_0")):
                     (tmp / sub).mkdir(exist_ok=True)
-                    dcp.save(job[name], storage_writer=dcp.FileSystemWriter(str(tmp / sub)), process_group=self.group)
+                    dcp.save(
+                        job[name],
+                        storage_writer=dcp.FileSystemWriter(str(tmp / sub)),
+                        process_group=self.group,
+                    )
                     job[name] = None  # free the staged copy as soon as it is on disk
                 if self.accelerator.is_main_process and self.want_checksums:
                     # Rank 0's dcp.save returns after the coordinator gathered every rank's write

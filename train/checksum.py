@@ -83,17 +83,24 @@ def _flat_optimizer_state(state: Mapping) -> dict[str, torch.Tensor]:
     for fqn, per_param in state.items():
         for key, value in per_param.items():
             if isinstance(value, (torch.Tensor, int, float)):
-                flat[f"{fqn}/{key}"] = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                flat[f"{fqn}/{key}"] = (
+                    value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                )
     return flat
 
 
-def checksums_of_full_state(params: Mapping[str, torch.Tensor], optim_state_dict: Mapping, fqns: list[str]) -> dict[str, float | None]:
+def checksums_of_full_state(
+    params: Mapping[str, torch.Tensor], optim_state_dict: Mapping, fqns: list[str]
+) -> dict[str, float | None]:
     """:func:`checksums` over full tensors already at hand (a DDP rank's staged copies), no communication.
 
     ``optim_state_dict`` is ``optimizer.state_dict()`` (state keyed by position); ``fqns`` names those
     positions. Same names and tensors as ``full_state`` gives, so the same floats bit for bit."""
     named = {fqns[int(index)]: per_param for index, per_param in optim_state_dict.get("state", {}).items()}
-    return {"param_checksum": tensor_checksum(params), "optim_checksum": tensor_checksum(_flat_optimizer_state(named))}
+    return {
+        "param_checksum": tensor_checksum(params),
+        "optim_checksum": tensor_checksum(_flat_optimizer_state(named)),
+    }
 
 
 def checksums_of_dcp_checkpoint(model_dir, optim_dir) -> dict[str, float | None]:
@@ -109,12 +116,20 @@ def checksums_of_dcp_checkpoint(model_dir, optim_dir) -> dict[str, float | None]
 
     def read(folder) -> dict:
         loaded: dict = {}
-        _load_state_dict(loaded, storage_reader=FileSystemReader(str(folder)), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        _load_state_dict(
+            loaded,
+            storage_reader=FileSystemReader(str(folder)),
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
         return loaded
 
     params = read(model_dir).get("model", {})
     optim = read(optim_dir).get("optimizer", {})
-    return {"param_checksum": tensor_checksum(params), "optim_checksum": tensor_checksum(_flat_optimizer_state(optim.get("state", {})))}
+    return {
+        "param_checksum": tensor_checksum(params),
+        "optim_checksum": tensor_checksum(_flat_optimizer_state(optim.get("state", {}))),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,9 @@ def stdlib_files() -> list[tuple[str, Path]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
+        )
         for name in filenames:
             if name.endswith(".py"):
                 path = Path(dirpath) / name

@@ -37,7 +37,9 @@ def _fmt_duration(seconds: float) -> str:
 class Metrics:
     """Writes only on the main process; every method is a no-op elsewhere."""
 
-    def __init__(self, accelerator, run_dir: Path, max_steps: int, world_size: int, strategy: str, log_every: int):
+    def __init__(
+        self, accelerator, run_dir: Path, max_steps: int, world_size: int, strategy: str, log_every: int
+    ):
         self.accelerator = accelerator
         self.main = accelerator.is_main_process
         self.max_steps = max_steps
@@ -55,7 +57,9 @@ class Metrics:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
-    def train(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, step_time: float) -> None:
+    def train(
+        self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, step_time: float
+    ) -> None:
         if self.first_step is None:
             self.first_step = step
             self.started = time.monotonic() - step_time
@@ -77,7 +81,12 @@ class Metrics:
         self._write(record)
         if self.main:
             self.accelerator.log(
-                {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm, "train/tokens_per_s": tokens_per_s},
+                {
+                    "train/loss": loss,
+                    "train/lr": lr,
+                    "train/grad_norm": grad_norm,
+                    "train/tokens_per_s": tokens_per_s,
+                },
                 step=step,
             )
             self._progress(step, loss, tokens_per_s)
@@ -89,7 +98,9 @@ class Metrics:
             self.say(f"eval step {step}: val_loss {val_loss:.4f}")
 
     def resume(self, step: int, checkpoint: str) -> None:
-        self._write({"event": "resume", "step": int(step), "checkpoint": str(checkpoint), "time": time.time()})
+        self._write(
+            {"event": "resume", "step": int(step), "checkpoint": str(checkpoint), "time": time.time()}
+        )
 
     def _progress(self, step: int, loss: float, tokens_per_s: float) -> None:
         done = step - (self.first_step or step) + 1

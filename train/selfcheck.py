@@ -35,7 +35,9 @@ from orchestrator.strategies import STRATEGY_NAMES
 STRATEGIES = STRATEGY_NAMES
 HYBRID = tuple(name for name, s in STRATEGY_TABLE.items() if s.hybrid)
 #: FSDP1 ShardingStrategy name per strategy.
-FSDP1_SHARDING = {name: s.fsdp1_sharding for name, s in STRATEGY_TABLE.items() if s.fsdp1_sharding is not None}
+FSDP1_SHARDING = {
+    name: s.fsdp1_sharding for name, s in STRATEGY_TABLE.items() if s.fsdp1_sharding is not None
+}
 #: FSDP2 reshard_after_forward per strategy (no_shard has no FSDP2 form).
 FSDP2_RESHARD = {
     name: s.fsdp2_reshard_after_forward
@@ -139,7 +141,10 @@ def _parent_launch_request() -> tuple[int | None, str | None, str | None]:
             elif arg == "--config_file" and value:
                 config = value
         if config is None:
-            default = Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "accelerate/default_config.yaml"
+            default = (
+                Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface"))
+                / "accelerate/default_config.yaml"
+            )
             config = str(default) if default.is_file() else None
         if config:
             try:
@@ -149,20 +154,31 @@ def _parent_launch_request() -> tuple[int | None, str | None, str | None]:
                 dtype = data.get("distributed_type")
             except (OSError, yaml.YAMLError, psutil.Error):
                 pass
-        return (int(num) if num is not None else None), dtype, f"the parent `accelerate launch` ({config or 'flags'})"
+        return (
+            (int(num) if num is not None else None),
+            dtype,
+            f"the parent `accelerate launch` ({config or 'flags'})",
+        )
     return None, None, None
 
 
 def expectations_from_env(env: dict[str, str] | None = None, look_at_parent: bool = True) -> Expectation:
     env = dict(os.environ if env is None else env)
-    if any(k.startswith("ORCHESTRATOR_") and k != "ORCHESTRATOR_RUN_DIR" and k != "ORCHESTRATOR_DISABLE_WORKAROUNDS" for k in env):
+    if any(
+        k.startswith("ORCHESTRATOR_")
+        and k != "ORCHESTRATOR_RUN_DIR"
+        and k != "ORCHESTRATOR_DISABLE_WORKAROUNDS"
+        for k in env
+    ):
         exp = Expectation(source="the launcher (ORCHESTRATOR_* environment)")
         exp.world_size = _int_env(env, "ORCHESTRATOR_EXPECTED_WORLD_SIZE")
         exp.num_nodes = _int_env(env, "ORCHESTRATOR_EXPECTED_NUM_NODES")
         exp.procs_per_node = _int_env(env, "ORCHESTRATOR_PROCS_PER_NODE")
         strategy = env.get("ORCHESTRATOR_STRATEGY", "").strip() or None
         if strategy is not None and strategy not in STRATEGIES:
-            raise SelfCheckError(f"ORCHESTRATOR_STRATEGY={strategy!r}: expected one of {', '.join(STRATEGIES)}")
+            raise SelfCheckError(
+                f"ORCHESTRATOR_STRATEGY={strategy!r}: expected one of {', '.join(STRATEGIES)}"
+            )
         exp.strategy = strategy
         exp.fsdp_version = _int_env(env, "ORCHESTRATOR_FSDP_VERSION")
         if exp.world_size is None and exp.num_nodes and exp.procs_per_node:
@@ -211,13 +227,19 @@ def check_launch(accelerator, exp: Expectation) -> list[str]:
         problems.append(f"expected world size {exp.world_size}, found {world}.{hint}")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
     if exp.procs_per_node is not None and world > 1 and local_world != exp.procs_per_node:
-        problems.append(f"expected {exp.procs_per_node} process(es) per node, found LOCAL_WORLD_SIZE={local_world}")
+        problems.append(
+            f"expected {exp.procs_per_node} process(es) per node, found LOCAL_WORLD_SIZE={local_world}"
+        )
     if exp.num_nodes is not None and world > 1 and local_world and world // local_world != exp.num_nodes:
-        problems.append(f"expected {exp.num_nodes} node(s), found {world // local_world} ({world} ranks / {local_world} per node)")
+        problems.append(
+            f"expected {exp.num_nodes} node(s), found {world // local_world} ({world} ranks / {local_world} per node)"
+        )
     if exp.strategy is not None and (exp.world_size or world) > 1:
         if exp.strategy == "ddp":
             if dtype not in ("MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU"):
-                problems.append(f"expected DDP (distributed type MULTI_CPU/MULTI_GPU), found distributed type {dtype}")
+                problems.append(
+                    f"expected DDP (distributed type MULTI_CPU/MULTI_GPU), found distributed type {dtype}"
+                )
         elif dtype != "FSDP":
             hint = (
                 " Accelerate silently drops FSDP on CPU and runs plain DDP unless the CPU shim "
@@ -265,8 +287,14 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if not isinstance(model, DDP):
-            return [f"expected the model wrapped in DistributedDataParallel, found {type(model).__name__}"], ""
-        size = dist.get_world_size(model.process_group) if model.process_group is not None else dist.get_world_size()
+            return [
+                f"expected the model wrapped in DistributedDataParallel, found {type(model).__name__}"
+            ], ""
+        size = (
+            dist.get_world_size(model.process_group)
+            if model.process_group is not None
+            else dist.get_world_size()
+        )
         if size != world:
             problems.append(f"expected DDP over {world} ranks, found a process group of {size}")
         return problems, f"DDP over {size} ranks"
@@ -277,17 +305,26 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
         if not isinstance(model, FSDP):
-            return [f"expected the model wrapped in FSDP1 FullyShardedDataParallel, found {type(model).__name__}"], ""
+            return [
+                f"expected the model wrapped in FSDP1 FullyShardedDataParallel, found {type(model).__name__}"
+            ], ""
         found_strategy = model.sharding_strategy.name
         if found_strategy != FSDP1_SHARDING[strategy]:
-            problems.append(f"expected FSDP1 sharding strategy {FSDP1_SHARDING[strategy]}, found {found_strategy}")
+            problems.append(
+                f"expected FSDP1 sharding strategy {FSDP1_SHARDING[strategy]}, found {found_strategy}"
+            )
         shard_group = model.process_group  # typed Optional; always set once FSDP1 has wrapped the module
         assert shard_group is not None
         shard_size = shard_group.size()
         inter = getattr(model, "_inter_node_pg", None)
-        replicate_size = inter.size() if inter is not None else (world // shard_size if strategy != "no_shard" else world)
+        replicate_size = (
+            inter.size() if inter is not None else (world // shard_size if strategy != "no_shard" else world)
+        )
         if strategy == "no_shard":
-            shard_size_expected, shard_size_effective = world, 1  # NO_SHARD keeps the world group, shards nothing
+            shard_size_expected, shard_size_effective = (
+                world,
+                1,
+            )  # NO_SHARD keeps the world group, shards nothing
         else:
             shard_size_expected, shard_size_effective = shard, shard_size
         if shard_size != shard_size_expected:
@@ -303,14 +340,19 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
         if strategy in HYBRID and replicate_size != replicate:
             problems.append(f"expected FSDP1 replicate groups of {replicate} rank(s), found {replicate_size}")
         local = sum(m._handle.flat_param.numel() for m in FSDP.fsdp_modules(model) if m._handle is not None)
-        bound = _ceil_div(num_params, shard_size_effective) + 64 * len(FSDP.fsdp_modules(model)) * shard_size_effective
+        bound = (
+            _ceil_div(num_params, shard_size_effective)
+            + 64 * len(FSDP.fsdp_modules(model)) * shard_size_effective
+        )
         if local > bound:
             problems.append(
                 f"expected about {_ceil_div(num_params, shard_size_effective)} local parameters "
                 f"({num_params} / {shard_size_effective}), found {local}: not sharded"
             )
         if strategy != "no_shard" and shard_size_effective > 1 and local >= num_params:
-            problems.append(f"expected a 1/{shard_size_effective} parameter shard, found all {local} parameters locally")
+            problems.append(
+                f"expected a 1/{shard_size_effective} parameter shard, found all {local} parameters locally"
+            )
         return problems, (
             f"FSDP1 {found_strategy}, shard group {shard_size}, replicate group {replicate_size}, "
             f"{local} of {num_params} parameters local"
@@ -337,7 +379,9 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
         problems.append(f"expected parameter placements {want_placements}, found {placements}")
     local = sum(p.to_local().numel() for p in params)
     if local > _ceil_div(num_params, shard) + len(params) * shard:
-        problems.append(f"expected about {_ceil_div(num_params, shard)} local parameters ({num_params} / {shard}), found {local}")
+        problems.append(
+            f"expected about {_ceil_div(num_params, shard)} local parameters ({num_params} / {shard}), found {local}"
+        )
     reshard = _fsdp2_reshard_after_forward(model)
     want = FSDP2_RESHARD.get(strategy)
     if reshard is not None and want is not None and reshard != want:
@@ -354,7 +398,9 @@ def _fsdp2_units(model) -> str:
 
     from torch.distributed.fsdp import FSDPModule
 
-    names = Counter(type(m).__name__.removeprefix("FSDP") for m in model.modules() if isinstance(m, FSDPModule))
+    names = Counter(
+        type(m).__name__.removeprefix("FSDP") for m in model.modules() if isinstance(m, FSDPModule)
+    )
     return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in names.items())
 
 
@@ -385,7 +431,9 @@ def _fsdp2_reshard_after_forward(model) -> bool | None:
 
 def fail(problems: list[str], exp: Expectation, found: str, run_dir: str | None, rank: int) -> None:
     """Print what was expected and what was found, and exit with code 3 at once."""
-    lines = [f"[rank {rank}] SELF-CHECK FAILED (exit {EXIT_SELFCHECK}): expected {exp.describe()} (from {exp.source})"]
+    lines = [
+        f"[rank {rank}] SELF-CHECK FAILED (exit {EXIT_SELFCHECK}): expected {exp.describe()} (from {exp.source})"
+    ]
     if found:
         lines.append(f"[rank {rank}]   found: {found}")
     lines += [f"[rank {rank}]   - {p}" for p in problems]

@@ -55,7 +55,9 @@ def _on_signal(signum, _frame) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--preset", choices=["tiny", "small", "base", "1b"], default="tiny")
     p.add_argument("--data", choices=["text", "synthetic"], default="text")
     p.add_argument("--seed", type=int, default=0)
@@ -67,14 +69,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping max norm (0: off)")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--max-steps", type=int, default=200)
-    p.add_argument("--time-budget", type=float, default=0.0, help="seconds; stop (and checkpoint) before it runs out; 0: none")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.0,
+        help="seconds; stop (and checkpoint) before it runs out; 0: none",
+    )
     p.add_argument("--eval-every", type=int, default=0, help="steps; 0: only at the end")
     p.add_argument("--eval-batches", type=int, default=4)
     p.add_argument("--ckpt-every", type=int, default=0, help="steps; 0: only at the end")
     p.add_argument("--keep-last", type=int, default=2)
     p.add_argument("--async-ckpt", action="store_true")
     p.add_argument("--run-dir", default=None, help="default: $ORCHESTRATOR_RUN_DIR or ./runs/<timestamp>")
-    p.add_argument("--resume", default="auto", help="auto (newest complete checkpoint in the run dir) | never | PATH")
+    p.add_argument(
+        "--resume", default="auto", help="auto (newest complete checkpoint in the run dir) | never | PATH"
+    )
     p.add_argument("--log-every", type=int, default=10)
     args = p.parse_args(argv)
     for name in ("batch_size", "seq_len", "grad_accum", "max_steps", "keep_last", "log_every"):
@@ -189,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     problems = selfcheck.check_launch(accelerator, expectation)
     run_dir_hint = args.run_dir or os.environ.get("ORCHESTRATOR_RUN_DIR")
     if problems:
-        selfcheck.fail(problems, expectation, f"world size {world}, distributed type {accelerator.distributed_type.value}", run_dir_hint, rank)
+        selfcheck.fail(
+            problems,
+            expectation,
+            f"world size {world}, distributed type {accelerator.distributed_type.value}",
+            run_dir_hint,
+            rank,
+        )
 
     run_dir = resolve_run_dir(args, accelerator)
     if accelerator.is_main_process:
@@ -206,12 +221,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.seq_len > gpt.cfg.max_seq_len:
         raise SystemExit(f"--seq-len {args.seq_len} exceeds the preset's context {gpt.cfg.max_seq_len}")
     model = accelerate_workarounds.wrap_model(accelerator, gpt, pending)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95)
+    )
     model, optimizer = accelerator.prepare(model, optimizer)
     # Not prepared: a prepared scheduler steps once per process; the step count is ours to keep.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lr_lambda(args.warmup_steps, args.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer.optimizer, lr_lambda(args.warmup_steps, args.max_steps)
+    )
     train_state = checkpointing.TrainState(
-        world_size=world, strategy=strategy, fsdp_version=fsdp_version, seed=args.seed, data=args.data, preset=args.preset
+        world_size=world,
+        strategy=strategy,
+        fsdp_version=fsdp_version,
+        seed=args.seed,
+        data=args.data,
+        preset=args.preset,
     )
     accelerator.register_for_checkpointing(scheduler)
     accelerator.register_for_checkpointing(train_state)
@@ -232,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     batcher = Batcher(source, args.seed, args.seq_len, args.batch_size, world, rank, args.grad_accum)
     metrics = Metrics(accelerator, run_dir, args.max_steps, world, strategy, args.log_every)
     if accelerator.is_main_process:
-        accelerator.init_trackers("train", config={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))})
+        accelerator.init_trackers(
+            "train", config={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        )
 
     # Resume.
     def warn(line: str) -> None:
@@ -261,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     if choice[0] is not None:
         folder, marker = Path(choice[0][0]), choice[0][1]
         t0 = time.monotonic()
-        notes = checkpointing.load(accelerator, folder, marker, optimizer, {"strategy": strategy, "world_size": world})
+        notes = checkpointing.load(
+            accelerator, folder, marker, optimizer, {"strategy": strategy, "world_size": world}
+        )
         load_s = time.monotonic() - t0
         sums = checksums(model, optimizer, num_params)
         for note in notes:
@@ -278,7 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         if accelerator.is_main_process:
             write_json(
                 run_dir / "loaded.json",
-                {"step": train_state.step, "checkpoint": str(folder), "world_size": world, "load_s": load_s, **sums},
+                {
+                    "step": train_state.step,
+                    "checkpoint": str(folder),
+                    "world_size": world,
+                    "load_s": load_s,
+                    **sums,
+                },
             )
             metrics.resume(train_state.step, str(folder))
             print(f"resumed from {folder} at step {train_state.step} in {load_s:.2f}s", flush=True)
@@ -293,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         train_state.fsdp_version = fsdp_version
 
     async_ckpt = (
-        checkpointing.AsyncCheckpointer(accelerator, run_dir, args.keep_last, want_checksums=num_params <= MAX_PARAMS_FOR_CHECKSUM)
+        checkpointing.AsyncCheckpointer(
+            accelerator, run_dir, args.keep_last, want_checksums=num_params <= MAX_PARAMS_FOR_CHECKSUM
+        )
         if args.async_ckpt
         else None
     )
@@ -302,13 +338,20 @@ def main(argv: list[str] | None = None) -> int:
         """All ranks; returns seconds spent blocking training."""
         nonlocal last_saved_step
         t0 = time.monotonic()
-        marker = {"world_size": world, "strategy": strategy, "fsdp_version": fsdp_version, "samples_seen": train_state.samples_seen}
+        marker = {
+            "world_size": world,
+            "strategy": strategy,
+            "fsdp_version": fsdp_version,
+            "samples_seen": train_state.samples_seen,
+        }
         if async_ckpt is not None:
             # Checksums are computed by the writer thread from the staged/written state (measured: the
             # gather + float64 pass here was most of the async stall).
             if num_params > MAX_PARAMS_FOR_CHECKSUM:
                 marker.update(param_checksum=None, optim_checksum=None)
-            report_async(async_ckpt.wait())  # one save in flight: the previous one, reported, not reaped silently
+            report_async(
+                async_ckpt.wait()
+            )  # one save in flight: the previous one, reported, not reaped silently
             async_ckpt.start(model, optimizer, step, marker)
         else:
             marker.update(checksums(model, optimizer, num_params))
@@ -320,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def report_async(result) -> None:
         if result is not None:
-            metrics.say(f"checkpoint step {result.step} complete (async, {result.seconds:.2f}s): {result.path}")
+            metrics.say(
+                f"checkpoint step {result.step} complete (async, {result.seconds:.2f}s): {result.path}"
+            )
 
     # Train.
     model.train()
@@ -359,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
                     loss = model(x, y)
                 accelerator.backward(loss / args.grad_accum)
             loss_sum += float(loss.detach())
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else float("inf"))
+        grad_norm = accelerator.clip_grad_norm_(
+            model.parameters(), args.clip if args.clip > 0 else float("inf")
+        )
         # A float already (LambdaLR over a float lr); float() because the stub also allows a Tensor.
         lr = float(scheduler.get_last_lr()[0])
         optimizer.step()
@@ -402,11 +449,21 @@ def main(argv: list[str] | None = None) -> int:
     sums = checksums(model, optimizer, num_params)
     replicas = run_dir / "replicas"
     replicas.mkdir(exist_ok=True)
-    write_json(replicas / f"rank{rank}.json", {"rank": rank, "step": step, "local_param_checksum": local_shard_checksum(model)})
+    write_json(
+        replicas / f"rank{rank}.json",
+        {"rank": rank, "step": step, "local_param_checksum": local_shard_checksum(model)},
+    )
     if accelerator.is_main_process:
         write_json(
             run_dir / "final.json",
-            {"step": step, "loss": loss_value, "world_size": world, "strategy": strategy, "stop_reason": stop_reason, **sums},
+            {
+                "step": step,
+                "loss": loss_value,
+                "world_size": world,
+                "strategy": strategy,
+                "stop_reason": stop_reason,
+                **sums,
+            },
         )
         write_exit_status(run_dir, EXIT_OK, stop_reason, step=step)
         metrics.say(f"done: step {step}, loss {loss_value}, {stop_reason}")

@@ -32,20 +32,33 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
         default=None,
         help="folder of your own profiles; overrides built-ins by name (also $ORCHESTRATOR_PROFILES, ./cluster_profiles)",
     )
-    parser.add_argument("--nodes", type=positive_int, default=None, help="default: the profile's nodes.default")
-    parser.add_argument("--procs-per-node", type=positive_int, default=None, help="default: GPUs per node (1 on CPU)")
+    parser.add_argument(
+        "--nodes", type=positive_int, default=None, help="default: the profile's nodes.default"
+    )
+    parser.add_argument(
+        "--procs-per-node", type=positive_int, default=None, help="default: GPUs per node (1 on CPU)"
+    )
     add_option_arguments(parser)
     parser.add_argument("--name", default=None, help="job name (default: <strategy>-<nodes>n)")
     parser.add_argument("--time", default=None, help="time limit, Slurm format (default: the profile's)")
     parser.add_argument(
-        "--max-requeues", type=int, default=None, metavar="N",
+        "--max-requeues",
+        type=int,
+        default=None,
+        metavar="N",
         help="requeues after preemption/time limit, and auto-resumes (default: the profile's max_requeues)",
     )
     parser.add_argument(
-        "--auto-resume", action="store_true",
+        "--auto-resume",
+        action="store_true",
         help="after a node failure, submit a new attempt without the lost node from the last checkpoint (Slurm)",
     )
-    parser.add_argument("--exclude", default=None, metavar="NODES", help="nodes not to run on (Slurm host list, comma-separated)")
+    parser.add_argument(
+        "--exclude",
+        default=None,
+        metavar="NODES",
+        help="nodes not to run on (Slurm host list, comma-separated)",
+    )
     parser.add_argument(
         "script_and_args",
         nargs=argparse.REMAINDER,
@@ -59,7 +72,11 @@ def parse_exclude(text: str | None) -> tuple[str, ...]:
     """``n1,n2`` -> ("n1", "n2"); Slurm expands bracketed host lists itself, so they pass as they are."""
     if text is None:
         return ()
-    names = tuple(part.strip() for part in text.split(",") if part.strip()) if "[" not in text else (text.strip(),)
+    names = (
+        tuple(part.strip() for part in text.split(",") if part.strip())
+        if "[" not in text
+        else (text.strip(),)
+    )
     for name in names:
         if not all(c.isalnum() or c in "-_.[]," for c in name):
             raise UserError(f"--exclude: expected node names such as n1,n2 or n[1-2], got {text!r}")

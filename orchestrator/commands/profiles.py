@@ -13,7 +13,9 @@ from orchestrator.table import format_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profiles-dir", default=None, help="folder of your own profiles (overrides built-ins)")
+    parser.add_argument(
+        "--profiles-dir", default=None, help="folder of your own profiles (overrides built-ins)"
+    )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = sub.add_parser("list", help="profiles found, user folders first")
     lst.add_argument("--json", action="store_true")
@@ -36,17 +38,28 @@ def run(args: argparse.Namespace) -> int:
                         "scheduler": profile.scheduler,
                         "partition": profile.partition or "-",
                         "nodes": f"{profile.nodes.default}..{profile.nodes.max}",
-                        "gpus": f"{profile.gpus_per_node}x{profile.gpu_type}" if profile.gpus_per_node else "cpu",
+                        "gpus": f"{profile.gpus_per_node}x{profile.gpu_type}"
+                        if profile.gpus_per_node
+                        else "cpu",
                         "path": display_path(path),
                         "description": profile.description,
                     }
                 )
             except OrchestratorError as exc:
-                rows.append({"name": name, "scheduler": "INVALID", "path": display_path(path), "description": str(exc)})
+                rows.append(
+                    {
+                        "name": name,
+                        "scheduler": "INVALID",
+                        "path": display_path(path),
+                        "description": str(exc),
+                    }
+                )
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
-            print(format_table(rows, ["name", "scheduler", "partition", "nodes", "gpus", "path", "description"]))
+            print(
+                format_table(rows, ["name", "scheduler", "partition", "nodes", "gpus", "path", "description"])
+            )
         return 0
     if args.action == "show":
         name, path, profile = load_profile(args.name, args.profiles_dir)

@@ -17,8 +17,12 @@ SAMPLE_RUN_DIR = "/SAMPLE/run_dir"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--node-rank", type=int, default=None, help="render only this node's Accelerate config")
-    parser.add_argument("--out", default=None, metavar="DIR", help="write the files into DIR instead of printing")
+    parser.add_argument(
+        "--node-rank", type=int, default=None, help="render only this node's Accelerate config"
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="write the files into DIR instead of printing"
+    )
     add_plan_arguments(parser, script_required=False)
 
 
@@ -32,14 +36,18 @@ def render_files(plan: LaunchPlan, node_rank: int | None, python: str) -> dict[s
         files[request.file_name] = f"{shebang}\n# SAMPLE run directory: each job gets its own.\n{body}"
     ranks = range(plan.nodes) if node_rank is None else [node_rank]
     for rank in ranks:
-        files[node_config_file(Path(), rank).name] = render_accelerate_config(plan, sample_runtime(plan, rank))
+        files[node_config_file(Path(), rank).name] = render_accelerate_config(
+            plan, sample_runtime(plan, rank)
+        )
     return files
 
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     if args.node_rank is not None and not 0 <= args.node_rank < plan.nodes:
-        raise UserError(f"--node-rank: expected 0..{plan.nodes - 1} for {plan.nodes} node(s), got {args.node_rank}")
+        raise UserError(
+            f"--node-rank: expected 0..{plan.nodes - 1} for {plan.nodes} node(s), got {args.node_rank}"
+        )
     files = render_files(plan, args.node_rank, sys.executable)
     if args.out:
         out = Path(args.out)

@@ -87,7 +87,9 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
     st = refresh_states(registry, [record]).states.get(newest)
     state = st.state if st is not None else record.last_state
     if not state.is_terminal():
-        which = f"job {job_id}" if newest == job_id else f"job {job_id}'s run continues as job {newest}, which"
+        which = (
+            f"job {job_id}" if newest == job_id else f"job {job_id}'s run continues as job {newest}, which"
+        )
         raise UserError(
             f"{which} is {state.value}; a resume now would train a second job in the same run directory. "
             f"Wait for it to end, or cancel it first (orchestrator cancel {newest})"
@@ -111,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     previous = LaunchPlan.from_json(data)
     checkpoint = last_complete_checkpoint(run_dir)
     if checkpoint is None:
-        raise UserError(f"job {args.job_id}: no complete checkpoint in {run_dir / 'checkpoints'}; nothing to resume from")
+        raise UserError(
+            f"job {args.job_id}: no complete checkpoint in {run_dir / 'checkpoints'}; nothing to resume from"
+        )
     plan = resume_plan(previous, args)
     check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
     submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))

@@ -167,7 +167,13 @@ def collect_status(
     # each instead of reading job.json, metrics.jsonl, checkpoints and logs again).
     cache = SummaryCache(registry.path.parent / SUMMARY_CACHE_FILE)
     rows = [
-        _row(j, result, cache.summarize(j.run_dir), counts.get(j.job_id, 0), by_id.get(successor_ids.get(j.job_id, "")))
+        _row(
+            j,
+            result,
+            cache.summarize(j.run_dir),
+            counts.get(j.job_id, 0),
+            by_id.get(successor_ids.get(j.job_id, "")),
+        )
         for j in jobs
     ]
     cache.save()

@@ -11,10 +11,16 @@ from orchestrator.errors import EXIT_OK, EXIT_RUN_FAILURE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would be submitted; submit nothing"
+    )
     parser.add_argument("--wait", action="store_true", help="follow progress to the end; exit code = outcome")
-    parser.add_argument("--snapshot", action="store_true", help="copy the script's folder into the run directory")
-    parser.add_argument("--poll", type=float, default=2.0, help="seconds between progress updates with --wait")
+    parser.add_argument(
+        "--snapshot", action="store_true", help="copy the script's folder into the run directory"
+    )
+    parser.add_argument(
+        "--poll", type=float, default=2.0, help="seconds between progress updates with --wait"
+    )
     add_plan_arguments(parser, script_required=True)
 
 

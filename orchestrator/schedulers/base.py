@@ -68,7 +68,9 @@ class Scheduler(ABC):
 
     # ---------------------------------------------------------------- planning (pure)
     @abstractmethod
-    def dryrun(self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None) -> Request:
+    def dryrun(
+        self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
+    ) -> Request:
         """The request for ``plan`` in ``run_dir``; no side effect. ``python``: the submitting
         interpreter, the default for the profile's ``python`` key."""
 

@@ -94,7 +94,9 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> No
         # 75): without this the job would read PREEMPTED, as if it were waiting to come back.
         how = "checkpointed and stopped" if state == "PREEMPTED" else reason
         state, reason = "CANCELLED", f"cancelled by user ({how})"
-    write_json_atomic(run_dir / LOCAL_STATE_FILE, {"state": state, "exit_code": code, "reason": reason, "nodes": codes})
+    write_json_atomic(
+        run_dir / LOCAL_STATE_FILE, {"state": state, "exit_code": code, "reason": reason, "nodes": codes}
+    )
 
 
 @contextlib.contextmanager
@@ -179,7 +181,9 @@ class LocalScheduler(Scheduler):
     can_lose_nodes = False
     writes_batch_script = False
 
-    def dryrun(self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None) -> Request:
+    def dryrun(
+        self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
+    ) -> Request:
         folder = Path(run_dir) / SUBMITIT_DIR
         text = (
             f"# local job: {plan.nodes} simulated node(s) x {plan.procs_per_node} process(es) on this machine\n"
@@ -233,13 +237,19 @@ class LocalScheduler(Scheduler):
             signal_delay_s=plan.profile.signal.seconds_before,
         )
         folder.mkdir(parents=True, exist_ok=True)
-        task = NodeTask(run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base, job_key=job_key)
+        task = NodeTask(
+            run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base, job_key=job_key
+        )
         with standard_streams_to(folder / CONTROLLER_LOG):
             job = executor.submit(task)
         write_json_atomic(run_dir / LOCAL_PIDS_FILE, {"controller": int(job.job_id)})
-        return Scheduled(job_id=job_key or f"local-{job.job_id}", scheduler_job_id=str(job.job_id), handle=job)
+        return Scheduled(
+            job_id=job_key or f"local-{job.job_id}", scheduler_job_id=str(job.job_id), handle=job
+        )
 
-    def query(self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]) -> QueryResult:
+    def query(
+        self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]
+    ) -> QueryResult:
         from orchestrator.local_state import local_state
         from orchestrator.scheduler_query import QueryResult, SchedulerState
 
@@ -262,7 +272,9 @@ class LocalScheduler(Scheduler):
                 exit_code=str(ls.exit_code) if ls.exit_code is not None else None,
                 node_list="localhost",
             )
-        return QueryResult(states=states, source="run_dir", stale=False, errors=(), calls={"squeue": 0, "sacct": 0})
+        return QueryResult(
+            states=states, source="run_dir", stale=False, errors=(), calls={"squeue": 0, "sacct": 0}
+        )
 
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
         from orchestrator.local_state import local_state, read_local_pids

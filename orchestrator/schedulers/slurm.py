@@ -62,7 +62,9 @@ def allocation_nodes() -> list[str]:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
     if not nodelist:
         return []
-    proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+    )
     return proc.stdout.split() if proc.returncode == 0 else []
 
 
@@ -158,17 +160,24 @@ def partition_nodes(partition: str) -> int:
     """How many nodes a partition has, asking sinfo (bounded)."""
     try:
         proc = subprocess.run(
-            ["sinfo", "-h", "-p", partition, "-o", "%D"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S
+            ["sinfo", "-h", "-p", partition, "-o", "%D"],
+            capture_output=True,
+            text=True,
+            timeout=SINFO_TIMEOUT_S,
         )
     except FileNotFoundError:
-        raise UserError("sinfo not found: this profile needs a Slurm cluster (or use --profile local)") from None
+        raise UserError(
+            "sinfo not found: this profile needs a Slurm cluster (or use --profile local)"
+        ) from None
     except subprocess.TimeoutExpired:
         raise RunFailure(f"sinfo did not answer within {SINFO_TIMEOUT_S:.0f} s: is slurmctld up?") from None
     if proc.returncode != 0:
         raise RunFailure(f"sinfo failed: {proc.stderr.strip() or proc.returncode}")
     counts = [int(x) for x in proc.stdout.split() if x.isdigit()]
     if not counts:
-        raise UserError(f"--profile: partition '{partition}' does not exist on this cluster (sinfo knows nothing of it)")
+        raise UserError(
+            f"--profile: partition '{partition}' does not exist on this cluster (sinfo knows nothing of it)"
+        )
     return sum(counts)
 
 
@@ -204,13 +213,17 @@ class SlurmScheduler(Scheduler):
     can_lose_nodes = True
     writes_batch_script = True
 
-    def dryrun(self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None) -> Request:
+    def dryrun(
+        self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
+    ) -> Request:
         from orchestrator.render import render_sbatch
 
         node_python = plan.profile.python or python or sys.executable
         folder = str(Path(run_dir) / SUBMITIT_DIR)
         text = render_sbatch(plan, str(run_dir), folder, node_python, attempt_base)
-        return Request(plan=plan, run_dir=Path(run_dir), text=text, file_name=SBATCH_FILE, attempt_base=attempt_base)
+        return Request(
+            plan=plan, run_dir=Path(run_dir), text=text, file_name=SBATCH_FILE, attempt_base=attempt_base
+        )
 
     def main_ip_for_render(self) -> str:
         return SAMPLE_MAIN_IP
@@ -231,8 +244,12 @@ class SlurmScheduler(Scheduler):
 
         plan, run_dir = request.plan, request.run_dir
         (run_dir / request.file_name).write_text(request.materialize())
-        executor = _template_executor(request)(folder=run_dir / SUBMITIT_DIR, max_num_timeout=plan.max_requeues)
-        executor.update_parameters(nodes=plan.nodes, ntasks_per_node=1, time=max(1, time_minutes(plan.time_limit)))
+        executor = _template_executor(request)(
+            folder=run_dir / SUBMITIT_DIR, max_num_timeout=plan.max_requeues
+        )
+        executor.update_parameters(
+            nodes=plan.nodes, ntasks_per_node=1, time=max(1, time_minutes(plan.time_limit))
+        )
         task = NodeTask(run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base)
         try:
             job = executor.submit(task)
@@ -241,7 +258,9 @@ class SlurmScheduler(Scheduler):
             raise RunFailure(f"sbatch refused the job: {(output or '').strip() or exc}") from None
         return Scheduled(job_id=str(job.job_id), scheduler_job_id=str(job.job_id), handle=job)
 
-    def query(self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]) -> QueryResult:
+    def query(
+        self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]
+    ) -> QueryResult:
         from orchestrator.scheduler_query import query_states
 
         return query_states([j.job_id for j in jobs], timeout_s=timeout_s, fallback=fallback)
@@ -270,4 +289,3 @@ class SlurmScheduler(Scheduler):
 
     def node_environment(self, job_key: str) -> NodeEnvironment:
         return SlurmNodeEnvironment()
-

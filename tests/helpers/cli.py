@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str], env: dict[str, str], timeout: float = 120, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m orchestrator ARGS` with a hard timeout; the whole process group dies on timeout."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *args],
@@ -29,8 +31,11 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 120, cwd: Pat
     except subprocess.TimeoutExpired:
         kill_tree(proc.pid)
         out, err = proc.communicate()
-        raise AssertionError(f"orchestrator {' '.join(args)} did not finish in {timeout} s\n{out}\n{err}") from None
+        raise AssertionError(
+            f"orchestrator {' '.join(args)} did not finish in {timeout} s\n{out}\n{err}"
+        ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
 
 def kill_tree(pid: int) -> None:
     import psutil
@@ -46,6 +51,7 @@ def kill_tree(pid: int) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=10)
+
 
 def sacct_state(job_id: str, timeout: float = 60.0) -> str:
     """Final job state from accounting, polled with a deadline (slurmdbd records asynchronously)."""
@@ -63,10 +69,12 @@ def sacct_state(job_id: str, timeout: float = 60.0) -> str:
         time.sleep(0.5)
     return state
 
+
 def job_and_run_dir(submit_stdout: str) -> tuple[str, Path]:
     """Job id and run directory from what `orchestrator submit` prints."""
     job_id = submit_stdout.split("submitted job ")[1].split()[0]
     return job_id, Path(submit_stdout.split("run directory ")[1].split()[0])
+
 
 def user_profile_dir(tmp_path: Path, **overrides: object) -> Path:
     """A user profile folder whose slurm_test overrides the built-in one by name."""
@@ -79,6 +87,7 @@ def user_profile_dir(tmp_path: Path, **overrides: object) -> Path:
     (folder / "slurm_test.yaml").write_text(yaml.safe_dump(data))
     return folder
 
+
 def train_losses(run_dir: Path) -> list[float]:
     """Losses of the train events rank 0 wrote into metrics.jsonl, in order."""
     import json
@@ -86,8 +95,14 @@ def train_losses(run_dir: Path) -> list[float]:
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return [e["loss"] for e in events if e.get("event") == "train"]
 
-def poll(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.3,
-         diagnostics: Callable[[], str] | None = None) -> T:
+
+def poll(
+    condition: Callable[[], T],
+    timeout: float,
+    what: str,
+    interval: float = 0.3,
+    diagnostics: Callable[[], str] | None = None,
+) -> T:
     """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:

@@ -153,8 +153,9 @@ def require_cluster() -> SlurmCluster:
 # --------------------------------------------------------------------------------------------
 
 
-def slurm(*args: str, timeout: float = 30, check: bool = True, env: dict[str, str] | None = None,
-          **kwargs) -> subprocess.CompletedProcess:
+def slurm(
+    *args: str, timeout: float = 30, check: bool = True, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     """Run a Slurm client command with a timeout; text output; raises on failure if ``check``."""
     if env is None:
         conf = os.environ.get("SLURM_CONF") or _read_env_file(
@@ -236,8 +237,9 @@ def _job_details(job_id: str | int) -> str:
         return f"(scontrol show job failed: {exc})"
 
 
-def sacct_rows(job_id: str | int, fields: str = "JobID,State,Start,End,NodeList",
-               all_steps: bool = False) -> list[dict[str, str]]:
+def sacct_rows(
+    job_id: str | int, fields: str = "JobID,State,Start,End,NodeList", all_steps: bool = False
+) -> list[dict[str, str]]:
     """``sacct -nP -o FIELDS -j ID`` as dicts (``-X``: allocations only, unless ``all_steps``)."""
     args = ["sacct", "-nP", "-j", str(job_id), "-o", fields]
     if not all_steps:
@@ -252,8 +254,9 @@ def node_state(node: str) -> str:
     return slurm("sinfo", "-h", "-N", "-n", node, "-o", "%T", timeout=15).stdout.strip().split("\n")[0]
 
 
-def wait_for_node_state(node: str, states: str | Iterable[str], timeout: float = 60,
-                        poll: float = 0.5) -> str:
+def wait_for_node_state(
+    node: str, states: str | Iterable[str], timeout: float = 60, poll: float = 0.5
+) -> str:
     """Poll until ``node_state(node)`` (without a trailing ``*``, lower case) is in ``states``."""
     wanted = {states} if isinstance(states, str) else set(states)
     wanted = {s.lower().rstrip("*") for s in wanted}
@@ -296,8 +299,12 @@ def _environ_has(pid: int, entry: bytes) -> bool:
         return False
 
 
-def slurm_node_pids(node: str, include_daemons: bool = False, job_id: str | int | None = None,
-                    cluster: SlurmCluster | None = None) -> list[int]:
+def slurm_node_pids(
+    node: str,
+    include_daemons: bool = False,
+    job_id: str | int | None = None,
+    cluster: SlurmCluster | None = None,
+) -> list[int]:
     """PIDs of the processes running "on" a node: the job tasks (training processes...).
 
     netns mode: the processes in the node's network namespace (``ip netns pids slurm-nI``),
@@ -312,8 +319,13 @@ def slurm_node_pids(node: str, include_daemons: bool = False, job_id: str | int 
     daemons: list[int] = []
     tasks: list[int] = []
     if cluster.netns:
-        out = subprocess.run(["ip", "netns", "pids", cluster.namespace(node)], capture_output=True,
-                             text=True, timeout=15, check=True).stdout
+        out = subprocess.run(
+            ["ip", "netns", "pids", cluster.namespace(node)],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=True,
+        ).stdout
         for pid in map(int, out.split()):
             (daemons if _comm(pid) in _DAEMONS else tasks).append(pid)
     else:
@@ -331,9 +343,13 @@ def slurm_node_pids(node: str, include_daemons: bool = False, job_id: str | int 
     return sorted(p for p in set(pids) if _is_running(p))
 
 
-def kill_node_processes(node: str, sig: int = signal.SIGKILL, include_daemons: bool = False,
-                        job_id: str | int | None = None,
-                        cluster: SlurmCluster | None = None) -> list[int]:
+def kill_node_processes(
+    node: str,
+    sig: int = signal.SIGKILL,
+    include_daemons: bool = False,
+    job_id: str | int | None = None,
+    cluster: SlurmCluster | None = None,
+) -> list[int]:
     """Send ``sig`` to the processes on ``node`` (see :func:`slurm_node_pids`); return the PIDs.
 
     ``include_daemons=False``: "the training processes on n2 die" - Slurm sees a failed task.
@@ -362,7 +378,12 @@ def revive_nodes(cluster: SlurmCluster | None = None, timeout: float = 90) -> No
         ACCOUNTING="1" if cluster.accounting else "0",
         FRESH="0",
     )
-    proc = subprocess.run(["bash", str(CLUSTER_SCRIPTS / "start_cluster.sh")], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        ["bash", str(CLUSTER_SCRIPTS / "start_cluster.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"start_cluster.sh failed:\n{proc.stdout}\n{proc.stderr}")

@@ -48,7 +48,13 @@ def free_port() -> int:
 
 
 def render_configs(
-    strategy: str, fsdp_version: int, nodes: int, procs: int, port: int, folder: Path, wrap_cls: str | None = None
+    strategy: str,
+    fsdp_version: int,
+    nodes: int,
+    procs: int,
+    port: int,
+    folder: Path,
+    wrap_cls: str | None = None,
 ) -> list[Path]:
     from orchestrator.plan import build_plan, merge_options
     from orchestrator.profiles import load_profile
@@ -60,15 +66,23 @@ def render_configs(
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank in range(nodes):
-        text = render_accelerate_config(plan, NodeRuntime(machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port))
+        text = render_accelerate_config(
+            plan, NodeRuntime(machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port)
+        )
         path = folder / f"accelerate_node{rank}.yaml"
         path.write_text(text)
         paths.append(path)
     return paths
 
 
-def launch_env(strategy: str, fsdp_version: int, nodes: int, procs: int, run_dir: Path, extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATOR_", "ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))}
+def launch_env(
+    strategy: str, fsdp_version: int, nodes: int, procs: int, run_dir: Path, extra: dict | None = None
+) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ORCHESTRATOR_", "ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))
+    }
     env.update(
         {
             "ACCELERATE_USE_CPU": "1",
@@ -148,7 +162,11 @@ class Launch:
                     p.wait(timeout=5)
 
     def output(self) -> str:
-        return "\n".join(f"--- node {i} ---\n{log.read_text(errors='replace')}" for i, log in enumerate(self.logs) if log.exists())
+        return "\n".join(
+            f"--- node {i} ---\n{log.read_text(errors='replace')}"
+            for i, log in enumerate(self.logs)
+            if log.exists()
+        )
 
     def poll_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
         """Poll ``condition`` until true; fail if the time runs out or every launcher has exited."""
@@ -187,17 +205,40 @@ def start(
     attempt = len(list(launch_dir.glob("node0-*.log")))
     for rank, config in enumerate(config_paths):
         log = launch_dir / f"node{rank}-{attempt}.log"
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), SCRIPT, *TINY_ARGS, *(args or [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(config),
+            SCRIPT,
+            *TINY_ARGS,
+            *(args or []),
+        ]
         with open(log, "wb") as out:
             procs_started.append(
-                subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                subprocess.Popen(
+                    cmd,
+                    cwd=REPO,
+                    env=full_env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
             )
         logs.append(log)
     return Launch(run_dir, procs_started, logs, time.monotonic() + timeout)
 
 
 def run(
-    run_dir: Path, strategy: str, fsdp_version: int = 2, nodes: int = 1, procs: int = 2, args=None, timeout=180, env=None,
+    run_dir: Path,
+    strategy: str,
+    fsdp_version: int = 2,
+    nodes: int = 1,
+    procs: int = 2,
+    args=None,
+    timeout=180,
+    env=None,
     wrap_cls: str | None = None,
 ) -> Launch:
     """Start and wait; the Launch has ``returncodes``; the tree is killed on any failure to finish."""
@@ -230,14 +271,21 @@ def cache_dir() -> Path:
 
 
 def cached_run(
-    strategy: str, fsdp_version: int = 2, nodes: int = 1, procs: int = 2, args: tuple = (), timeout: float = 180,
+    strategy: str,
+    fsdp_version: int = 2,
+    nodes: int = 1,
+    procs: int = 2,
+    args: tuple = (),
+    timeout: float = 180,
     wrap_cls: str | None = None,
 ) -> Launch:
     """``run`` once per (configuration, args) per pytest process; later calls return the same Launch."""
     key = (strategy, fsdp_version if strategy != "ddp" else 0, nodes, procs, tuple(args), wrap_cls)
     if key not in _CACHE:
         name = f"{strategy}-v{key[1]}-{nodes}x{procs}-{len(_CACHE)}"
-        _CACHE[key] = run(cache_dir() / name, strategy, fsdp_version, nodes, procs, list(args), timeout, wrap_cls=wrap_cls)
+        _CACHE[key] = run(
+            cache_dir() / name, strategy, fsdp_version, nodes, procs, list(args), timeout, wrap_cls=wrap_cls
+        )
     return _CACHE[key]
 
 
@@ -249,7 +297,11 @@ def read_metrics(run_dir: Path, event: str = "train") -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip()) if r["event"] == event]
+    return [
+        r
+        for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        if r["event"] == event
+    ]
 
 
 def losses(run_dir: Path) -> dict[int, float]:
