@@ -21,7 +21,10 @@ from other work on the machine hits both sides alike. Writes bench/results.md an
    save and load vs raw write+fsync / read of the same bytes.
 7. Requeue round trip (``requeue``, bench_requeue.py) on the Slurm test cluster: USR2 -> first resumed
    step, broken into checkpoint / exit / scheduler requeue / start-up / load / first step.
-8. GPU (``gpu``): a row that says it was not measured when no GPU is lent.
+8. GPU (``gpu``, bench_gpu.py): with CUDA, runs bench/bench_gpu.py (train/ under ``accelerate launch`` on one GPU:
+   ddp / FSDP2 full_shard, bf16 / no, small / base / 1b; --offload; checkpoint round trips) which writes
+   bench/results_gpu.json; without CUDA, reports the figures of that file (when it exists) as measured
+   elsewhere.
 
 ``--only`` runs some items and merges them into the existing results.json / results.md of ``--out``
 (other items' rows are kept); without ``--only`` everything runs and the files are rewritten.
@@ -397,7 +400,12 @@ def report(R: dict, quick: bool, wall: float) -> str:
                           "measured": f"{q['round_trip_median_s']:.1f} s (" + ", ".join(
                               f"{k.replace('_', ' ')} {v:.1f}" for k, v in ph.items() if v is not None) + ")",
                           "ratio": f"{q['round_trip_median_s'] / 60:.2f}x of goal", "met": q["round_trip_median_s"] <= 60})
-    if "gpu" in R:
+    gpu = _gpu_results(R)
+    if gpu is not None:
+        from bench_gpu import goal_rows as gpu_goals
+
+        goals += gpu_goals(gpu)
+    elif "gpu" in R:
         goals.append({"item": "GPU (NCCL) launch / hot path / memory / checkpoints", "goal": "as the CPU items",
                       "measured": R["gpu"]["measured"], "ratio": "n/a", "met": None})
     runs = R.get("runs", {})
@@ -452,20 +460,46 @@ def report(R: dict, quick: bool, wall: float) -> str:
             lines.append(f"| {i} | {r['round_trip_s']} | " + " | ".join(str(ph[k]) for k in
                          ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")) +
                          f" | {split} | {', '.join(r.get('pending_reasons', []))} |")
+    if gpu is not None:
+        from bench_gpu import table as gpu_table
+
+        lines += ["", "## GPU (`gpu`, bench/bench_gpu.py; one process on one GPU through `accelerate launch`)", ""]
+        lines += gpu_table(gpu)
     lines.append("")
-    lines.append("Raw figures (all repetitions): `bench/results.json`.")
+    lines.append("Raw figures (all repetitions): `bench/results.json`" + (", GPU: `bench/results_gpu.json`." if gpu is not None else "."))
     return "\n".join(lines) + "\n"
 
 
 ITEMS = ["cli", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
 
 
-def gpu_row() -> dict:
-    import torch
+def _gpu_results(R: dict) -> dict | None:
+    """bench/results_gpu.json when the ``gpu`` item points at it (its figures are not copied into results.json)."""
+    if not R.get("gpu", {}).get("source"):
+        return None
+    from bench_gpu import load as load_gpu
 
-    if torch.cuda.is_available():
-        return {"measured": "not measured: no GPU benchmark in this harness yet", "cuda": True}
-    return {"measured": "not measured: no GPU lent (torch.cuda.is_available() is False)", "cuda": False}
+    return load_gpu(REPO / R["gpu"]["source"])
+
+
+def gpu_row() -> dict:
+    """With CUDA: run bench/bench_gpu.py (rewrites bench/results_gpu.json). Either way: the figures of that file."""
+    import torch
+    from bench_gpu import RESULTS, device_line
+    from bench_gpu import load as load_gpu
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        log("gpu: bench/bench_gpu.py (CUDA available)")
+        res = subprocess.run([PY, str(BENCH / "bench_gpu.py")], cwd=REPO, env=BASE_ENV, timeout=3600)
+        if res.returncode != 0:
+            return {"measured": f"bench/bench_gpu.py failed (exit {res.returncode})", "cuda": True}
+    G = load_gpu(RESULTS)
+    if G is None:
+        why = "no GPU lent (torch.cuda.is_available() is False)" if not cuda else "bench/bench_gpu.py wrote no results"
+        return {"measured": f"not measured: {why}", "cuda": cuda}
+    return {"measured": f"bench/results_gpu.json: {device_line(G)}" + ("" if cuda else " (not re-measured here: no GPU)"),
+            "cuda": cuda, "source": str(RESULTS.relative_to(REPO)), "when": G["when"], "device": G["device"].get("device_name")}
 
 
 def main() -> int:
