@@ -84,23 +84,51 @@ def main() -> int:
 
     # GPU-side spans of record_function ranges (FSDP::pre_backward, Optimizer.step#AdamW.step) overlap the
     # kernels inside them: not kernels, not counted.
-    kernels = [e for e in ev if dev_us(e) > 0 and e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)
-               and not e.key.startswith(("FSDP::", "Optimizer.", "ProfilerStep"))]
+    kernels = [
+        e
+        for e in ev
+        if dev_us(e) > 0
+        and e.device_type.name == "CUDA"
+        and not getattr(e, "is_user_annotation", False)
+        and not e.key.startswith(("FSDP::", "Optimizer.", "ProfilerStep"))
+    ]
     cpu_ops = sorted((e for e in ev if e.device_type.name == "CPU"), key=lambda e: -e.self_cpu_time_total)
-    syncs = sum(e.count for e in ev if "Synchronize" in e.key or "EventSynchronize" in e.key or "StreamWait" in e.key)
-    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"))
+    syncs = sum(
+        e.count for e in ev if "Synchronize" in e.key or "EventSynchronize" in e.key or "StreamWait" in e.key
+    )
+    launches = sum(
+        e.count
+        for e in ev
+        if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+    )
     res = {
-        "distributed_type": accelerator.distributed_type.value, "mixed_precision": accelerator.mixed_precision,
-        "model_type": type(model).__name__, "preset": a.preset, "batch_size": a.batch_size, "seq_len": a.seq_len,
+        "distributed_type": accelerator.distributed_type.value,
+        "mixed_precision": accelerator.mixed_precision,
+        "model_type": type(model).__name__,
+        "preset": a.preset,
+        "batch_size": a.batch_size,
+        "seq_len": a.seq_len,
         "wall_ms_per_step_unprofiled": round(wall_unprofiled * 1e3, 2),
         "gpu_busy_ms_per_step": round(sum(dev_us(e) for e in kernels) / a.steps / 1e3, 2),
         "kernels_per_step": round(sum(e.count for e in kernels) / a.steps, 1),
         "kernel_launch_calls_per_step": round(launches / a.steps, 1),
         "sync_or_wait_calls_per_step": round(syncs / a.steps, 1),
-        "top_kernels": [{"name": e.key[:90], "ms_per_step": round(dev_us(e) / a.steps / 1e3, 3), "calls_per_step": e.count / a.steps}
-                        for e in sorted(kernels, key=lambda e: -dev_us(e))[:12]],
-        "top_cpu_ops": [{"name": e.key[:90], "self_ms_per_step": round(e.self_cpu_time_total / a.steps / 1e3, 3),
-                         "calls_per_step": e.count / a.steps} for e in cpu_ops[:15]],
+        "top_kernels": [
+            {
+                "name": e.key[:90],
+                "ms_per_step": round(dev_us(e) / a.steps / 1e3, 3),
+                "calls_per_step": e.count / a.steps,
+            }
+            for e in sorted(kernels, key=lambda e: -dev_us(e))[:12]
+        ],
+        "top_cpu_ops": [
+            {
+                "name": e.key[:90],
+                "self_ms_per_step": round(e.self_cpu_time_total / a.steps / 1e3, 3),
+                "calls_per_step": e.count / a.steps,
+            }
+            for e in cpu_ops[:15]
+        ],
     }
     if accelerator.is_main_process:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")

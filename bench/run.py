@@ -75,7 +75,9 @@ def free_port() -> int:
 
 def timed(cmd: list[str], env: dict, cwd: Path = REPO, timeout: float = 300) -> float:
     t = time.perf_counter()
-    res = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+    res = subprocess.run(
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout
+    )
     wall = time.perf_counter() - t
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.decode()[-2000:]}")
@@ -90,7 +92,7 @@ def interleave(variants: dict[str, Callable[[], Any]], reps: int, warmup: int) -
             variants[n]()
     out: dict[str, list] = {n: [] for n in names}
     for r in range(reps):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         if r % 2:
             order = order[::-1]
         for n in order:
@@ -100,7 +102,9 @@ def interleave(variants: dict[str, Callable[[], Any]], reps: int, warmup: int) -
 
 def importtime_top(args: list[str], env: dict, k: int = 6) -> list[dict]:
     """Top-level imports by cumulative time (``-X importtime``) for one CLI command."""
-    res = subprocess.run([PY, "-X", "importtime", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [PY, "-X", "importtime", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     rows: list[dict[str, Any]] = []
     for line in res.stderr.splitlines():
         m = re.match(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)", line)
@@ -127,12 +131,26 @@ def bench_cli(tmp: Path, reps: int, warmup: int, jobs: int) -> dict:
         for i, job_id in enumerate(ids):
             rd = runs_root / job_id
             make_run_dir(rd, 200)
-            reg.add_job(job_id=job_id, name=f"sweep-{i}", profile="slurm_a100", scheduler="slurm", strategy="fsdp2",
-                        nodes=2, procs_per_node=4, command=["python", "train.py", f"--seed={i}"], run_dir=rd,
-                        state=JobState.RUNNING)
+            reg.add_job(
+                job_id=job_id,
+                name=f"sweep-{i}",
+                profile="slurm_a100",
+                scheduler="slurm",
+                strategy="fsdp2",
+                nodes=2,
+                procs_per_node=4,
+                command=["python", "train.py", f"--seed={i}"],
+                run_dir=rd,
+                state=JobState.RUNNING,
+            )
     # squeue answers for every job (the fresh path: one real subprocess, parse, record, summarise).
     listing = tmp / "squeue_out.txt"
-    listing.write_text("".join(f"{j}|RUNNING|None|n[{i % 64}-{i % 64 + 1}]|2025-01-01T00:00:00|1:00:00\n" for i, j in enumerate(ids)))
+    listing.write_text(
+        "".join(
+            f"{j}|RUNNING|None|n[{i % 64}-{i % 64 + 1}]|2025-01-01T00:00:00|1:00:00\n"
+            for i, j in enumerate(ids)
+        )
+    )
     write_script(bin_dir / "squeue", f"cat {listing}\n")
     write_script(bin_dir / "sacct", "exit 0\n")
     env = dict(BASE_ENV, ORCHESTRATOR_HOME=str(home), ORCHESTRATOR_RUNS=str(runs_root))
@@ -142,12 +160,25 @@ def bench_cli(tmp: Path, reps: int, warmup: int, jobs: int) -> dict:
         "python -c pass": [PY, "-c", "pass"],
         "python -m orchestrator --help": [PY, "-m", "orchestrator", "--help"],
         "orchestrator render --profile slurm_a100 --strategy full_shard -- train/train.py": [
-            PY, "-m", "orchestrator", "render", "--profile", "slurm_a100", "--strategy", "full_shard", "--", "train/train.py"],
+            PY,
+            "-m",
+            "orchestrator",
+            "render",
+            "--profile",
+            "slurm_a100",
+            "--strategy",
+            "full_shard",
+            "--",
+            "train/train.py",
+        ],
         f"orchestrator status --json ({jobs} jobs)": [PY, "-m", "orchestrator", "status", "--json"],
         "accelerate --help": [acc, "--help"],
     }
     out = interleave({n: partial(timed, c, env) for n, c in cmds.items()}, reps, warmup)
-    res = {n: {"median_s": round(med(v), 4), "min_s": round(min(v), 4), "all_s": [round(x, 4) for x in v]} for n, v in out.items()}
+    res = {
+        n: {"median_s": round(med(v), 4), "min_s": round(min(v), 4), "all_s": [round(x, 4) for x in v]}
+        for n, v in out.items()
+    }
     # Where the time goes (imports), for the orchestrator commands.
     for n, c in cmds.items():
         if "orchestrator" in n:
@@ -170,7 +201,9 @@ def first_train_event(path: Path) -> dict | None:
     return None
 
 
-def run_until_first_step(cmd: list[str], env: dict, metrics_glob: tuple[Path, str], timeout: float = 300) -> tuple[float, Path]:
+def run_until_first_step(
+    cmd: list[str], env: dict, metrics_glob: tuple[Path, str], timeout: float = 300
+) -> tuple[float, Path]:
     """Wall time from start to the first train event in metrics.jsonl; then waits for a clean exit."""
     root, pattern = metrics_glob
     t0 = time.perf_counter()
@@ -210,8 +243,27 @@ class Launcher:
         self.tmp = tmp
         self.n = 0
         self.cfg_dir = tmp / f"cfg_{strategy}"
-        subprocess.run([PY, "-m", "orchestrator", "render", "--profile", "local", "--nodes", "1", "--strategy", strategy,
-                        *extra, "--out", str(self.cfg_dir)], env=BASE_ENV, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                PY,
+                "-m",
+                "orchestrator",
+                "render",
+                "--profile",
+                "local",
+                "--nodes",
+                "1",
+                "--strategy",
+                strategy,
+                *extra,
+                "--out",
+                str(self.cfg_dir),
+            ],
+            env=BASE_ENV,
+            cwd=REPO,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         self.cfg = next(self.cfg_dir.glob("accelerate_config*.yaml"))
         self.strategy = strategy
 
@@ -224,8 +276,26 @@ class Launcher:
     def submit(self, train_args: list[str]) -> tuple[float, Path]:
         d = self._fresh()
         env = dict(BASE_ENV, ORCHESTRATOR_RUNS=str(d / "runs"), ORCHESTRATOR_HOME=str(d / "home"))
-        cmd = [PY, "-m", "orchestrator", "submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "2",
-               "--strategy", self.strategy, "--wait", "--poll", "0.2", "--", "train/train.py", *train_args]
+        cmd = [
+            PY,
+            "-m",
+            "orchestrator",
+            "submit",
+            "--profile",
+            "local",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "2",
+            "--strategy",
+            self.strategy,
+            "--wait",
+            "--poll",
+            "0.2",
+            "--",
+            "train/train.py",
+            *train_args,
+        ]
         return run_until_first_step(cmd, env, (d / "runs", "*/metrics.jsonl"))
 
     def accelerate(self, train_args: list[str], extra_env: dict | None = None) -> tuple[float, Path]:
@@ -233,30 +303,56 @@ class Launcher:
         # Same env the local profile gives its ranks (profile env: OMP_NUM_THREADS=1; CPU).
         env = dict(BASE_ENV, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", **(extra_env or {}))
         acc = shutil.which("accelerate") or "accelerate"
-        cmd = [acc, "launch", "--config_file", str(self.cfg), "--main_process_port", str(free_port()),
-               "train/train.py", *train_args, "--run-dir", str(d / "run")]
+        cmd = [
+            acc,
+            "launch",
+            "--config_file",
+            str(self.cfg),
+            "--main_process_port",
+            str(free_port()),
+            "train/train.py",
+            *train_args,
+            "--run-dir",
+            str(d / "run"),
+        ]
         return run_until_first_step(cmd, env, (d, "run/metrics.jsonl"))
 
 
 def bench_launch(tmp: Path, reps: int, warmup: int) -> dict:
     L = Launcher(tmp / "launch")
     args = ["--preset", "tiny", "--data", "synthetic", "--max-steps", "1"]
-    out = interleave({"orchestrator submit": lambda: L.submit(args)[0],
-                      "accelerate launch": lambda: L.accelerate(args)[0]}, reps, warmup)
+    out = interleave(
+        {
+            "orchestrator submit": lambda: L.submit(args)[0],
+            "accelerate launch": lambda: L.accelerate(args)[0],
+        },
+        reps,
+        warmup,
+    )
     return {n: {"median_s": round(med(v), 3), "all_s": [round(x, 3) for x in v]} for n, v in out.items()}
 
 
 def bench_hot(tmp: Path, reps: int, steps: int, skip: int) -> dict:
     L = Launcher(tmp / "hot")
     args = ["--preset", "tiny", "--data", "synthetic", "--max-steps", str(steps), "--log-every", "1000"]
-    out = interleave({"orchestrator submit": lambda: step_stats(L.submit(args)[1], skip),
-                      "accelerate launch": lambda: step_stats(L.accelerate(args)[1], skip)}, reps, 0)
+    out = interleave(
+        {
+            "orchestrator submit": lambda: step_stats(L.submit(args)[1], skip),
+            "accelerate launch": lambda: step_stats(L.accelerate(args)[1], skip),
+        },
+        reps,
+        0,
+    )
     res = {}
     for n, v in out.items():
         sps = [r["steps_per_s"] for r in v]
-        res[n] = {"median_steps_per_s": round(med(sps), 3), "all_steps_per_s": [round(x, 3) for x in sps],
-                  "median_step_time_s": round(med([r["median_step_time_s"] for r in v]), 5),
-                  "steps_per_run": steps, "excluded_first_steps": skip}
+        res[n] = {
+            "median_steps_per_s": round(med(sps), 3),
+            "all_steps_per_s": [round(x, 3) for x in sps],
+            "median_step_time_s": round(med([r["median_step_time_s"] for r in v]), 5),
+            "steps_per_run": steps,
+            "excluded_first_steps": skip,
+        }
     return res
 
 
@@ -284,8 +380,24 @@ def raw_write_fsync(path: Path, nbytes: int, chunk: int = 8 << 20) -> float:
 
 
 def ckpt_run(L: Launcher, preset: str, steps: int, every: int, async_: bool) -> dict:
-    args = ["--preset", preset, "--data", "synthetic", "--max-steps", str(steps), "--ckpt-every", str(every),
-            "--keep-last", "10", "--log-every", "1000", "--batch-size", "4", "--seq-len", "64"]
+    args = [
+        "--preset",
+        preset,
+        "--data",
+        "synthetic",
+        "--max-steps",
+        str(steps),
+        "--ckpt-every",
+        str(every),
+        "--keep-last",
+        "10",
+        "--log-every",
+        "1000",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "64",
+    ]
     if async_:
         args.append("--async-ckpt")
     d = L.tmp / f"r{L.n + 1}"
@@ -293,8 +405,18 @@ def ckpt_run(L: Launcher, preset: str, steps: int, every: int, async_: bool) -> 
     acc = shutil.which("accelerate") or "accelerate"
     d.mkdir()
     L.n += 1
-    cmd = [acc, "launch", "--config_file", str(L.cfg), "--main_process_port", str(free_port()), "train/train.py", *args,
-           "--run-dir", str(d / "run")]
+    cmd = [
+        acc,
+        "launch",
+        "--config_file",
+        str(L.cfg),
+        "--main_process_port",
+        str(free_port()),
+        "train/train.py",
+        *args,
+        "--run-dir",
+        str(d / "run"),
+    ]
     res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(f"ckpt run failed: {res.stderr[-3000:]}")
@@ -305,12 +427,20 @@ def ckpt_run(L: Launcher, preset: str, steps: int, every: int, async_: bool) -> 
     sizes = [sum(json.loads(m.read_text())["files"].values()) for m in markers]
     ev = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
     # Gap between consecutive train events, minus the later step's own time = time outside steps.
-    outside = {ev[i]["step"]: ev[i + 1]["time"] - ev[i]["time"] - ev[i + 1]["step_time_s"] for i in range(len(ev) - 1)}
+    outside = {
+        ev[i]["step"]: ev[i + 1]["time"] - ev[i]["time"] - ev[i + 1]["step_time_s"]
+        for i in range(len(ev) - 1)
+    }
     ck = [s for s in outside if s % every == 0]
     other = [v for s, v in outside.items() if s % every and s > 1]
     stalls = [outside[s] - med(other) for s in ck]
-    return {"save_s": saves, "async_complete_s": async_done, "bytes": sizes, "stall_s": stalls,
-            "median_step_time_s": med([e["step_time_s"] for e in ev[1:]])}
+    return {
+        "save_s": saves,
+        "async_complete_s": async_done,
+        "bytes": sizes,
+        "stall_s": stalls,
+        "median_step_time_s": med([e["step_time_s"] for e in ev[1:]]),
+    }
 
 
 def bench_ckpt(tmp: Path, reps: int, preset: str, steps: int, every: int) -> dict:
@@ -320,7 +450,7 @@ def bench_ckpt(tmp: Path, reps: int, preset: str, steps: int, every: int) -> dic
     raw: list[float] = []
     for r in range(reps):
         pair = [("sync", False), ("async", True)]
-        for name, a in (pair if r % 2 == 0 else pair[::-1]):
+        for name, a in pair if r % 2 == 0 else pair[::-1]:
             (sync_runs if name == "sync" else async_runs).append(ckpt_run(L, preset, steps, every, a))
         nbytes = int(med([b for run in sync_runs for b in run["bytes"]]))
         raw.append(raw_write_fsync(L.tmp / "raw.bin", nbytes))
@@ -328,11 +458,16 @@ def bench_ckpt(tmp: Path, reps: int, preset: str, steps: int, every: int) -> dic
     save_s = med([s for run in sync_runs for s in run["save_s"]])
     raw_s = med(raw)
     return {
-        "preset": preset, "strategy": "full_shard (FSDP2, SHARDED_STATE_DICT, wrap TransformerBlock), 2 ranks", "steps": steps, "ckpt_every": every,
+        "preset": preset,
+        "strategy": "full_shard (FSDP2, SHARDED_STATE_DICT, wrap TransformerBlock), 2 ranks",
+        "steps": steps,
+        "ckpt_every": every,
         "checkpoint_bytes": nbytes,
-        "sync_save_median_s": round(save_s, 4), "sync_save_all_s": [round(s, 4) for run in sync_runs for s in run["save_s"]],
+        "sync_save_median_s": round(save_s, 4),
+        "sync_save_all_s": [round(s, 4) for run in sync_runs for s in run["save_s"]],
         "save_throughput_MBps": round(nbytes / save_s / 1e6, 1),
-        "raw_write_fsync_median_s": round(raw_s, 4), "raw_write_fsync_all_s": [round(x, 4) for x in raw],
+        "raw_write_fsync_median_s": round(raw_s, 4),
+        "raw_write_fsync_all_s": [round(x, 4) for x in raw],
         "raw_throughput_MBps": round(nbytes / raw_s / 1e6, 1),
         "sync_stall_median_s": round(med([s for run in sync_runs for s in run["stall_s"]]), 4),
         "async_stall_median_s": round(med([s for run in async_runs for s in run["stall_s"]]), 4),
@@ -363,27 +498,62 @@ def report(R: dict, quick: bool, wall: float) -> str:
             continue
         speedup = acc_help / v["median_s"]
         met = v["median_s"] < 0.15 and speedup >= 8
-        goals.append({"item": n, "goal": "< 0.15 s and >= 8x faster than accelerate --help",
-                      "measured": f"{v['median_s']:.3f} s (accelerate --help {acc_help:.3f} s; floor python -c pass {floor:.3f} s)",
-                      "ratio": f"{speedup:.1f}x faster", "met": met})
+        goals.append(
+            {
+                "item": n,
+                "goal": "< 0.15 s and >= 8x faster than accelerate --help",
+                "measured": f"{v['median_s']:.3f} s (accelerate --help {acc_help:.3f} s; floor python -c pass {floor:.3f} s)",
+                "ratio": f"{speedup:.1f}x faster",
+                "met": met,
+            }
+        )
     if "launch" in R:
         a, b = R["launch"]["orchestrator submit"]["median_s"], R["launch"]["accelerate launch"]["median_s"]
-        goals.append({"item": "launch to first step (submit vs accelerate launch)", "goal": "<= 1.15x",
-                      "measured": f"{a:.2f} s vs {b:.2f} s", "ratio": f"{a / b:.3f}x", "met": a / b <= 1.15})
+        goals.append(
+            {
+                "item": "launch to first step (submit vs accelerate launch)",
+                "goal": "<= 1.15x",
+                "measured": f"{a:.2f} s vs {b:.2f} s",
+                "ratio": f"{a / b:.3f}x",
+                "met": a / b <= 1.15,
+            }
+        )
     if "hot" in R:
-        a, b = R["hot"]["orchestrator submit"]["median_steps_per_s"], R["hot"]["accelerate launch"]["median_steps_per_s"]
-        goals.append({"item": "hot path steps/s (submit vs accelerate launch)", "goal": ">= 0.98x",
-                      "measured": f"{a:.2f} vs {b:.2f} steps/s", "ratio": f"{a / b:.3f}x", "met": a / b >= 0.98})
+        a, b = (
+            R["hot"]["orchestrator submit"]["median_steps_per_s"],
+            R["hot"]["accelerate launch"]["median_steps_per_s"],
+        )
+        goals.append(
+            {
+                "item": "hot path steps/s (submit vs accelerate launch)",
+                "goal": ">= 0.98x",
+                "measured": f"{a:.2f} vs {b:.2f} steps/s",
+                "ratio": f"{a / b:.3f}x",
+                "met": a / b >= 0.98,
+            }
+        )
     if "ckpt" in R:
         c = R["ckpt"]
-        goals.append({"item": f"sharded save ({c['preset']}, {c['checkpoint_bytes'] / 1e6:.1f} MB) vs raw write+fsync",
-                      "goal": "report (throughput vs disk)",
-                      "measured": f"{c['sync_save_median_s']:.3f} s = {c['save_throughput_MBps']} MB/s vs raw {c['raw_write_fsync_median_s']:.3f} s = {c['raw_throughput_MBps']} MB/s",
-                      "ratio": f"{c['save_throughput_MBps'] / c['raw_throughput_MBps']:.2f}x of disk", "met": None})
-        goals.append({"item": "async save stall vs sync save stall", "goal": "async stall < sync stall",
-                      "measured": f"{c['async_stall_median_s']:.3f} s vs {c['sync_stall_median_s']:.3f} s (async completes in {c['async_complete_median_s']:.3f} s)",
-                      "ratio": f"{c['async_stall_median_s'] / c['sync_stall_median_s']:.2f}x" if c["sync_stall_median_s"] > 0 else "n/a",
-                      "met": c["async_stall_median_s"] < c["sync_stall_median_s"]})
+        goals.append(
+            {
+                "item": f"sharded save ({c['preset']}, {c['checkpoint_bytes'] / 1e6:.1f} MB) vs raw write+fsync",
+                "goal": "report (throughput vs disk)",
+                "measured": f"{c['sync_save_median_s']:.3f} s = {c['save_throughput_MBps']} MB/s vs raw {c['raw_write_fsync_median_s']:.3f} s = {c['raw_throughput_MBps']} MB/s",
+                "ratio": f"{c['save_throughput_MBps'] / c['raw_throughput_MBps']:.2f}x of disk",
+                "met": None,
+            }
+        )
+        goals.append(
+            {
+                "item": "async save stall vs sync save stall",
+                "goal": "async stall < sync stall",
+                "measured": f"{c['async_stall_median_s']:.3f} s vs {c['sync_stall_median_s']:.3f} s (async completes in {c['async_complete_median_s']:.3f} s)",
+                "ratio": f"{c['async_stall_median_s'] / c['sync_stall_median_s']:.2f}x"
+                if c["sync_stall_median_s"] > 0
+                else "n/a",
+                "met": c["async_stall_median_s"] < c["sync_stall_median_s"],
+            }
+        )
     if "ckpt_base" in R:
         goals += ckpt_base_goals(R["ckpt_base"])
     if "mem" in R:
@@ -391,28 +561,52 @@ def report(R: dict, quick: bool, wall: float) -> str:
     if "requeue" in R:
         q = R["requeue"]
         if q.get("skipped") or not q.get("round_trip_median_s"):
-            goals.append({"item": "requeue round trip (USR2 -> first resumed step, Slurm test cluster)", "goal": "<= 60 s",
-                          "measured": f"not measured: {q.get('skipped') or q.get('error')}", "ratio": "n/a", "met": None})
+            goals.append(
+                {
+                    "item": "requeue round trip (USR2 -> first resumed step, Slurm test cluster)",
+                    "goal": "<= 60 s",
+                    "measured": f"not measured: {q.get('skipped') or q.get('error')}",
+                    "ratio": "n/a",
+                    "met": None,
+                }
+            )
         else:
             ph = q["phases_median_s"]
-            goals.append({"item": f"requeue round trip (USR2 -> first resumed step, Slurm test cluster, {q['reps']} reps)",
-                          "goal": "<= 60 s",
-                          "measured": f"{q['round_trip_median_s']:.1f} s (" + ", ".join(
-                              f"{k.replace('_', ' ')} {v:.1f}" for k, v in ph.items() if v is not None) + ")",
-                          "ratio": f"{q['round_trip_median_s'] / 60:.2f}x of goal", "met": q["round_trip_median_s"] <= 60})
+            goals.append(
+                {
+                    "item": f"requeue round trip (USR2 -> first resumed step, Slurm test cluster, {q['reps']} reps)",
+                    "goal": "<= 60 s",
+                    "measured": f"{q['round_trip_median_s']:.1f} s ("
+                    + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in ph.items() if v is not None)
+                    + ")",
+                    "ratio": f"{q['round_trip_median_s'] / 60:.2f}x of goal",
+                    "met": q["round_trip_median_s"] <= 60,
+                }
+            )
     gpu = _gpu_results(R)
     if gpu is not None:
         from bench_gpu import goal_rows as gpu_goals
 
         goals += gpu_goals(gpu)
     elif "gpu" in R:
-        goals.append({"item": "GPU (NCCL) launch / hot path / memory / checkpoints", "goal": "as the CPU items",
-                      "measured": R["gpu"]["measured"], "ratio": "n/a", "met": None})
+        goals.append(
+            {
+                "item": "GPU (NCCL) launch / hot path / memory / checkpoints",
+                "goal": "as the CPU items",
+                "measured": R["gpu"]["measured"],
+                "ratio": "n/a",
+                "met": None,
+            }
+        )
     runs = R.get("runs", {})
-    when = "; ".join(f"{k}: {v['when']}{' --quick' if v.get('quick') else ''} {v['wall_s']:.0f} s" for k, v in runs.items())
+    when = "; ".join(
+        f"{k}: {v['when']}{' --quick' if v.get('quick') else ''} {v['wall_s']:.0f} s" for k, v in runs.items()
+    )
     older = [k for k in ITEMS if k in R and k not in runs]
     if older:
-        when += ("; " if when else "") + ", ".join(older) + ": an earlier --quick run (before per-item records)"
+        when += (
+            ("; " if when else "") + ", ".join(older) + ": an earlier --quick run (before per-item records)"
+        )
     lines = [
         "# orchestrator benchmarks",
         "",
@@ -430,43 +624,68 @@ def report(R: dict, quick: bool, wall: float) -> str:
         lines.append(f"| {g['item']} | {g['goal']} | {g['measured']} | {g['ratio']} | {met} |")
     lines += ["", "## Notes", ""]
     if cli:
-        lines.append(f"- Interpreter floor: `python -c pass` = {floor:.3f} s median here; `python -m orchestrator ...` "
-                     f"adds at least the `-m` package resolution on top. Any CLI goal below ~{floor:.2f} s + the "
-                     "command's own imports is unreachable on this machine regardless of the code.")
+        lines.append(
+            f"- Interpreter floor: `python -c pass` = {floor:.3f} s median here; `python -m orchestrator ...` "
+            f"adds at least the `-m` package resolution on top. Any CLI goal below ~{floor:.2f} s + the "
+            "command's own imports is unreachable on this machine regardless of the code."
+        )
         for n, v in cli.items():
             if "top_imports" in v:
                 tops = ", ".join(f"{t['module']} {t['cumulative_ms']} ms" for t in v["top_imports"][:4])
-                lines.append(f"- `{n}`: {v['median_s']:.3f} s (min {v['min_s']:.3f}); heaviest imports: {tops}")
+                lines.append(
+                    f"- `{n}`: {v['median_s']:.3f} s (min {v['min_s']:.3f}); heaviest imports: {tops}"
+                )
     for note in R.get("notes", []):
         lines.append(f"- {note}")
     if "mem" in R:
         m = R["mem"]
-        lines += ["", f"## Memory per rank (2 ranks, fp32 on CPU, AdamW; {m['steps']} steps of {m['batch_size']} x {m['seq_len']} tokens)", "",
-                  "Formulas restated for fp32 on CPU (params 4Ψ, grads 4Ψ, Adam m+v 8Ψ bytes; the issue's 16Ψ / 2Ψ + 14Ψ/N / "
-                  "16Ψ/N are for Adam in mixed precision). Model state = bytes of the local shards of params + grads + "
-                  "optimizer state on a rank after the last optimizer.step (DTensor.to_local() for FSDP2); in-step = that "
-                  "plus the all-gathered parameters FSDP keeps between forward and backward; peak RSS − baseline = VmHWM "
-                  "over the steps (reset after prepare) minus RSS before the model was built (MALLOC_MMAP_THRESHOLD_=65536). "
-                  "Worst rank shown.", ""]
+        lines += [
+            "",
+            f"## Memory per rank (2 ranks, fp32 on CPU, AdamW; {m['steps']} steps of {m['batch_size']} x {m['seq_len']} tokens)",
+            "",
+            "Formulas restated for fp32 on CPU (params 4Ψ, grads 4Ψ, Adam m+v 8Ψ bytes; the issue's 16Ψ / 2Ψ + 14Ψ/N / "
+            "16Ψ/N are for Adam in mixed precision). Model state = bytes of the local shards of params + grads + "
+            "optimizer state on a rank after the last optimizer.step (DTensor.to_local() for FSDP2); in-step = that "
+            "plus the all-gathered parameters FSDP keeps between forward and backward; peak RSS − baseline = VmHWM "
+            "over the steps (reset after prepare) minus RSS before the model was built (MALLOC_MMAP_THRESHOLD_=65536). "
+            "Worst rank shown.",
+            "",
+        ]
         lines += mem_table(m)
     if "requeue" in R and R["requeue"].get("records"):
         q = R["requeue"]
-        lines += ["", "## Requeue round trip (seconds per phase; see bench_requeue.py for the timestamps used)", "",
-                  "| rep | round trip | checkpoint | exit | scheduler requeue | start-up | load | first step | start-up split | pending reasons |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Requeue round trip (seconds per phase; see bench_requeue.py for the timestamps used)",
+            "",
+            "| rep | round trip | checkpoint | exit | scheduler requeue | start-up | load | first step | start-up split | pending reasons |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for i, r in enumerate(q["records"], 1):
             ph = r["phases_s"]
             split = ", ".join(f"{k} {v}" for k, v in (r.get("startup_split_s") or {}).items())
-            lines.append(f"| {i} | {r['round_trip_s']} | " + " | ".join(str(ph[k]) for k in
-                         ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")) +
-                         f" | {split} | {', '.join(r.get('pending_reasons', []))} |")
+            lines.append(
+                f"| {i} | {r['round_trip_s']} | "
+                + " | ".join(
+                    str(ph[k])
+                    for k in ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")
+                )
+                + f" | {split} | {', '.join(r.get('pending_reasons', []))} |"
+            )
     if gpu is not None:
         from bench_gpu import table as gpu_table
 
-        lines += ["", "## GPU (`gpu`, bench/bench_gpu.py; one process on one GPU through `accelerate launch`)", ""]
+        lines += [
+            "",
+            "## GPU (`gpu`, bench/bench_gpu.py; one process on one GPU through `accelerate launch`)",
+            "",
+        ]
         lines += gpu_table(gpu)
     lines.append("")
-    lines.append("Raw figures (all repetitions): `bench/results.json`" + (", GPU: `bench/results_gpu.json`." if gpu is not None else "."))
+    lines.append(
+        "Raw figures (all repetitions): `bench/results.json`"
+        + (", GPU: `bench/results_gpu.json`." if gpu is not None else ".")
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -496,20 +715,40 @@ def gpu_row() -> dict:
             return {"measured": f"bench/bench_gpu.py failed (exit {res.returncode})", "cuda": True}
     G = load_gpu(RESULTS)
     if G is None:
-        why = "no GPU lent (torch.cuda.is_available() is False)" if not cuda else "bench/bench_gpu.py wrote no results"
+        why = (
+            "no GPU lent (torch.cuda.is_available() is False)"
+            if not cuda
+            else "bench/bench_gpu.py wrote no results"
+        )
         return {"measured": f"not measured: {why}", "cuda": cuda}
-    return {"measured": f"bench/results_gpu.json: {device_line(G)}" + ("" if cuda else " (not re-measured here: no GPU)"),
-            "cuda": cuda, "source": str(RESULTS.relative_to(REPO)), "when": G["when"], "device": G["device"].get("device_name")}
+    return {
+        "measured": f"bench/results_gpu.json: {device_line(G)}"
+        + ("" if cuda else " (not re-measured here: no GPU)"),
+        "cuda": cuda,
+        "source": str(RESULTS.relative_to(REPO)),
+        "when": G["when"],
+        "device": G["device"].get("device_name"),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (whole bench in ~6 minutes)")
-    ap.add_argument("--only", nargs="*", choices=ITEMS, default=None,
-                    help="run these items and merge them into the existing results of --out")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        choices=ITEMS,
+        default=None,
+        help="run these items and merge them into the existing results of --out",
+    )
     ap.add_argument("--out", default=str(BENCH), help="folder for results.md / results.json")
-    ap.add_argument("--hot-reps", type=int, default=None, metavar="N",
-                    help="repetitions of the hot-path pair (default 3, 1 with --quick): its spread needs more")
+    ap.add_argument(
+        "--hot-reps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="repetitions of the hot-path pair (default 3, 1 with --quick): its spread needs more",
+    )
     a = ap.parse_args()
     q = a.quick
     parts = a.only or ITEMS
@@ -521,11 +760,22 @@ def main() -> int:
     if a.only and (out / "results.json").exists():
         R = json.loads((out / "results.json").read_text())  # merge: keep the other items' figures
         R.pop("goals", None)
-    R.update({"quick": q, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                      "torch": torch.__version__, "accelerate": accelerate.__version__,
-                                      "platform": platform.platform()}})
+    R.update(
+        {
+            "quick": q,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "accelerate": accelerate.__version__,
+                "platform": platform.platform(),
+            },
+        }
+    )
     R.setdefault("notes", [])
-    R["invocation"] = "python bench/run.py" + (" --quick" if q else "") + (" --only " + " ".join(a.only) if a.only else "")
+    R["invocation"] = (
+        "python bench/run.py" + (" --quick" if q else "") + (" --only " + " ".join(a.only) if a.only else "")
+    )
     runs = R.setdefault("runs", {})
     t0 = time.perf_counter()
 
@@ -538,7 +788,11 @@ def main() -> int:
             log(f"{name}: {result['skipped']}; keeping the earlier figures")
             return
         R[name] = result
-        runs[name] = {"when": time.strftime("%Y-%m-%d %H:%M"), "quick": q, "wall_s": round(time.perf_counter() - t, 1)}
+        runs[name] = {
+            "when": time.strftime("%Y-%m-%d %H:%M"),
+            "quick": q,
+            "wall_s": round(time.perf_counter() - t, 1),
+        }
 
     with tempfile.TemporaryDirectory(prefix="orch_bench_") as tmp_s:
         tmp = Path(tmp_s)
@@ -550,17 +804,35 @@ def main() -> int:
             hot_reps = a.hot_reps or (1 if q else 3)
             item("hot", lambda: bench_hot(tmp, reps=hot_reps, steps=40 if q else 80, skip=5))
         if "ckpt" in parts:
-            item("ckpt", lambda: bench_ckpt(tmp, reps=1 if q else 2, preset="small", steps=4 if q else 6, every=2))
+            item(
+                "ckpt",
+                lambda: bench_ckpt(tmp, reps=1 if q else 2, preset="small", steps=4 if q else 6, every=2),
+            )
         if "ckpt_base" in parts:
             from bench_ckpt_load import bench_ckpt_base
 
-            item("ckpt_base", lambda: bench_ckpt_base(tmp / "ckpt_base", 1 if q else 2, BASE_ENV, free_port, raw_write_fsync, log,
-                                                       full_load=not q))
+            item(
+                "ckpt_base",
+                lambda: bench_ckpt_base(
+                    tmp / "ckpt_base",
+                    1 if q else 2,
+                    BASE_ENV,
+                    free_port,
+                    raw_write_fsync,
+                    log,
+                    full_load=not q,
+                ),
+            )
         if "mem" in parts:
             from bench_memory import bench_memory
 
             # --quick: the base preset only (the small one adds nothing the formulas do not already say).
-            item("mem", lambda: bench_memory(tmp / "mem", BASE_ENV, ["base"] if q else ["small", "base"], 2, free_port, log))
+            item(
+                "mem",
+                lambda: bench_memory(
+                    tmp / "mem", BASE_ENV, ["base"] if q else ["small", "base"], 2, free_port, log
+                ),
+            )
         if "requeue" in parts:
             from bench_requeue import bench_requeue
 

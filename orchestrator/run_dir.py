@@ -281,9 +281,12 @@ def check_checkpoint(ckpt_dir: Path) -> tuple[dict[str, Any] | None, str]:
     A save killed mid-way has no marker; a marker written before its data reached the disk (odd
     file systems) shows as a short file. ``stat`` only: ``status`` checks 1,000 runs per call.
     """
-    marker = read_json(Path(ckpt_dir) / COMPLETE_MARKER)
+    marker_path = Path(ckpt_dir) / COMPLETE_MARKER
+    marker = read_json(marker_path)
     if marker is None:
-        return None, f"no readable {COMPLETE_MARKER} (the save did not finish)"
+        if not marker_path.exists():
+            return None, f"no {COMPLETE_MARKER} (the save did not finish)"
+        return None, f"unreadable {COMPLETE_MARKER} (torn or not a JSON object)"
     files, step = marker.get("files"), marker.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         return None, f"{COMPLETE_MARKER} names no integer step"

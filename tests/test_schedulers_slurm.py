@@ -191,3 +191,7 @@ def test_missing_node_interpreter_fails_the_job_with_the_reason(
     assert sacct_state(job_id) == "FAILED"
     err = (run_dir / "submitit" / f"{job_id}_0_log.err").read_text()
     assert "python-that-no-node-has" in err and "not found" in err and "profile key python" in err
+    # No node ever logged: `logs` shows the scheduler's own files, where the reason is.
+    logs = run_cli(["logs", job_id], orch_env)
+    assert logs.returncode == 0 and "no node logs" in logs.stderr
+    assert "python-that-no-node-has" in logs.stdout and "profile key python" in logs.stdout

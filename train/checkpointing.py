@@ -224,11 +224,8 @@ class AsyncCheckpointer:
     writes the tiny per-rank files; one background thread per rank then writes the shards (DCP
     ``save`` on a gloo group of its own, so its collectives never interleave with training's) and,
     on rank 0, computes the marker's checksums, fsyncs, writes ``COMPLETE.json``, renames the folder
-    into place and prunes. Measured (bench ``ckpt``, small preset, 2 ranks on 2 cores): the previous
-    design stalled training 1.56 s per checkpoint against 6.19 s for a synchronous save, because the
-    checksums (a full-state gather plus a float64 pass over every tensor, on every rank) ran on the
-    training thread before the save started, and rank 0 fsynced, wrote the marker and pruned on the
-    training thread when it noticed the save had finished.
+    into place and prunes: nothing but the copy stalls training (the checksums, a full-state gather
+    plus a float64 pass over every tensor, cost more than the save itself; see bench/README.md).
 
     Checksums are identical to the synchronous save's (same function over the same full tensors):
     for FSDP, rank 0 reads the just-written DCP checkpoint back (no collective, page cache) and sums

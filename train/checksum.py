@@ -56,7 +56,7 @@ def full_state(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, tor
         get_optimizer_state_dict,
     )
 
-    # cpu_offload=False on purpose: FSDP1's FULL_STATE_DICT with offload_to_cpu crashes on CPU (FIELD_NOTES).
+    # cpu_offload=False on purpose: FSDP1's FULL_STATE_DICT with offload_to_cpu crashes on CPU.
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     inner = getattr(optimizer, "optimizer", optimizer)
     # With full_state_dict=True the values are plain full tensors (the stub allows any ValueType).

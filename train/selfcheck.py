@@ -1,6 +1,6 @@
 """Start-up self-check: the run is the run that was asked for, or it stops (exit 3) within seconds.
 
-Accelerate on CPU fails silently in several ways (FIELD_NOTES): a MULTI_CPU
+Accelerate on CPU fails silently in several ways: a MULTI_CPU
 config starts one process, a GPU config without ``ACCELERATE_USE_CPU=1`` gives
 N processes that each train alone, FSDP is dropped for plain DDP, FSDP1 hybrids
 shard over one rank. Each of those passes every other test; the self-check

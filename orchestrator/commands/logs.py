@@ -19,9 +19,31 @@ from orchestrator.errors import UserError
 from orchestrator.job_states import JobState
 from orchestrator.log_follow import LogFollower, LogLine
 from orchestrator.registry import JobRecord, Registry
+from orchestrator.run_dir import LOGS_DIR
 from orchestrator.scheduler_query import refresh_states
 
 DEFAULT_FOLLOW_TAIL = 10
+#: Lines shown from each of the scheduler's own log files when no node has logged.
+DEFAULT_SCHEDULER_TAIL = 20
+
+
+def print_scheduler_logs(job: JobRecord, tail: int) -> None:
+    """A job that ended before any node started says why only in the scheduler's files (a set-up
+    line, a missing interpreter, a refused allocation): show their last lines."""
+    from orchestrator.run_summary import iter_lines_reversed
+    from orchestrator.schedulers import get_scheduler
+
+    for path in get_scheduler(job.scheduler).log_files(Path(job.run_dir), job.job_id):
+        try:
+            if path.stat().st_size == 0:
+                continue
+            lines = [ln.decode(errors="replace") for ln in iter_lines_reversed(path, 1 << 20)]
+        except OSError:
+            continue
+        shown = lines[:tail][::-1]
+        if shown:
+            print(f"==> {path} <==")
+            print("\n".join(shown))
 
 
 def _printer(out: TextIO, prefixed: bool) -> Callable[[LogLine], None]:
@@ -143,11 +165,12 @@ def run(args: argparse.Namespace) -> int:
         follower = make_follower(job, node=args.node, rank=args.rank, attempt=args.attempt)
         sources = follower.sources()
         if not sources:
-            where = Path(job.run_dir) / "logs"
+            where = Path(job.run_dir) / LOGS_DIR
             print(
-                f"no logs yet for job {job.job_id} (looked in {where}; state {job.last_state})",
+                f"no node logs for job {job.job_id} (looked in {where}; state {job.last_state})",
                 file=sys.stderr,
             )
+            print_scheduler_logs(job, DEFAULT_SCHEDULER_TAIL if args.tail is None else args.tail)
             return 0
         emit = _printer(sys.stdout, prefixed=len(sources) > 1)
         if args.tail is not None:

@@ -105,8 +105,9 @@ class Scheduler(ABC):
         """Cancel (``sig`` None) or signal ``job``; returns the line to print."""
 
     @abstractmethod
-    def log_files(self, run_dir: Path) -> list[Path]:
-        """The scheduler's own stdout/stderr files of a run (besides the node logs)."""
+    def log_files(self, run_dir: Path, job_id: str) -> list[Path]:
+        """The scheduler's own stdout/stderr files of a job, besides the node logs: where a job that
+        failed before any node started (a set-up line, the interpreter) says why."""
 
     # ---------------------------------------------------------------- on the node
     @abstractmethod

@@ -302,7 +302,7 @@ class LocalScheduler(Scheduler):
             raise RunFailure(f"job {job.job_id}: none of its processes {sorted(pids.values())} is alive")
         return f"sent {send.name} to {sent} process(es) of job {job.job_id}"
 
-    def log_files(self, run_dir: Path) -> list[Path]:
+    def log_files(self, run_dir: Path, job_id: str) -> list[Path]:
         folder = Path(run_dir) / SUBMITIT_DIR
         return sorted([*folder.glob(CONTROLLER_LOG), *folder.glob("*_log.*")])
 

@@ -284,8 +284,8 @@ class SlurmScheduler(Scheduler):
             raise RunFailure(f"scancel of job {job.job_id} failed: {res.error}")
         return f"sent {sig.name} to job {job.job_id}" if sig else f"cancel requested for job {job.job_id}"
 
-    def log_files(self, run_dir: Path) -> list[Path]:
-        return sorted((Path(run_dir) / SUBMITIT_DIR).glob("*_log.*"))
+    def log_files(self, run_dir: Path, job_id: str) -> list[Path]:
+        return sorted((Path(run_dir) / SUBMITIT_DIR).glob(f"{job_id}_*_log.*"))
 
     def node_environment(self, job_key: str) -> NodeEnvironment:
         return SlurmNodeEnvironment()
