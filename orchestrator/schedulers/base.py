@@ -14,7 +14,6 @@ scheduler object.
 
 from __future__ import annotations
 
-import signal
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    import signal
+
     from orchestrator.job_states import JobState
     from orchestrator.plan import LaunchPlan
     from orchestrator.profiles import ClusterProfile

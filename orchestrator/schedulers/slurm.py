@@ -1,5 +1,7 @@
 """Slurm: sbatch through submitit, squeue/sacct for state, scancel, and ``SLURM_*`` on the node.
 
+``socket`` and ``subprocess`` are imported where used: ``render`` loads this module and needs neither.
+
 This module is the only reader of ``SLURM_*`` variables. Submission goes through submitit (its
 pickling, its per-task entry ``python -m submitit.core._submit``), but the batch script is ours:
 :meth:`SlurmScheduler.dryrun` renders it, and the executor submits that text unchanged.
@@ -8,9 +10,6 @@ pickling, its per-task entry ``python -m submitit.core._submit``), but the batch
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,8 @@ from orchestrator.run_dir import (
 from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler
 
 if TYPE_CHECKING:
+    import signal
+
     from orchestrator.job_states import JobState
     from orchestrator.plan import LaunchPlan
     from orchestrator.profiles import ClusterProfile
@@ -58,6 +59,9 @@ def batch_restarts() -> int:
 
 
 def allocation_nodes() -> list[str]:
+
+    import subprocess
+
     """Host names of this allocation (``SLURM_JOB_NODELIST`` expanded by Slurm itself)."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
     if not nodelist:
@@ -77,6 +81,9 @@ def clean_submit_environment() -> None:
 
 
 def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
+
+    import subprocess
+
     """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says CANCELLED (a
     plain ``scancel`` also sends SIGTERM, which training handles like a preemption)."""
     if cancel_requested(run_dir):
@@ -91,6 +98,9 @@ def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
 
 
 def interface_address(name: str) -> str:
+
+    import socket
+
     """IPv4 address of a network interface on this host (e.g. ib0)."""
     import psutil
 
@@ -117,6 +127,9 @@ class SlurmNodeEnvironment(NodeEnvironment):
         self.restarts = batch_restarts()
 
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
+
+        import socket
+
         """Without a named interface every node resolves node 0's hostname itself. With one (ib0,
         eth0 in a namespace) only node 0 can read its address: it publishes it in the shared run
         directory and the others wait for it."""
@@ -140,6 +153,9 @@ class SlurmNodeEnvironment(NodeEnvironment):
         )
 
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
+
+        import subprocess
+
         """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
         first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``."""
         from orchestrator.requeue import decide_requeue
@@ -158,6 +174,8 @@ class SlurmNodeEnvironment(NodeEnvironment):
 # ---------------------------------------------------------------------------- submission side
 def partition_nodes(partition: str) -> int:
     """How many nodes a partition has, asking sinfo (bounded)."""
+    import subprocess
+
     try:
         proc = subprocess.run(
             ["sinfo", "-h", "-p", partition, "-o", "%D"],
@@ -240,6 +258,9 @@ class SlurmScheduler(Scheduler):
             )
 
     def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
+
+        import subprocess
+
         from orchestrator.node_entry import NodeTask
 
         plan, run_dir = request.plan, request.run_dir
