@@ -28,4 +28,6 @@ def test_ruff_clean() -> None:
 def test_ruff_format_clean() -> None:
     """The tree was formatted once; new code keeps it so (pre-commit runs `ruff format`)."""
     res = _run(["ruff", "format", "--check", "orchestrator", "train", "tests", "bench"])
-    assert res.returncode == 0, f"ruff format would change files (run `ruff format .`):\n{res.stdout}\n{res.stderr}"
+    assert res.returncode == 0, (
+        f"ruff format would change files (run `ruff format .`):\n{res.stdout}\n{res.stderr}"
+    )
