@@ -14,6 +14,11 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 [ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARG...]" >&2; exit 2; }
 export BASE=${BASE:-/tmp/orchestrator-slurm}
 
+# One cluster per machine: a second run would wipe the first one's state (FRESH=1) under it. Wait
+# for the holder (bounded), whoever it is; the lock goes with this process, however it ends.
+exec 9>"${BASE}.lock"
+flock -w "${CLUSTER_LOCK_WAIT_S:-3600}" 9 || { echo "run_with_cluster: another run holds ${BASE}.lock" >&2; exit 1; }
+
 child=""
 timer=""
 cleanup() {
