@@ -15,7 +15,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export BASE=${BASE:-/tmp/orchestrator-slurm}
 
 # One cluster per machine: a second run would wipe the first one's state (FRESH=1) under it. Wait
-# for the holder (bounded), whoever it is; the lock goes with this process, however it ends.
+# for the holder (bounded), whoever it is. Only this script holds fd 9 (children get it closed), so
+# the lock goes with this process, however it ends, and never with a daemon the cluster started.
 exec 9>"${BASE}.lock"
 flock -w "${CLUSTER_LOCK_WAIT_S:-3600}" 9 || { echo "run_with_cluster: another run holds ${BASE}.lock" >&2; exit 1; }
 
@@ -27,7 +28,7 @@ cleanup() {
   trap - EXIT
   [ -n "$timer" ] && kill "$timer" 2>/dev/null
   if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then kill -KILL "$child" 2>/dev/null; fi
-  bash "$HERE/stop_cluster.sh" --purge >&2 || echo "run_with_cluster: stop_cluster.sh failed" >&2
+  bash "$HERE/stop_cluster.sh" --purge 9>&- >&2 || echo "run_with_cluster: stop_cluster.sh failed" >&2
   exit "$rc"
 }
 trap cleanup EXIT
@@ -37,7 +38,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-FRESH=1 bash "$HERE/start_cluster.sh" >&2 || { echo "run_with_cluster: the cluster did not start" >&2; exit 1; }
+FRESH=1 bash "$HERE/start_cluster.sh" 9>&- >&2 || { echo "run_with_cluster: the cluster did not start" >&2; exit 1; }
 
 set -a                       # export every variable the env file sets
 # shellcheck disable=SC1091
@@ -60,7 +61,7 @@ forward() {
   fi
 }
 set -m
-"$@" &
+"$@" 9>&- &
 child=$!
 set +m
 trap 'forward INT' INT
