@@ -7,103 +7,35 @@ and at 2 nodes where the default is 1) is either rendered into
 run dir ``/RUN``, submitit folder ``/RUN/submitit``, and the sample runtime values
 (``orchestrator.render.sample_runtime``).
 
-Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_golden.py``
-and read the diff.
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_golden.py``: that
+run rewrites the files and fails with a summary; read ``git diff tests/golden``, then run again
+without it. What the text must mean is checked independently of the goldens in
+tests/test_sbatch_semantics.py and ``test_rendered_semantics`` below.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import difflib
 from pathlib import Path
 
 import pytest
 import yaml
 
 from orchestrator.errors import UserError
-from orchestrator.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.profiles import ClusterProfile, parse_profile
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
+from orchestrator.render import sample_runtime
 from orchestrator.strategies import STRATEGIES
-
-REPO = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).resolve().parent / "golden"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
-PYTHON = "python3"
-RUN_DIR = "/RUN"
-SUBMITIT = "/RUN/submitit"
-
-
-def builtin_profiles() -> dict[str, ClusterProfile]:
-    # Read the shipped files directly: a ./cluster_profiles in the working directory
-    # must not change what the goldens describe.
-    return {
-        p.stem: parse_profile(p.read_text(encoding="utf-8"), f"cluster_profiles/{p.name}")
-        for p in sorted((REPO / "cluster_profiles").glob("*.yaml"))
-    }
-
-
-@dataclass(frozen=True)
-class Combo:
-    profile_name: str
-    strategy: str
-    fsdp_version: int
-    nodes: int
-
-    @property
-    def label(self) -> str:
-        fsdp = "" if self.strategy == "ddp" else f"-fsdp{self.fsdp_version}"
-        return f"{self.strategy}{fsdp}-{self.nodes}n"
-
-    @property
-    def id(self) -> str:
-        return f"{self.profile_name}/{self.label}"
-
-
-def combos() -> list[Combo]:
-    out = []
-    for name, profile in builtin_profiles().items():
-        node_counts = [profile.nodes.default]
-        if profile.nodes.default < 2 <= profile.nodes.max:
-            node_counts.append(2)  # so hybrid strategies get a valid run on every multi-node profile
-        for nodes in node_counts:
-            for strategy in STRATEGIES:
-                versions = [profile.defaults.fsdp_version] if strategy == "ddp" else [1, 2]
-                for version in versions:
-                    out.append(Combo(name, strategy, version, nodes))
-    return out
-
-
-def plan_for(combo: Combo) -> LaunchPlan:
-    profile = builtin_profiles()[combo.profile_name]
-    options = merge_options(profile, strategy=combo.strategy, fsdp_version=combo.fsdp_version)
-    return build_plan(
-        combo.profile_name, profile, options, "train/train.py", ["--epochs", "1"], nodes=combo.nodes
-    )
-
-
-def render_combo(plan: LaunchPlan) -> str:
-    parts = []
-    if plan.profile.scheduler == "slurm":
-        sbatch = render_sbatch(plan, RUN_DIR, SUBMITIT, PYTHON)
-        parts.append(f"==> sbatch.sh <==\n{sbatch}")
-    for rank in range(plan.nodes):
-        config = render_accelerate_config(plan, sample_runtime(plan, rank))
-        parts.append(f"==> accelerate_config.node{rank}.yaml <==\n{config}")
-    return "\n".join(parts)
-
-
-def split_sections(text: str) -> dict[str, str]:
-    sections: dict[str, str] = {}
-    name = None
-    for line in text.splitlines(keepends=True):
-        if line.startswith("==> ") and line.rstrip().endswith(" <=="):
-            name = line.strip()[4:-4]
-            sections[name] = ""
-        elif name is not None:
-            sections[name] += line
-    return sections
-
+from tests.helpers.golden import (
+    GOLDEN,
+    RUN_DIR,
+    SUBMITIT,
+    UPDATE,
+    Combo,
+    builtin_profiles,
+    combos,
+    plan_for,
+    render_combo,
+    split_sections,
+)
 
 ALL = combos()
 
@@ -132,12 +64,22 @@ def refused_text() -> str:
 
 
 def check_golden(path: Path, text: str) -> None:
+    """Compare with the golden file. ``UPDATE_GOLDEN=1`` rewrites a differing file and still fails,
+    with a summary of the change: a regeneration is always a deliberate second run, after reading
+    the diff, and can never pass the run that made it."""
+    expected = path.read_text(encoding="utf-8") if path.is_file() else None
+    if text == expected:
+        return
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        return
-    assert path.is_file(), f"{path} missing: run UPDATE_GOLDEN=1 pytest {Path(__file__).name}"
-    expected = path.read_text(encoding="utf-8")
+        diff = list(difflib.unified_diff((expected or "").splitlines(), text.splitlines(), lineterm="", n=0))
+        changed = [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        pytest.fail(
+            f"regenerated {path.relative_to(GOLDEN)} ({len(changed)} changed line(s), e.g. "
+            f"{changed[:3]}); review `git diff tests/golden` and run again without UPDATE_GOLDEN"
+        )
+    assert expected is not None, f"{path} missing: run UPDATE_GOLDEN=1 pytest {Path(__file__).name}"
     assert text == expected, f"{path.relative_to(GOLDEN)} differs: run UPDATE_GOLDEN=1 and review the diff"
 
 
@@ -157,10 +99,10 @@ def test_golden_refused() -> None:
 def test_no_stale_golden_files() -> None:
     wanted = {golden_path(c) for c in RENDERED} | {GOLDEN / "refused.txt"}
     present = {p for p in GOLDEN.rglob("*") if p.is_file()}
-    if UPDATE:
+    if UPDATE and present - wanted:
         for stale in present - wanted:
             stale.unlink()
-        return
+        pytest.fail(f"removed stale golden files {sorted(present - wanted)}; run again without UPDATE_GOLDEN")
     assert present == wanted, f"stale: {sorted(present - wanted)}, missing: {sorted(wanted - present)}"
 
 
