@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("accelerate")
-pytest.importorskip("torch")
+from tests.helpers.preconditions import require_modules
+
+require_modules("accelerate", "torch")
 
 from accelerate.commands.config.config_args import load_config_from_file  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.helpers.preconditions import require
 from tests.helpers.slurm_cluster import (
     kill_node_processes,
     require_cluster,
@@ -76,7 +77,7 @@ def test_srun_on_two_nodes(cluster):
 
 def test_tcp_between_tasks_on_different_nodes(cluster, shared_dir):
     if not cluster.netns:
-        pytest.skip("multislurmd mode: all nodes share the host's network, nothing crosses a link")
+        require(False, "multislurmd mode: all nodes share the host's network, nothing crosses a link")
     script = shared_dir / "tcp_pair.py"
     script.write_text(
         textwrap.dedent("""
@@ -120,7 +121,7 @@ def test_tcp_between_tasks_on_different_nodes(cluster, shared_dir):
 
 def test_sbatch_job_completes_and_shows_in_sacct(cluster, shared_dir):
     if not cluster.accounting:
-        pytest.skip("cluster started with ACCOUNTING=0")
+        require(False, "cluster started with ACCOUNTING=0")
     out_file = shared_dir / "job.out"
     job = sbatch(
         "-N1", "-p", cluster.partition, "-o", str(out_file), "--wrap", "echo hello from $SLURMD_NODENAME"
@@ -254,7 +255,7 @@ def test_dead_node_is_noticed_and_its_batch_job_requeued(cluster):
     """n2 dies (slurmd and everything on it): ~20-30 s later it is DOWN and the job, requeued
     (JobRequeue=1), runs again on the remaining nodes; n2 then comes back (ReturnToService=2)."""
     if cluster.nodes < 3:
-        pytest.skip("needs a spare node to requeue a 2-node job onto")
+        require(False, "needs a spare node to requeue a 2-node job onto")
     job = sbatch(
         "-N2", "--ntasks-per-node=1", "-p", cluster.partition, "-o", "/dev/null", "--wrap", "srun sleep 300"
     )

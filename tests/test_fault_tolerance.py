@@ -33,6 +33,7 @@ from orchestrator.auto_resume import read_decisions
 from orchestrator.run_dir import last_complete_checkpoint
 from orchestrator.run_summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state
+from tests.helpers.preconditions import require
 from tests.helpers.slurm_cluster import (
     kill_node_processes,
     revive_nodes,
@@ -484,7 +485,7 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     the measured bound, ``--auto-resume`` submits a new attempt that excludes the dead node, from the
     last complete checkpoint, and it completes with the uninterrupted run's result."""
     if slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") != "netns":
-        pytest.skip("needs nodes in network namespaces to kill one node")
+        require(False, "needs nodes in network namespaces to kill one node")
     # `submit --wait` must follow the run into the auto-resumed job and answer for it
     runs = Path(ft_env["ORCHESTRATOR_RUNS"])
     before = set(runs.glob("*/job_id"))

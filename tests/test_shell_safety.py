@@ -31,7 +31,6 @@ from orchestrator.render import render_accelerate_config, render_sbatch, sample_
 
 REPO = Path(__file__).resolve().parents[1]
 BASH = shutil.which("bash")
-pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
 
 SUPERVISOR_RE = re.compile(

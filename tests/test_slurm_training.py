@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli, sacct_state, train_losses
+from tests.helpers.preconditions import require
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TRAIN = str(REPO / "train" / "train.py")
@@ -70,7 +71,7 @@ def _node_training_pids(node: str) -> list[int]:
 
 def test_killing_one_node_fails_the_job_promptly(slurm_cluster: dict, orch_env: dict) -> None:
     if slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE") != "netns":
-        pytest.skip("needs nodes in network namespaces to find one node's processes")
+        require(False, "needs nodes in network namespaces to find one node's processes")
     res = run_cli(
         [
             "submit",
