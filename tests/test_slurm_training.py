@@ -50,7 +50,7 @@ def test_two_node_training_equals_local_mode(slurm_cluster: dict, orch_env: dict
     assert len(slurm_losses) == 12
     assert [round(x, 4) for x in slurm_losses] == [round(x, 4) for x in local_losses]
     first = json.loads((slurm_dir / "metrics.jsonl").read_text().splitlines()[0])
-    assert first.get("world_size", 4) == 4
+    assert first["world_size"] == 4
 
 
 def _node_training_pids(node: str) -> list[int]:
