@@ -8,12 +8,15 @@ accelerate, so commands that do not train start in well under a second.
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
 import importlib
+import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+from orchestrator import __version__
 from orchestrator.errors import EXIT_USAGE, OrchestratorError
 
 #: name -> one-line help. Order is the order shown in --help.
@@ -22,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "render": "print or write the sbatch script and each node's Accelerate config, submitting nothing",
     "status": "scheduler state and training progress of jobs (one batched scheduler query)",
     "list": "jobs in the registry",
+    "wait": "follow a job to its end; exit code = outcome (0 COMPLETED, 1 otherwise)",
     "logs": "show or follow a job's logs",
     "cancel": "cancel a job or send it a signal",
     "resume": "submit a new attempt of a job from its last complete checkpoint",
@@ -32,13 +36,33 @@ COMMANDS: dict[str, str] = {
 
 MODULES = {"list": "list_jobs"}
 
+_INVALID_CHOICE = re.compile(r"^(argument [^:]+): invalid choice: '?(.*?)'? \(choose from (.*)\)$")
+
+
+class GuidingParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line with a did-you-mean, not the whole usage text.
+
+    ``--strategy fulshard`` used to print 13 lines of usage and the list of choices; now it says
+    ``did you mean 'full_shard'?`` and where the full help is."""
+
+    def error(self, message: str) -> NoReturn:
+        m = _INVALID_CHOICE.match(message)
+        if m:
+            where, value, listed = m.groups()
+            choices = [c.strip().strip("'") for c in listed.split(",")]
+            guess = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+            hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+            message = f"{where}: invalid choice '{value}'{hint}; choose from {', '.join(choices)}"
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = GuidingParser(
         prog="orchestrator",
         description="Take an Accelerate training script from one machine to many Slurm nodes.",
         epilog="Exit codes: 0 ok, 1 job or run-time failure, 2 usage or configuration error.",
     )
+    parser.add_argument("--version", action="version", version=f"orchestrator {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)

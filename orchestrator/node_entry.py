@@ -10,6 +10,7 @@ place in the job from the scheduler's :class:`~orchestrator.schedulers.base.Node
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -167,7 +168,7 @@ def _launch_and_wait(
     node_pid_file(path, node.node_rank).write_text(str(launcher.pid))
     relay.launcher = launcher
     try:
-        code = launcher.wait()
+        code = _wait_or_stop_on_failed_peer(launcher, node, path, log)
     finally:
         kill_tree(launcher.pid)
     elapsed = time.monotonic() - started
@@ -191,6 +192,38 @@ def _launch_and_wait(
         flush=True,
     )
     return code
+
+
+#: How often a running node looks for a failed peer (local jobs; see NodeEnvironment.failed_peer).
+PEER_CHECK_S = 0.5
+#: This node's exit code when its training was stopped because another node failed (SIGTERM's).
+EXIT_PEER_FAILED = 128 + int(signal.SIGTERM)
+
+
+def _wait_or_stop_on_failed_peer(launcher: Any, node: NodeEnvironment, path: Path, log: Any) -> int:
+    """Wait for the launcher; if another node of the job fails meanwhile, stop this node's training
+    (as ``srun --kill-on-bad-exit`` does on Slurm) and return :data:`EXIT_PEER_FAILED`."""
+    import subprocess
+
+    while True:
+        try:
+            return int(launcher.wait(timeout=PEER_CHECK_S))
+        except subprocess.TimeoutExpired:
+            pass
+        peer = node.failed_peer(path)
+        if peer is None:
+            continue
+        print(
+            f"[orchestrator node] stopped because node {peer[0]} failed (exit {peer[1]}): "
+            f"one failed node ends the job",
+            file=log,
+            flush=True,
+        )
+        kill_tree(launcher.pid)
+        with contextlib.suppress(OSError):
+            launcher.kill()
+        launcher.wait()
+        return EXIT_PEER_FAILED
 
 
 @dataclass

@@ -140,7 +140,8 @@ def check_combination(
     fsdp_only = fsdp_only_given(options)
     if fsdp_only and not strategy.uses_fsdp:
         raise UserError(
-            f"{fsdp_only[0].flag}: only FSDP strategies support it, not ddp; pick full_shard or shard_grad_op"
+            f"{fsdp_only[0].flag}: only FSDP strategies support it, not ddp; drop {fsdp_only[0].flag} "
+            f"(or pick an FSDP strategy such as full_shard)"
         )
     if strategy.uses_fsdp and options.offload and profile.gpus_per_node == 0:
         # Measured with torch 2.13: FSDP1 pins its CPU gradient buffers and FSDP2's CPUOffloadPolicy pins

@@ -2,7 +2,9 @@
 
 Without ``-f``: print the selected logs of the newest attempt (or ``--attempt A``), all of it or
 the last K lines per file. With ``-f``: print the last K lines (default 10) and keep printing new
-lines, across requeues (new ``attempt_<A>`` folders) until the scheduler reports a terminal state.
+lines, across requeues (new ``attempt_<A>`` folders) until the scheduler reports a terminal state;
+the exit code is then the outcome (0 COMPLETED, 1 otherwise). A deleted run directory exits 1,
+an attempt that never ran exits 2.
 
 :func:`follow_job_until_done` is the reusable core (``submit --wait`` calls it).
 """
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from orchestrator.errors import UserError
+from orchestrator.errors import EXIT_OK, EXIT_RUN_FAILURE, RunFailure, UserError
 from orchestrator.job_states import JobState
 from orchestrator.log_follow import LogFollower, LogLine
 from orchestrator.registry import JobRecord, Registry
@@ -62,18 +64,23 @@ def make_follower(
     job: JobRecord, *, node: int | None = None, rank: int | None = None, attempt: int | None = None
 ) -> LogFollower:
     """Validate the selection against the job's shape (user errors, exit 2) and build a follower."""
-    if node is not None and not 0 <= node < job.nodes:
-        raise UserError(f"--node {node}: job {job.job_id} has nodes 0..{job.nodes - 1}")
-    if rank is not None and not 0 <= rank < job.world_size:
-        raise UserError(f"--rank {rank}: job {job.job_id} has ranks 0..{job.world_size - 1}")
-    if attempt is not None and attempt < 0:
-        raise UserError(f"--attempt {attempt}: attempts are numbered from 0")
+    check_shape(job, node=node, rank=rank, attempt=attempt)
     try:
         return LogFollower(
             job.run_dir, attempt=attempt, node=node, rank=rank, procs_per_node=job.procs_per_node
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def check_shape(job: JobRecord, *, node: int | None, rank: int | None, attempt: int | None) -> None:
+    """Node, rank and attempt numbers the job cannot have (user errors, exit 2)."""
+    if node is not None and not 0 <= node < job.nodes:
+        raise UserError(f"--node {node}: job {job.job_id} has nodes 0..{job.nodes - 1}")
+    if rank is not None and not 0 <= rank < job.world_size:
+        raise UserError(f"--rank {rank}: job {job.job_id} has ranks 0..{job.world_size - 1}")
+    if attempt is not None and attempt < 0:
+        raise UserError(f"--attempt {attempt}: attempts are numbered from 0")
 
 
 def follow_job_until_done(
@@ -143,6 +150,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_selection(job: JobRecord, attempt: int | None) -> None:
+    """A run directory that is gone, or an attempt that never ran, is an error (not empty output)."""
+    from orchestrator.run_dir import attempt_dirs
+
+    run_dir = Path(job.run_dir)
+    if not run_dir.is_dir():
+        raise RunFailure(f"job {job.job_id}: its run directory {run_dir} no longer exists")
+    if attempt is not None and attempt >= 0:
+        existing = [a for a, _ in attempt_dirs(run_dir)]
+        if attempt not in existing:
+            have = ", ".join(map(str, existing)) if existing else "none yet"
+            raise UserError(
+                f"--attempt {attempt}: job {job.job_id} has no attempt {attempt} (attempts: {have})"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.tail is not None and args.tail < 0:
         raise UserError(f"--tail {args.tail}: must be >= 0")
@@ -150,8 +173,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--interval must be positive, not {args.interval}")
     with Registry.open() as registry:
         job = registry.get(args.job)
+        check_shape(job, node=args.node, rank=args.rank, attempt=args.attempt)
+        check_selection(job, args.attempt)
         if args.follow:
-            follow_job_until_done(
+            state = follow_job_until_done(
                 job.job_id,
                 registry=registry,
                 node=args.node,
@@ -161,7 +186,10 @@ def run(args: argparse.Namespace) -> int:
                 interval=args.interval,
                 max_interval=max(2.0, args.interval),
             )
-            return 0
+            if state.is_success():
+                return EXIT_OK
+            print(f"job {job.job_id} ended {state.value}", file=sys.stderr)
+            return EXIT_RUN_FAILURE
         follower = make_follower(job, node=args.node, rank=args.rank, attempt=args.attempt)
         sources = follower.sources()
         if not sources:

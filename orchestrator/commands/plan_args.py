@@ -36,7 +36,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
         "--nodes", type=positive_int, default=None, help="default: the profile's nodes.default"
     )
     parser.add_argument(
-        "--procs-per-node", type=positive_int, default=None, help="default: GPUs per node (1 on CPU)"
+        "--procs-per-node",
+        type=positive_int,
+        default=None,
+        help="processes per node (default: the profile's procs_per_node, else its gpus_per_node, else 1; local: 2)",
     )
     add_option_arguments(parser)
     parser.add_argument("--name", default=None, help="job name (default: <strategy>-<nodes>n)")
@@ -116,7 +119,7 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
             exclude_nodes=parse_exclude(args.exclude),
         )
     except UserError as exc:
-        raise UserError(_blame_profile(str(exc), args, display_path(_path))) from None
+        raise UserError(blame_profile(str(exc), args, display_path(_path))) from None
 
 
 #: flag -> (argparse dest, the profile key that supplies it when the flag is not given)
@@ -127,7 +130,7 @@ _PROFILE_KEYS = {
 }
 
 
-def _blame_profile(message: str, args: argparse.Namespace, source: str) -> str:
+def blame_profile(message: str, args: argparse.Namespace, source: str) -> str:
     """A refused value the user did not type came from the profile: say which file and key."""
     flag = message.split(":", 1)[0].split(" ", 1)[0]
     entry = _PROFILE_KEYS.get(flag)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -11,19 +13,31 @@ from orchestrator.errors import OrchestratorError, UserError
 from orchestrator.profiles import available_profiles, display_path, load_profile, parse_profile
 from orchestrator.table import format_table
 
+if TYPE_CHECKING:
+    from orchestrator.profiles import ClusterProfile
+
+
+PROFILES_DIR_HELP = "folder of your own profiles; overrides built-ins by name (also $ORCHESTRATOR_PROFILES, ./cluster_profiles)"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--profiles-dir", default=None, help="folder of your own profiles (overrides built-ins)"
-    )
+    parser.add_argument("--profiles-dir", default=None, help=PROFILES_DIR_HELP)
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = sub.add_parser("list", help="profiles found, user folders first")
     lst.add_argument("--json", action="store_true")
     show = sub.add_parser("show", help="a profile with every default filled in")
     show.add_argument("name")
     show.add_argument("--json", action="store_true")
-    validate = sub.add_parser("validate", help="check profile files; exit 2 on the first bad one")
+    validate = sub.add_parser(
+        "validate",
+        help="check profile files as `render` would (keys, values, their defaults' strategy combination); "
+        "exit 2 on the first bad one",
+    )
     validate.add_argument("targets", nargs="*", help="names or YAML paths (default: all found)")
+    for action in (lst, show, validate):
+        # Accepted after the action too (`profiles list --profiles-dir X`); SUPPRESS keeps the value
+        # given before the action when it is not repeated.
+        action.add_argument("--profiles-dir", default=argparse.SUPPRESS, help=PROFILES_DIR_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,10 +88,23 @@ def run(args: argparse.Namespace) -> int:
     if not targets:
         raise UserError("no profiles found to validate")
     for target in targets:
-        path_name = target
-        _, path, _ = load_profile(path_name, args.profiles_dir)
+        name, path, profile = load_profile(target, args.profiles_dir)
+        check_like_render(name, path, profile)
         print(f"ok  {display_path(path)}")
     return 0
+
+
+def check_like_render(name: str, path: Path, profile: ClusterProfile) -> None:
+    """The checks ``render --profile NAME`` runs with no flags: the plan its defaults make (strategy
+    combination, bf16 on pre-Ampere GPUs, fp16 without GPUs, node and process counts). A profile that
+    parses but that every ``render`` would refuse is not valid."""
+    from orchestrator.commands.plan_args import blame_profile
+    from orchestrator.plan import build_plan, merge_options
+
+    try:
+        build_plan(name, profile, merge_options(profile), script="SCRIPT")
+    except UserError as exc:
+        raise UserError(blame_profile(str(exc), argparse.Namespace(), display_path(path))) from None
 
 
 __all__ = ["add_arguments", "run", "parse_profile"]

@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.errors import UserError
@@ -162,6 +162,13 @@ def collect_status(
     extra = registry.get_many(dict.fromkeys(s for s in successor_ids.values() if s not in asked))
     by_id = {j.job_id: j for j in (*jobs, *extra)}
     result = refresh_states(registry, [*jobs, *extra], timeout_s=timeout_s)
+    from orchestrator.failure_report import record_explanations
+
+    explained = record_explanations(
+        registry, jobs, {k: st.state.value for k, st in result.states.items() if not st.stale}
+    )
+    if explained:
+        jobs = [replace(j, end_reason=explained[j.job_id]) if j.job_id in explained else j for j in jobs]
     counts = registry.attempt_counts([j.job_id for j in jobs])
     # Unchanged run directories come from the summary cache next to the registry (a few stats
     # each instead of reading job.json, metrics.jsonl, checkpoints and logs again).
@@ -244,6 +251,17 @@ def render_status_table(rows: Sequence[StatusRow]) -> str:
     return "\n".join(lines)
 
 
+def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
+    """Under the table: why each failed job ended, with the command that shows the failing rank's log."""
+    from orchestrator.failure_report import EXPLAINED_STATES
+
+    return [
+        f"{row.job_id} {row.state.value}: {row.reason}"
+        for row in rows
+        if row.reason and row.state.value in EXPLAINED_STATES and row.state.is_terminal()
+    ]
+
+
 def stale_note(result: QueryResult) -> str | None:
     """One line explaining a ``(stale)`` marker, or None when everything is live."""
     if not result.stale:
@@ -265,7 +283,11 @@ def status_json(rows: Sequence[StatusRow], result: QueryResult) -> dict[str, Any
 # ---------------------------------------------------------------------------- command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("jobs", nargs="*", metavar="JOB", help="job ids (default: active and recent jobs)")
-    parser.add_argument("--watch", action="store_true", help="refresh until every shown job has ended")
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh until every shown job has ended; exit 0 if all completed, 1 otherwise",
+    )
     parser.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between refreshes")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
@@ -303,10 +325,15 @@ def run(args: argparse.Namespace) -> int:
                 if args.watch:
                     print(time.strftime("%Y-%m-%d %H:%M:%S"))
                 print(render_status_table(rows))
+                for line in failure_lines(rows):
+                    print(line)
                 note = stale_note(result)
                 if note:
                     print(note, file=sys.stderr)
                 sys.stdout.flush()
-            if not args.watch or all((r.run_state or r.state).is_terminal() for r in rows):
+            if not args.watch:
                 return 0
+            if all((r.run_state or r.state).is_terminal() for r in rows):
+                # --watch ends with the outcome, like `wait`: 0 only if every shown run completed.
+                return 0 if all((r.run_state or r.state).is_success() for r in rows) else 1
             time.sleep(args.interval)

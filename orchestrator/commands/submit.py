@@ -9,6 +9,9 @@ from orchestrator.commands.plan_args import add_plan_arguments, plan_from_args
 from orchestrator.commands.render import render_files
 from orchestrator.errors import EXIT_OK, EXIT_RUN_FAILURE
 
+#: What a shell reports for a command ended by Ctrl-C.
+EXIT_INTERRUPTED = 130
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -49,10 +52,20 @@ def run(args: argparse.Namespace) -> int:
     submitted = submit(plan, snapshot=args.snapshot, registry=registry)
     print(f"submitted job {submitted.job_id}")
     print(f"run directory {submitted.run_dir}")
-    sys.stdout.flush()
-    if not args.wait:
-        return EXIT_OK
-    from orchestrator.progress import wait_for_job
+    from orchestrator.progress import follow_hint, wait_for_job
 
-    state = wait_for_job(registry, submitted.job_id, poll_s=args.poll)
+    if not args.wait:
+        print(f"next: {follow_hint(submitted.job_id)}")
+        sys.stdout.flush()
+        return EXIT_OK
+    sys.stdout.flush()
+    try:
+        state = wait_for_job(registry, submitted.job_id, poll_s=args.poll)
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: job {submitted.job_id} goes on; {follow_hint(submitted.job_id)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_INTERRUPTED
     return EXIT_OK if state.is_success() else EXIT_RUN_FAILURE

@@ -134,6 +134,14 @@ class NodeEnvironment(ABC):
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         """The address every node uses to reach node 0."""
 
+    def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
+        """``(node, exit code)`` of another node of this job that has failed, or None.
+
+        The node entry point asks this while its training runs and stops its own training when
+        one answers: one failed node ends the job within seconds. Slurm needs none of it
+        (``srun --kill-on-bad-exit`` kills the step), so the default is None."""
+        return None
+
     @abstractmethod
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
         """After this node's training ended with ``code``: record or requeue, as the scheduler needs."""

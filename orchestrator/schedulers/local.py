@@ -59,12 +59,31 @@ class LocalNodeEnvironment(NodeEnvironment):
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         return LOCALHOST
 
+    def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
+        """What ``srun --kill-on-bad-exit`` does on Slurm: a simulated node whose training exited
+        non-zero (not a requeue) ends the others. Without it node 0's torchrun sat in its 300 s exit
+        barrier after node 1 had crashed, and the job read RUNNING for five and a half minutes."""
+        for node in range(self.num_nodes):
+            if node == self.node_rank:
+                continue
+            try:
+                text = node_exit_file(attempt_path, node).read_text().strip()
+            except OSError:
+                continue
+            try:
+                code = int(text or 1)
+            except ValueError:
+                code = 1
+            if code not in (0, EXIT_REQUEUE):
+                return node, code
+        return None
+
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
         if self.is_first_node:
-            write_local_final_state(plan, run_dir, attempt)
+            write_local_final_state(plan, run_dir, attempt, self.job_id)
 
 
-def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> None:
+def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_id: str = "") -> None:
     """Node 0 records the outcome (``local_state.json``) once every simulated node has written its
     exit code."""
     path = attempt_dir(run_dir, attempt)
@@ -88,7 +107,19 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int) -> No
         state, code, reason = "PREEMPTED", EXIT_REQUEUE, "checkpointed on a signal and stopped"
     else:
         bad = {r: c for r, c in codes.items() if c != 0}
-        state, code, reason = "FAILED", next(iter(bad.values())), f"non-zero exit on node(s) {bad}"
+        state, code = "FAILED", next(iter(bad.values()))
+        reason = "non-zero exit on " + ", ".join(f"node {r} (exit {c})" for r, c in sorted(bad.items()))
+        from orchestrator.failure_report import explain_failure
+
+        why = explain_failure(
+            run_dir,
+            job_id or "JOB",
+            procs_per_node=plan.procs_per_node,
+            scheduler_logs=LocalScheduler().log_files(run_dir, job_id),
+        )
+        if why is not None:
+            reason = why.summary()
+            code = why.exit_codes.get(why.node, code) if why.node is not None else code
     if state != "COMPLETED" and cancel_requested(run_dir):
         # `orchestrator cancel` sends TERM, which training answers like a preemption (checkpoint, exit
         # 75): without this the job would read PREEMPTED, as if it were waiting to come back.

@@ -1,0 +1,158 @@
+"""Failures explain themselves (orchestrator/failure_report.py): the failing node and rank, the
+first error lines, and the exact `orchestrator logs` command, in `--wait`, `status` and end_reason.
+
+The end-to-end tests crash a real rank (tests/scripts/crash_rank.py) under real local and Slurm
+jobs; the parsing tests feed the reader the log text real runs produce."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.failure_report import explain_failure, scan_errors
+from tests.helpers.cli import REPO, job_and_run_dir, run_cli
+
+CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")
+
+# What node 0's log looked like when rank 3 (node 1) raised: its own ranks died of the consequence.
+NODE0_LOG = """\
+[orchestrator node] host=vm node_rank=0/2 job=local-1 attempt=0
+[default0]:[rank0]: Traceback (most recent call last):
+[default0]:[rank0]:   File "x.py", line 27, in main
+[default0]:[rank0]:     work.wait()
+[default0]:[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:8068
+Traceback (most recent call last):
+  File "launcher", line 1, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+[orchestrator node] host=vm node_rank=0 exit=1 after 7.8 s
+"""
+NODE1_LOG = """\
+[orchestrator node] host=vm node_rank=1/2 job=local-1 attempt=0
+[default1]:[rank3]: Traceback (most recent call last):
+[default1]:[rank3]:   File "x.py", line 25, in main
+[default1]:[rank3]:     raise ValueError("boom")
+[default1]:[rank3]:     ^^^^^^^^^^^^^^^^^^^^^^^^
+[default1]:[rank3]: ValueError: boom (rank 3)
+[default0]:[rank2]: RuntimeError: Connection closed by peer
+[orchestrator node] host=vm node_rank=1 exit=1 after 7.8 s
+"""
+
+
+def _attempt(run_dir: Path, logs: dict[int, str], codes: dict[int, int]) -> Path:
+    path = run_dir / "logs" / "attempt_0"
+    path.mkdir(parents=True)
+    for node, text in logs.items():
+        (path / f"node_{node}.log").write_text(text)
+    for node, code in codes.items():
+        (path / f"node_{node}.exit").write_text(str(code))
+    return path
+
+
+def test_root_cause_wins_over_its_consequences(tmp_path: Path) -> None:
+    _attempt(tmp_path, {0: NODE0_LOG, 1: NODE1_LOG}, {0: 1, 1: 1})
+    why = explain_failure(tmp_path, "local-1", procs_per_node=2)
+    assert why is not None
+    assert (why.node, why.rank) == (1, 3)
+    assert why.lines[0] == "ValueError: boom (rank 3)"
+    assert why.logs_command == "orchestrator logs local-1 --node 1 --rank 3"
+    assert "ValueError: boom (rank 3)" in why.summary() and why.logs_command in why.summary()
+
+
+def test_traceback_exception_line_and_disk_full(tmp_path: Path) -> None:
+    errors = scan_errors(
+        [
+            "[default0]:Could not load random states",
+            "[default0]:Traceback (most recent call last):",
+            '[default0]:  File "ckpt.py", line 3, in save',
+            "[default0]:OSError: [Errno 28] No space left on device: '/ckpt/step_4'",
+        ]
+    )
+    assert errors[0].lines == ["OSError: [Errno 28] No space left on device: '/ckpt/step_4'"]
+
+
+def test_error_only_in_the_scheduler_files_is_surfaced(tmp_path: Path) -> None:
+    """A bad network_interface raises in the node entry point, before any rank exists: the node log
+    says nothing useful, submitit's stderr has the traceback."""
+    _attempt(tmp_path, {0: "[orchestrator node] received SIGTERM while no training runs\n"}, {})
+    err = tmp_path / "submitit" / "44_1_log.err"
+    err.parent.mkdir()
+    err.write_text(
+        "submitit ERROR (2026-11-22) - Submitted job triggered an exception\n"
+        "Traceback (most recent call last):\n"
+        '  File "node_entry.py", line 9, in main_ip\n'
+        "orchestrator.errors.RunFailure: network_interface 'ib9' does not exist on n2 (have: lo, eth0)\n"
+    )
+    why = explain_failure(tmp_path, "44", procs_per_node=2, scheduler_logs=[err])
+    assert why is not None and why.node == 1 and why.rank is None
+    assert "network_interface 'ib9' does not exist" in why.lines[0]
+    assert why.logs_command == "orchestrator logs 44 --node 1"
+
+
+def test_restore_mismatch_exit_status_is_quoted(tmp_path: Path) -> None:
+    _attempt(tmp_path, {0: "[orchestrator node] exit=4\n"}, {0: 4})
+    (tmp_path / "exit_status.json").write_text(
+        json.dumps({"code": 4, "reason": "restore mismatch", "problems": ["model checksum differs"]})
+    )
+    why = explain_failure(tmp_path, "7")
+    assert why is not None and why.node == 0
+    assert why.lines == ("exit 4: restore mismatch", "model checksum differs")
+
+
+def test_nothing_to_explain(tmp_path: Path) -> None:
+    assert explain_failure(tmp_path, "1") is None
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_local_crashed_rank_is_explained_and_ends_the_job_fast(orch_env: dict[str, str]) -> None:
+    """Rank 3 (node 1) raises while every other rank returns: node 0's torchrun would sit in its
+    300 s exit barrier; one failed node must end the job within seconds, as on Slurm."""
+    started = time.monotonic()
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "2", "--strategy", "ddp", "--wait", "--poll", "0.5",
+         "--", CRASH, "--crash-rank", "3", "--others-succeed"],
+        orch_env,
+        timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert res.returncode == 1, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    command = f"orchestrator logs {job_id} --node 1 --rank 3"
+    assert "ValueError: boom from the test script (rank 3)" in res.stdout and command in res.stdout
+    crashed_at = (run_dir / "logs" / "attempt_0" / "node_1.exit").stat().st_mtime
+    ended_at = (run_dir / "local_state.json").stat().st_mtime
+    assert ended_at - crashed_at < 30, f"job ended {ended_at - crashed_at:.1f} s after the crash"
+    assert elapsed < 90
+    assert "stopped because node 1 failed" in (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
+
+    status = run_cli(["status", job_id], orch_env, timeout=60)
+    assert "ValueError: boom from the test script (rank 3)" in status.stdout and command in status.stdout
+    reason = json.loads(run_cli(["status", "--json", job_id], orch_env, timeout=60).stdout)["jobs"][0][
+        "reason"
+    ]
+    assert reason.startswith("node 1 rank 3 failed: ValueError") and command in reason
+    listed = json.loads(run_cli(["list", "--json"], orch_env, timeout=60).stdout)
+    assert any(command in (j.get("end_reason") or "") for j in listed if j["job_id"] == job_id)
+    # The command it names shows that rank's traceback.
+    logs = run_cli(command.split()[1:], orch_env, timeout=60)
+    assert logs.returncode == 0 and "ValueError: boom from the test script (rank 3)" in logs.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_crashed_rank_is_explained(slurm_cluster: dict, orch_env: dict[str, str]) -> None:
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--nodes", "2", "--procs-per-node", "2", "--strategy", "ddp",
+         "--wait", "--poll", "0.5", "--", CRASH, "--crash-rank", "3"],
+        orch_env,
+        timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    job_id, _run_dir = job_and_run_dir(res.stdout)
+    command = f"orchestrator logs {job_id} --node 1 --rank 3"
+    assert "ValueError: boom from the test script (rank 3)" in res.stdout and command in res.stdout
+    status = run_cli(["status", job_id], orch_env, timeout=60)
+    assert "ValueError: boom from the test script (rank 3)" in status.stdout and command in status.stdout
