@@ -18,6 +18,10 @@ from orchestrator.strategies import STRATEGIES, Strategy
 
 __all__ = ["LaunchPlan", "TrainingOptions", "build_plan", "check_combination", "merge_options"]
 
+#: Processes per node on a CPU profile without ``max_procs_per_node`` (the scheduler may bound it
+#: further: Slurm by the partition's CPUs per node).
+CPU_MAX_PROCS_PER_NODE = 256
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -108,10 +112,24 @@ def check_combination(
         )
     if procs_per_node < 1:
         raise UserError(f"--procs-per-node: expected an integer >= 1, got {procs_per_node}")
+    if profile.max_procs_per_node is not None and procs_per_node > profile.max_procs_per_node:
+        raise UserError(
+            f"--procs-per-node: {procs_per_node} processes per node but profile '{profile_name}' "
+            f"allows at most {profile.max_procs_per_node} (max_procs_per_node)"
+        )
     if profile.gpus_per_node and procs_per_node > profile.gpus_per_node:
         raise UserError(
             f"--procs-per-node: {procs_per_node} processes per node but profile '{profile_name}' "
             f"has {profile.gpus_per_node} GPUs per node (one process per GPU)"
+        )
+    if (
+        not profile.gpus_per_node
+        and profile.max_procs_per_node is None
+        and procs_per_node > CPU_MAX_PROCS_PER_NODE
+    ):
+        raise UserError(
+            f"--procs-per-node: {procs_per_node} processes per node on CPU profile '{profile_name}'; at most "
+            f"{CPU_MAX_PROCS_PER_NODE} unless the profile sets max_procs_per_node"
         )
     if strategy.hybrid and nodes < 2:
         raise UserError(

@@ -256,6 +256,12 @@ class ClusterProfile(_Record):
     """Training processes per node (1..256); defaults to ``gpus_per_node`` (or 1 on CPU)."""
     cpus_per_task: int = 1
     """CPUs for the one Slurm task per node (1..1024; it hosts every training process of the node)."""
+    max_procs_per_node: int | None = None
+    """Most training processes one node may run (1..1024). None: the GPUs per node on GPU profiles;
+    on CPU profiles the partition's CPUs per node (Slurm), or 256."""
+    share_with_group: bool = False
+    """Run directories readable by the owner's group (0750 / 0640) instead of owner-only (0700 /
+    0600): for team clusters. Logs, ``sbatch.sh`` (with the ``env:`` values) and checkpoints follow."""
     mem: str | None = None
     """Memory per node in Slurm's format (``480G``); None leaves Slurm's default; ``0`` means all of it."""
     constraint: str | None = None

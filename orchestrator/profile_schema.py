@@ -154,6 +154,8 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "gpu_type": _line,
         "procs_per_node": _optional(_int_range(1, 256)),
         "cpus_per_task": _int_range(1, 1024),
+        "max_procs_per_node": _optional(_int_range(1, 1024)),
+        "share_with_group": _valid_bool,
         "mem": _optional(_all(_valid_str, _passes(_check_slurm_mem))),
         "constraint": _line,
         "exclusive": _valid_bool,
@@ -287,6 +289,8 @@ def schema() -> dict[str, type[BaseModel]]:
         gpu_type: str | None = None
         procs_per_node: int | None = Field(None, ge=1, le=256)
         cpus_per_task: int = Field(1, ge=1, le=1024)
+        max_procs_per_node: int | None = Field(None, ge=1, le=1024)
+        share_with_group: bool = False
         mem: str | None = None
         constraint: str | None = None
         exclusive: bool = False

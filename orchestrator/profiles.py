@@ -112,6 +112,33 @@ def _store_parse_cache(text: str, data: dict[str, Any]) -> None:
         return
 
 
+class DuplicateKeyError(ValueError):
+    """A mapping names one key twice (YAML keeps the last silently)."""
+
+
+def _unique_keys_loader() -> Any:
+    """yaml's SafeLoader, refusing a key given twice in one mapping, naming both lines."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise DuplicateKeyError(
+                            f"line {line}: duplicate key {key!r} (first given on line {seen[key]})"
+                        )
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the schema refuses it with its own message
+                    pass
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def parse_profile(text: str, source: str) -> ClusterProfile:
     """Parse and validate profile YAML; ``source`` names it in every error."""
     cached = _load_parse_cache().get(text)
@@ -122,7 +149,9 @@ def parse_profile(text: str, source: str) -> ClusterProfile:
     import yaml  # here, not at the top: commands that never load a profile skip its import
 
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader())  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKeyError as exc:
+        raise UserError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -46,6 +46,7 @@ from orchestrator.registry_schema import (
     retry_when_locked,
     schema_version,
 )
+from orchestrator.registry_submissions import SubmissionsMixin
 from orchestrator.schedulers import SCHEDULER_NAMES
 
 __all__ = [
@@ -71,7 +72,7 @@ def default_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".orchestrator"
 
 
-class Registry:
+class Registry(SubmissionsMixin):
     """Handle on the registry database. Cheap to open; use as a context manager or call close()."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:

@@ -118,6 +118,30 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # Never written outside tests: the run directory's COMPLETE.json markers are the record.
         "DROP TABLE checkpoints",
     ),
+    (
+        # Two-phase submission: the intent (run directory, attempt, the token the scheduler job
+        # carries) is recorded before sbatch runs, and closed once the job is in `jobs`. A command
+        # killed in between leaves a 'pending' row, which the next command reconciles: it adopts the
+        # job carrying the token, or cleans up what the submission had made.
+        """
+        CREATE TABLE submissions (
+            token         TEXT PRIMARY KEY,
+            run_dir       TEXT NOT NULL,
+            attempt_base  INTEGER NOT NULL,
+            new_run_dir   INTEGER NOT NULL,
+            scheduler     TEXT NOT NULL,
+            job           TEXT NOT NULL,
+            pid           INTEGER NOT NULL,
+            host          TEXT NOT NULL,
+            created_at    REAL NOT NULL,
+            state         TEXT NOT NULL,
+            job_id        TEXT,
+            note          TEXT,
+            updated_at    REAL NOT NULL
+        )
+        """,
+        "CREATE INDEX submissions_state ON submissions (state)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -17,13 +17,18 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
                                     line may be torn mid-write
       tensorboard/                  TensorBoard events (train/)
       checkpoints/step_<8 digits>/  one folder per checkpoint, complete only with COMPLETE.json
-        COMPLETE.json               {"step", "world_size", "strategy", "files": {rel: size}, ...}
+        COMPLETE.json               {"step", "world_size", "strategy", "files": {rel: size},
+                                     "sha256": {rel: hex digest}, ...}
+        CORRUPT.json                written by a restore that found the content does not match
+                                    COMPLETE.json's digests: the folder is never chosen again
       checkpoints/.tmp-step_*       checkpoints being written (never read)
       exit_status.json              rank 0's last word: {"code", "reason", "step", "time"}
       loaded.json, final.json       train/: what a resume restored; the final checksums
       replicas/rank<R>.json         train/: per-rank shard checksums at the end
       auto_resume.jsonl             the after-step check's decisions, one JSON object a line (Slurm)
       cancel_requested.json         written by ``orchestrator cancel``: no requeue after it
+      .run.lock                     held (flock) by a command that changes the run: submit into it,
+                                    resume, auto-resume, cancel; the holder's pid and command inside
       local_pids.json               local jobs: {"controller": pid}
       local_state.json              local jobs: {"state", "exit_code", "reason", "nodes"} at the end
       logs/attempt_<A>/
@@ -35,11 +40,20 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         main_ip                     node 0's address, when the profile names an interface
 
 Attempts are numbered across every job that used the run directory: a submission starts at
-:func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`).
+:func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`). A
+submission reserves its number by creating ``job.attempt_<A>.json`` exclusively
+(:func:`reserve_attempt`): two submissions never share an attempt, and none overwrites another's.
+
+Permissions: the run directory and everything in it are owner-only (0700 directories, 0600 files),
+like the registry, because ``sbatch.sh`` carries the profile's ``env:`` values and the checkpoints
+the model. A profile's ``share_with_group: true`` opens them to the group (0750 / 0640):
+:func:`run_umask` is the umask a submission runs (and its job inherits) under.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -59,6 +73,8 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "COMPLETE.json"
+CORRUPT_MARKER = "CORRUPT.json"
+RUN_LOCK_FILE = ".run.lock"
 EXIT_STATUS_FILE = "exit_status.json"
 DECISIONS_FILE = "auto_resume.jsonl"
 CANCEL_MARKER = "cancel_requested.json"
@@ -104,6 +120,26 @@ def write_json_atomic(path: Path, data: dict[str, Any], indent: int | None = Non
     os.replace(tmp, path)
 
 
+# ---------------------------------------------------------------------------- permissions
+def run_umask(share_with_group: bool = False) -> int:
+    """The umask a run directory is made (and its job runs) under: owner-only unless shared."""
+    return 0o027 if share_with_group else 0o077
+
+
+def run_dir_mode(share_with_group: bool = False) -> int:
+    return 0o777 & ~run_umask(share_with_group)
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """Run the block under ``mask``; processes it starts (sbatch, local nodes) inherit it."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 # ---------------------------------------------------------------------------- plans
 def plan_file(run_dir: Path, attempt_base: int) -> Path:
     """The immutable plan of the submission that started at ``attempt_base``."""
@@ -115,6 +151,30 @@ def write_plan(run_dir: Path, attempt_base: int, data: dict[str, Any]) -> None:
     record = {**data, "attempt_base": attempt_base}
     write_json_atomic(plan_file(run_dir, attempt_base), record, indent=2)
     write_json_atomic(Path(run_dir) / JOB_FILE, record, indent=2)
+
+
+def reserve_attempt(run_dir: Path, data: dict[str, Any], first: int | None = None) -> int:
+    """Create the next ``job.attempt_<A>.json`` exclusively (``O_EXCL``) and return ``A``: a number
+    another submission already took is never reused or overwritten. ``job.json`` is left alone
+    until the submission is made (:func:`set_current_plan`)."""
+    attempt = next_attempt(run_dir) if first is None else first
+    while True:
+        path = plan_file(run_dir, attempt)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            attempt += 1
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({**data, "attempt_base": attempt}, fh, indent=2)
+        return attempt
+
+
+def set_current_plan(run_dir: Path, attempt_base: int) -> None:
+    """Make the plan of the submission at ``attempt_base`` the run's current one (``job.json``)."""
+    data = read_json(plan_file(run_dir, attempt_base))
+    if data is not None:
+        write_json_atomic(Path(run_dir) / JOB_FILE, data, indent=2)
 
 
 def read_job_json(run_dir: Path) -> dict[str, Any]:
@@ -282,6 +342,9 @@ def check_checkpoint(ckpt_dir: Path) -> tuple[dict[str, Any] | None, str]:
     file systems) shows as a short file. ``stat`` only: ``status`` checks 1,000 runs per call.
     """
     marker_path = Path(ckpt_dir) / COMPLETE_MARKER
+    corrupt = read_json(Path(ckpt_dir) / CORRUPT_MARKER)
+    if corrupt is not None:
+        return None, f"its content did not match {COMPLETE_MARKER}: {corrupt.get('reason', '?')}"
     marker = read_json(marker_path)
     if marker is None:
         if not marker_path.exists():
@@ -352,3 +415,47 @@ def last_complete_checkpoint(run_dir: Path) -> CheckpointInfo | None:
         if info is not None:
             return info
     return None
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(4 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_checkpoint_content(ckpt_dir: Path, marker: dict[str, Any]) -> str:
+    """ "" when every file's bytes match the marker's ``sha256`` digests, else why not. Reads every
+    byte, so it is for a restore (once per start), never for ``status``. Checkpoints written before
+    digests existed pass."""
+    digests = marker.get("sha256")
+    if not isinstance(digests, dict):
+        return ""
+    for rel in marker.get("files", {}):
+        want = digests.get(rel)
+        if want is None:
+            return f"{COMPLETE_MARKER} has no sha256 of {rel}"
+        try:
+            got = file_digest(Path(ckpt_dir) / str(rel))
+        except OSError as exc:
+            return f"cannot read {rel}: {exc.strerror or exc}"
+        if got != want:
+            return f"file {rel}: sha256 {got[:12]}..., {COMPLETE_MARKER} says {str(want)[:12]}..."
+    return ""
+
+
+def mark_checkpoint_corrupt(ckpt_dir: Path, reason: str) -> None:
+    """Record that a checkpoint's content is bad, so no later resume or ``status`` picks it."""
+    write_json_atomic(Path(ckpt_dir) / CORRUPT_MARKER, {"reason": reason, "time": time.time()})
+
+
+def corrupt_checkpoints(run_dir: Path) -> list[tuple[int, str]]:
+    """``[(step, reason)]`` of the checkpoints a restore skipped as corrupt, newest first."""
+    out = []
+    for step, path in checkpoint_folders(run_dir):
+        data = read_json(path / CORRUPT_MARKER)
+        if data is not None:
+            out.append((step, str(data.get("reason", "?"))))
+    return out

@@ -385,7 +385,7 @@ def test_cancel_local_kills_process_group(orch_env: dict[str, str], tmp_path: Pa
         st = run_cli(["status", "--json", "local-3"], orch_env, timeout=60)
         assert json.loads(st.stdout)["jobs"][0]["state"] == "CANCELLED"
         again = run_cli(["cancel", "local-3"], orch_env, timeout=60)
-        assert again.returncode == 1 and "already ended" in again.stderr
+        assert again.returncode == 2 and "already ended" in again.stderr  # issue 17: rc 2
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)

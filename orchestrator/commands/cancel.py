@@ -16,9 +16,11 @@ import getpass
 import os
 import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 
 from orchestrator.errors import UserError
-from orchestrator.registry import Registry
+from orchestrator.registry import JobRecord, Registry
+from orchestrator.run_lock import RunLocked, run_lock
 from orchestrator.schedulers import get_scheduler
 
 
@@ -49,17 +51,40 @@ def run(args: argparse.Namespace) -> int:
     sig = parse_signal(args.signal) if args.signal else None
     with Registry.open() as registry:
         job = registry.get(args.job)
-        successor = registry.run_of(job.job_id).newest_job_id
-        if successor != job.job_id:
-            # Its run directory belongs to the new job now: a cancel marker written there would stop
-            # that job from requeueing after a preemption.
-            raise UserError(
-                f"job {job.job_id}: its run continues as job {successor}; cancel that one "
-                f"(orchestrator cancel {successor})"
-            )
-        message = get_scheduler(job.scheduler).cancel(job, sig, _user())
-        if sig is None:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            registry.set_end_reason(job.job_id, f"cancel requested by {_user()} at {stamp}")
+        # Under the run's lock: a resume submitting into the run right now is waited for, so the
+        # checks below see its job.
+        guard: AbstractContextManager[None] = (
+            run_lock(job.run_dir, timeout_s=60.0, what=f"cancel {job.job_id}")
+            if job.run_dir.is_dir()
+            else nullcontext()
+        )
+        try:
+            with guard:
+                message = _cancel(registry, job, sig)
+        except RunLocked as exc:
+            raise UserError(f"job {job.job_id}: {exc}; try again when it is done") from None
     print(message)
     return 0
+
+
+def _cancel(registry: Registry, job: JobRecord, sig: signal.Signals | None) -> str:
+    from orchestrator.scheduler_query import refresh_states
+
+    successor = registry.run_of(job.job_id).newest_job_id
+    if successor != job.job_id:
+        # Its run directory belongs to the new job now: a cancel marker written there would stop
+        # that job from requeueing after a preemption.
+        raise UserError(
+            f"job {job.job_id}: its run continues as job {successor}; cancel that one "
+            f"(orchestrator cancel {successor})"
+        )
+    st = refresh_states(registry, [job]).states.get(job.job_id)
+    state = st.state if st is not None else job.last_state
+    if state.is_terminal():
+        what = "signal" if sig is not None else "cancel"
+        raise UserError(f"job {job.job_id} already ended ({state.value}); nothing to {what}")
+    message = get_scheduler(job.scheduler).cancel(job, sig, _user())
+    if sig is None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        registry.set_end_reason(job.job_id, f"cancel requested by {_user()} at {stamp}")
+    return message

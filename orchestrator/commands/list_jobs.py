@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from datetime import datetime
 
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--state: {exc}") from None
     since = parse_since(args.since) if args.since else None
     with Registry.open() as registry:
+        for line in registry.reconcile_submissions():  # a submit killed mid-way: adopt or clean up
+            print(line, file=sys.stderr)
         jobs = registry.list_jobs(state=state, since=since)
     if args.json:
         print(dumps_indented([j.to_json() for j in jobs]))

@@ -21,6 +21,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A number of seconds > 0 (``--poll``): checked by argparse, before anything is submitted."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = True) -> None:
     parser.add_argument(
         "--profile",

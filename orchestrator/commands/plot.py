@@ -23,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"-o {out}: only PNG output is supported (name it *.png)")
     if not job.run_dir.is_dir():
         raise UserError(f"run directory {job.run_dir} of job {job.job_id} does not exist")
+    if not out.parent.is_dir():
+        # Never created here: a mistyped -o path should fail, not grow a tree of folders.
+        raise UserError(f"-o {out}: folder {out.parent} does not exist")
     written = plot_run(job.run_dir, out, job_id=job.job_id)
     print(written)
     return 0

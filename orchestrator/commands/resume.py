@@ -10,6 +10,7 @@ FSDP one (sharded folders) are not interchangeable.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from orchestrator.strategies import STRATEGIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.commands.plan_args import positive_int
+    from orchestrator.commands.plan_args import positive_float, positive_int
 
     parser.add_argument("job_id", metavar="JOB")
     parser.add_argument("--nodes", type=positive_int, default=None, help="default: as before")
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None, help="default: as before")
     parser.add_argument("--profiles-dir", default=None)
     parser.add_argument("--wait", action="store_true", help="follow the new attempt to its end")
-    parser.add_argument("--poll", type=float, default=2.0)
+    parser.add_argument("--poll", type=positive_float, default=2.0, help="seconds between progress updates")
 
 
 def resume_plan(previous: LaunchPlan, args: argparse.Namespace) -> LaunchPlan:
@@ -79,13 +80,19 @@ def check_resharding(checkpoint_strategy: str | None, new_strategy: str, step: i
 
 def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
     """A second job training in the same run directory would interleave checkpoints and metrics: the
-    run's newest job (this one, or the one its run went on in) must be over first."""
+    run's newest job (this one, or the one its run went on in) must be over first. A run that
+    completed has nothing left to train. Called under the run's lock, so no other resume can submit
+    between this check and this one's submission."""
+    from orchestrator.job_states import JobState
     from orchestrator.scheduler_query import refresh_states
 
     newest = registry.run_of(job_id).newest_job_id
     record = registry.get(newest)
     st = refresh_states(registry, [record]).states.get(newest)
     state = st.state if st is not None else record.last_state
+    if state is JobState.COMPLETED:
+        which = f"job {job_id}" if newest == job_id else f"job {job_id}'s run (continued as job {newest})"
+        raise UserError(f"{which} COMPLETED: its training finished, there is nothing to resume")
     if not state.is_terminal():
         which = (
             f"job {job_id}" if newest == job_id else f"job {job_id}'s run continues as job {newest}, which"
@@ -98,15 +105,34 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.registry import Registry
-    from orchestrator.run_dir import JOB_FILE, last_complete_checkpoint, read_current_plan_json
-    from orchestrator.submission import submit
+    from orchestrator.run_lock import RunLocked, run_lock
 
     registry = Registry.open()
+    for line in registry.reconcile_submissions():
+        print(line, file=sys.stderr)
     job = registry.get(args.job_id)
-    refuse_while_run_is_live(registry, job.job_id)
     run_dir = Path(job.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"job {args.job_id}: run directory {run_dir} no longer exists")
+    # The check and the submission under one lock: two resumes of one job started together submit once.
+    try:
+        with run_lock(run_dir, what=f"resume {args.job_id}"):
+            new_job_id = _resume_locked(args, registry, job.job_id, run_dir)
+    except RunLocked as exc:
+        raise UserError(f"job {args.job_id}: {exc}; try again when it is done") from None
+    if not args.wait:
+        return 0
+    from orchestrator.progress import wait_for_job
+
+    state = wait_for_job(registry, new_job_id, poll_s=args.poll)
+    return 0 if state.is_success() else 1
+
+
+def _resume_locked(args: argparse.Namespace, registry: Any, job_id: str, run_dir: Path) -> str:
+    from orchestrator.run_dir import JOB_FILE, last_complete_checkpoint, read_current_plan_json
+    from orchestrator.submission import submit
+
+    refuse_while_run_is_live(registry, job_id)
     data = read_current_plan_json(run_dir)
     if not data:
         raise UserError(f"job {args.job_id}: {run_dir / JOB_FILE} is missing or unreadable")
@@ -124,9 +150,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"run directory {run_dir}")
     if checkpoint.world_size and checkpoint.world_size != plan.world_size:
         print(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
-    if not args.wait:
-        return 0
-    from orchestrator.progress import wait_for_job
-
-    state = wait_for_job(registry, submitted.job_id, poll_s=args.poll)
-    return 0 if state.is_success() else 1
+    sys.stdout.flush()
+    return submitted.job_id

@@ -307,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UserError(f"--timeout must be positive, not {args.timeout}")
     with Registry.open() as registry:
+        for line in registry.reconcile_submissions():  # a submit killed mid-way: adopt or clean up
+            print(line, file=sys.stderr)
         while True:
             jobs = _select(registry, args.jobs)
             if not jobs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.commands.plan_args import add_plan_arguments, plan_from_args
+from orchestrator.commands.plan_args import add_plan_arguments, plan_from_args, positive_float
 from orchestrator.commands.render import render_files
 from orchestrator.errors import EXIT_OK, EXIT_RUN_FAILURE
 
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--snapshot", action="store_true", help="copy the script's folder into the run directory"
     )
     parser.add_argument(
-        "--poll", type=float, default=2.0, help="seconds between progress updates with --wait"
+        "--poll", type=positive_float, default=2.0, help="seconds between progress updates with --wait"
     )
     add_plan_arguments(parser, script_required=True)
 

@@ -14,6 +14,7 @@ scheduler object.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,15 @@ if TYPE_CHECKING:
     from orchestrator.profiles import ClusterProfile
     from orchestrator.registry import JobRecord, Registry
     from orchestrator.scheduler_query import QueryResult
+
+
+def submission_token(run_dir: Path | str, attempt_base: int) -> str:
+    """The token a submission's scheduler job carries (Slurm: ``--comment``), recorded in the
+    registry before the scheduler is asked: one per run directory and attempt, so a job whose
+    submitting command died can be told apart and adopted. Derived, so :meth:`Scheduler.dryrun`
+    stays pure and shows it."""
+    digest = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
+    return f"orchestrator-{digest}-a{attempt_base}"
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,20 @@ class Scheduler(ABC):
     @abstractmethod
     def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
         """Submit ``request`` exactly as materialized."""
+
+    def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
+        """``{token: job id}`` of the scheduler's jobs (submitted since ``since``) that carry one of
+        ``tokens``; None when the scheduler did not answer. A scheduler whose submission cannot
+        outlive the submitting command knows none."""
+        return {}
+
+    def adopt(self, run_dir: Path, job_id: str) -> str:
+        """Finish what a killed submission left undone so job ``job_id`` can run; "" when it can,
+        else why not (the job is then :meth:`discard`-ed)."""
+        return ""
+
+    def discard(self, job_id: str, reason: str) -> None:  # noqa: B027
+        """Cancel a job the registry never knew (an orphan that cannot be adopted)."""
 
     @abstractmethod
     def query(

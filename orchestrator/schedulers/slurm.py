@@ -24,7 +24,7 @@ from orchestrator.run_dir import (
     cancel_requested,
     write_cancel_marker,
 )
-from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler
+from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler, submission_token
 
 if TYPE_CHECKING:
     import signal
@@ -172,13 +172,13 @@ class SlurmNodeEnvironment(NodeEnvironment):
 
 
 # ---------------------------------------------------------------------------- submission side
-def partition_nodes(partition: str) -> int:
-    """How many nodes a partition has, asking sinfo (bounded)."""
+def partition_node_cpus(partition: str) -> dict[str, int]:
+    """``{node: CPUs}`` of a partition's nodes, asking sinfo once (bounded)."""
     import subprocess
 
     try:
         proc = subprocess.run(
-            ["sinfo", "-h", "-p", partition, "-o", "%D"],
+            ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %c"],
             capture_output=True,
             text=True,
             timeout=SINFO_TIMEOUT_S,
@@ -191,12 +191,33 @@ def partition_nodes(partition: str) -> int:
         raise RunFailure(f"sinfo did not answer within {SINFO_TIMEOUT_S:.0f} s: is slurmctld up?") from None
     if proc.returncode != 0:
         raise RunFailure(f"sinfo failed: {proc.stderr.strip() or proc.returncode}")
-    counts = [int(x) for x in proc.stdout.split() if x.isdigit()]
-    if not counts:
+    nodes: dict[str, int] = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            nodes[parts[0]] = int(parts[1])
+    if not nodes:
         raise UserError(
             f"--profile: partition '{partition}' does not exist on this cluster (sinfo knows nothing of it)"
         )
-    return sum(counts)
+    return nodes
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm host list (``n[1-3],gpu01``) expanded by Slurm itself; UserError when it is not one."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            ["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RunFailure(f"scontrol show hostnames failed: {exc}") from None
+    names = proc.stdout.split()
+    if proc.returncode != 0 or not names:
+        why = (proc.stderr.strip().splitlines() or ["not a host list"])[-1]
+        raise UserError(f"--exclude {text!r}: not a Slurm host list ({why})")
+    return names
 
 
 def time_minutes(limit: str) -> int:
@@ -239,8 +260,16 @@ class SlurmScheduler(Scheduler):
         node_python = plan.profile.python or python or sys.executable
         folder = str(Path(run_dir) / SUBMITIT_DIR)
         text = render_sbatch(plan, str(run_dir), folder, node_python, attempt_base)
+        # The submission's token, so a job whose submitting command died is found and adopted.
+        token = submission_token(run_dir, attempt_base)
+        text = text.replace("#SBATCH ", f"#SBATCH --comment={token}\n#SBATCH ", 1)
         return Request(
-            plan=plan, run_dir=Path(run_dir), text=text, file_name=SBATCH_FILE, attempt_base=attempt_base
+            plan=plan,
+            run_dir=Path(run_dir),
+            text=text,
+            file_name=SBATCH_FILE,
+            attempt_base=attempt_base,
+            extra={"token": token},
         )
 
     def main_ip_for_render(self) -> str:
@@ -251,11 +280,34 @@ class SlurmScheduler(Scheduler):
 
     def check(self, plan: LaunchPlan) -> None:
         assert plan.profile.partition is not None  # the profile's own check: slurm needs a partition
-        available = partition_nodes(plan.profile.partition)
+        partition = plan.profile.partition
+        cpus = partition_node_cpus(partition)
+        available = len(cpus)
         if plan.nodes > available:
             raise UserError(
-                f"--nodes: {plan.nodes} nodes requested but partition '{plan.profile.partition}' has {available}"
+                f"--nodes: {plan.nodes} nodes requested but partition '{partition}' has {available}"
             )
+        excluded: set[str] = set()
+        for item in plan.exclude_nodes:
+            excluded.update(expand_hostlist(item))
+        unknown = sorted(excluded - set(cpus))
+        if unknown:
+            raise UserError(
+                f"--exclude: {', '.join(unknown)} not in partition '{partition}' (its nodes: {', '.join(sorted(cpus))})"
+            )
+        left = [n for n in cpus if n not in excluded]
+        if plan.nodes > len(left):
+            raise UserError(
+                f"--exclude: leaves {len(left)} of partition '{partition}'s {available} nodes, "
+                f"but the job needs {plan.nodes}"
+            )
+        if plan.uses_cpu and plan.profile.max_procs_per_node is None:
+            smallest = min(cpus[n] for n in left)
+            if plan.procs_per_node > smallest:
+                raise UserError(
+                    f"--procs-per-node: {plan.procs_per_node} processes per node but partition '{partition}' "
+                    f"has nodes with {smallest} CPUs (profile key max_procs_per_node overrides)"
+                )
 
     def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
 
@@ -278,6 +330,54 @@ class SlurmScheduler(Scheduler):
             output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output
             raise RunFailure(f"sbatch refused the job: {(output or '').strip() or exc}") from None
         return Scheduled(job_id=str(job.job_id), scheduler_job_id=str(job.job_id), handle=job)
+
+    def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
+        """squeue for queued and running jobs (``%k``: the comment), then sacct for ended ones
+        (needs ``AccountingStoreFlags=job_comment``; without it ended orphans stay unknown)."""
+        from orchestrator.scheduler_query import run_bounded
+
+        wanted = set(tokens)
+        found: dict[str, str] = {}
+        res = run_bounded(["squeue", "-h", "--me", "-o", "%i|%k"], SINFO_TIMEOUT_S)
+        if res.error is not None:
+            return None
+        self._match(res.stdout, wanted, found)
+        if len(found) < len(wanted):
+            start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 60))
+            acct = run_bounded(
+                ["sacct", "-X", "-n", "-P", "-S", start, "-o", "JobID,Comment"], SINFO_TIMEOUT_S
+            )
+            if acct.error is None:  # no accounting: squeue, which knows every job still queued, decides
+                self._match(acct.stdout, wanted, found)
+        return found
+
+    @staticmethod
+    def _match(text: str, wanted: set[str], found: dict[str, str]) -> None:
+        for line in text.splitlines():
+            job_id, _, comment = line.strip().partition("|")
+            if comment in wanted and job_id.isdigit():
+                found.setdefault(comment, job_id)
+
+    def adopt(self, run_dir: Path, job_id: str) -> str:
+        """submitit renames its task pickle to ``<job>_submitted.pkl`` after sbatch answered; a submit
+        killed in between leaves it under its temporary name, and the job would fail waiting for it."""
+        import re
+
+        folder = Path(run_dir) / SUBMITIT_DIR
+        final = folder / f"{job_id}_submitted.pkl"
+        if final.exists():
+            return ""
+        temporary = [p for p in folder.glob("*.pkl") if re.fullmatch(r"[0-9a-f]{32}\.pkl", p.name)]
+        if not temporary:
+            return f"submitit's task file for job {job_id} is missing in {folder}"
+        newest = max(temporary, key=lambda p: p.stat().st_mtime)
+        os.replace(newest, final)
+        return ""
+
+    def discard(self, job_id: str, reason: str) -> None:
+        from orchestrator.scheduler_query import run_bounded
+
+        run_bounded(["scancel", job_id], SCANCEL_TIMEOUT_S)
 
     def query(
         self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]

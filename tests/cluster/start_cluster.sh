@@ -206,8 +206,10 @@ NODE_CPUS=${NODE_CPUS:-$(( 2 * REAL_CPUS > 8 ? 2 * REAL_CPUS : 8 ))}
 if [ "$ACCOUNTING" = 1 ]; then
   # netns mode: slurmdbd is reached at 10.77.0.1, so `sacct` works inside jobs too (a node
   # namespace cannot reach the host's 127.0.0.1).
+  # job_comment: sacct shows a job's --comment, the token orchestrator finds an orphaned submission by.
   ACCT_LINES="AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=$CTL_ADDR"
+AccountingStorageHost=$CTL_ADDR
+AccountingStoreFlags=job_comment"
 else
   ACCT_LINES="AccountingStorageType=accounting_storage/none"
 fi
