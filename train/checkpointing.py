@@ -45,7 +45,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from orchestrator.run_dir import COMPLETE_MARKER, check_checkpoint, checkpoint_folder_name, checkpoint_folders
+from orchestrator.run_dir import (
+    COMPLETE_MARKER,
+    check_checkpoint,
+    check_checkpoint_content,
+    checkpoint_folder_name,
+    checkpoint_folders,
+    file_digest,
+    mark_checkpoint_corrupt,
+)
 
 MARKER = COMPLETE_MARKER
 CHECKPOINTS = "checkpoints"
@@ -109,7 +117,9 @@ def finalize(tmp: Path, final: Path, marker: dict) -> dict:
     files = list_files(tmp)
     for rel in files:
         _fsync_path(tmp / rel)
-    marker = {**marker, "files": files}
+    # Content digests: a restore checks them (a file with the right size and wrong bytes is skipped
+    # for the newest good checkpoint). On the writer thread with --async-ckpt, like the checksums.
+    marker = {**marker, "files": files, "sha256": {rel: file_digest(tmp / rel) for rel in files}}
     with open(tmp / MARKER, "w", encoding="utf-8") as f:
         json.dump(marker, f, indent=1, sort_keys=True)
         f.flush()
@@ -138,11 +148,17 @@ def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def find_resumable(run_dir: str | os.PathLike, warn=print) -> tuple[Path, dict] | None:
-    """The newest complete checkpoint; torn ones are skipped with a warning."""
+    """The newest complete checkpoint whose content matches its digests; torn ones are skipped with a
+    warning, corrupt ones are also marked (``CORRUPT.json``) so neither a later resume nor ``status``
+    picks them again."""
     for _, folder in complete_checkpoints(run_dir):
         marker, why = validate(folder)
         if marker is not None:
-            return folder, marker
+            why = check_checkpoint_content(folder, marker)
+            if not why:
+                return folder, marker
+            mark_checkpoint_corrupt(folder, why)
+            why = f"content does not match {MARKER}: {why}"
         warn(f"warning: skipping checkpoint {folder}: {why}")
     root = checkpoints_dir(run_dir)
     if root.is_dir():

@@ -1,0 +1,106 @@
+"""Checkpoint content digests: a checkpoint whose marker and sizes check out but whose bytes do not
+is skipped (and marked) in favour of the newest good one; the resumed run ends where an
+uninterrupted one does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.run_dir import (
+    CORRUPT_MARKER,
+    check_checkpoint,
+    check_checkpoint_content,
+    corrupt_checkpoints,
+    last_complete_checkpoint,
+)
+from tests.helpers import train_launch as tl
+from tests.helpers.run_dirs import make_checkpoint
+from train import checkpointing
+
+STEPS = 20
+EVERY = 5
+
+
+def _with_digests(folder: Path) -> None:
+    marker_path = folder / "COMPLETE.json"
+    marker = json.loads(marker_path.read_text())
+    marker["sha256"] = {
+        rel: hashlib.sha256((folder / rel).read_bytes()).hexdigest() for rel in marker["files"]
+    }
+    marker_path.write_text(json.dumps(marker))
+
+
+def _flip_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_byte_is_found_and_the_older_checkpoint_chosen(tmp_path: Path) -> None:
+    for step in (5, 10):
+        _with_digests(make_checkpoint(tmp_path, step, {"model.bin": 64, "optimizer.bin": 32}))
+    newest = tmp_path / "checkpoints" / "step_00000010"
+    assert check_checkpoint_content(newest, check_checkpoint(newest)[0] or {}) == ""
+    _flip_middle_byte(newest / "optimizer.bin")
+    marker, _ = check_checkpoint(newest)
+    assert marker is not None, "sizes are intact: the stat-only rule still calls it complete"
+    assert "optimizer.bin" in check_checkpoint_content(newest, marker)
+
+    warnings: list[str] = []
+    found = checkpointing.find_resumable(tmp_path, warnings.append)
+    assert found is not None and found[0].name == "step_00000005"
+    assert any("step_00000010" in w and "content does not match" in w for w in warnings), warnings
+    # Marked: neither status's rule nor a later resume picks it again, and it is listed with why.
+    assert (newest / CORRUPT_MARKER).is_file()
+    info = last_complete_checkpoint(tmp_path)
+    assert info is not None and info.step == 5
+    assert [(s, "optimizer.bin" in why) for s, why in corrupt_checkpoints(tmp_path)] == [(10, True)]
+
+
+def test_checkpoint_without_digests_still_resumes(tmp_path: Path) -> None:
+    """Checkpoints written before digests existed are not refused."""
+    make_checkpoint(tmp_path, 5, {"model.bin": 8})
+    found = checkpointing.find_resumable(tmp_path, print)
+    assert found is not None and found[0].name == "step_00000005"
+
+
+@pytest.mark.slow
+def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(tmp_path: Path) -> None:
+    baseline = tl.cached_run("ddp", 2, 1, 2, ("--max-steps", str(STEPS)))
+    assert baseline.returncodes == [0], baseline.output()
+    run_dir = tmp_path / "run"
+    ckpts = run_dir / "checkpoints"
+    first = tl.start(run_dir, "ddp", 2, 1, 2, ["--max-steps", str(STEPS), "--ckpt-every", str(EVERY)])
+    try:
+        first.poll_until(
+            lambda: (ckpts / f"step_{2 * EVERY:08d}" / "COMPLETE.json").exists(), 150, "the second checkpoint"
+        )
+    finally:
+        first.kill(signal.SIGKILL)
+    complete = [p for _, p in checkpointing.complete_checkpoints(run_dir) if (p / "COMPLETE.json").exists()]
+    assert len(complete) >= 2 and all(p.name != f"step_{STEPS:08d}" for p in complete), complete
+    newest, previous = complete[0], complete[1]
+    marker = json.loads((newest / "COMPLETE.json").read_text())
+    assert set(marker["sha256"]) == set(marker["files"]), "the marker carries a digest of every file"
+    biggest = max(marker["files"], key=lambda rel: marker["files"][rel])
+    _flip_middle_byte(newest / biggest)
+
+    second = tl.run(run_dir, "ddp", 2, 1, 2, ["--max-steps", str(STEPS)])
+    assert second.returncodes == [0], second.output()
+    out = second.output()
+    assert f"skipping checkpoint {newest}" in out and "content does not match" in out, out
+    loaded = tl.read_json(run_dir / "loaded.json")
+    resumed_at = int(previous.name.removeprefix("step_"))
+    assert loaded["step"] == resumed_at and loaded["checkpoint"].endswith(previous.name)
+    assert (newest / CORRUPT_MARKER).is_file()
+    ref, got = tl.losses(baseline.run_dir), tl.losses(run_dir)
+    tail = [s for s in ref if s > resumed_at]
+    assert tail and [got[s] for s in tail] == [ref[s] for s in tail]
+    assert (
+        tl.read_json(run_dir / "final.json")["loss"] == tl.read_json(baseline.run_dir / "final.json")["loss"]
+    )
