@@ -38,7 +38,7 @@ _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:\s?")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s.*|:?)$")
 #: Lines that are an error wherever they appear, with or without a traceback.
 _ERROR_TEXT = re.compile(
-    r"No space left on device|Disk quota exceeded|SELF-CHECK FAILED|^error: |NCCL error|"
+    r"No space left on device|Disk quota exceeded|SELF-CHECK FAILED|^\[rank \d+\]\s+- |^error: |NCCL error|"
     r"ncclInternalError|ncclSystemError|CUDA out of memory|out of memory|Segmentation fault|"
     r"core dumped|Bus error",
 )
@@ -87,6 +87,8 @@ class Explanation:
     def summary(self) -> str:
         """One line: ``node 1 rank 3 failed: ValueError: boom; see `orchestrator logs J --node 1 --rank 3```."""
         what = self.lines[0] if self.lines else "no error line found"
+        if "SELF-CHECK FAILED" in what and len(self.lines) > 1:
+            what += " " + self.lines[1].split("]", 1)[-1].strip()  # the header alone says nothing
         if len(what) > 300:
             what = what[:297] + "..."
         return f"{self.where} failed: {what}; see `{self.logs_command}`"

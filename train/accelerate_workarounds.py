@@ -246,6 +246,9 @@ def fsdp2_size_based_wrap(accelerator, pending: Pending) -> None:
         fn = fn.func if isinstance(fn, functools.partial) else fn
         if fn is not size_based_auto_wrap_policy:
             return accelerate_policy(fsdp2_plugin, model)
+        # Logged as applied only now: installed, it changes nothing for transformer-based wrapping.
+        if "fsdp2_size_based_wrap" not in pending.applied:
+            pending.applied.append("fsdp2_size_based_wrap")
         containers = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
         def policy(module: torch.nn.Module) -> bool:
@@ -257,7 +260,6 @@ def fsdp2_size_based_wrap(accelerator, pending: Pending) -> None:
 
     prepare_policy._orchestrator_patched = True  # type: ignore[attr-defined]
     fsdp_utils.fsdp2_prepare_auto_wrap_policy = prepare_policy
-    pending.applied.append("fsdp2_size_based_wrap")
 
 
 def init_fsdp1_optimizer_state(accelerator, optimizer) -> None:
@@ -310,7 +312,14 @@ def after_accelerator(accelerator, pending: Pending) -> list[str]:
 
 
 def wrap_model(accelerator, model: torch.nn.Module, pending: Pending | None = None) -> torch.nn.Module:
-    """Before the optimizer is built and before ``accelerator.prepare``."""
+    """Before the optimizer is built and before ``accelerator.prepare``: also where a ``--wrap-cls``
+    the model lacks stops the run at once, naming the candidate classes (Accelerate would find it
+    only inside ``prepare``)."""
+    from train import selfcheck
+
+    problems = selfcheck.check_wrap_class(accelerator, model)
+    if problems:
+        selfcheck.fail_wrap(problems, accelerator.process_index)
     mesh = fsdp1_hybrid_device_mesh(accelerator)
     if mesh is None:
         return model

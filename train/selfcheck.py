@@ -355,7 +355,7 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
             )
         return problems, (
             f"FSDP1 {found_strategy}, shard group {shard_size}, replicate group {replicate_size}, "
-            f"{local} of {num_params} parameters local"
+            f"{local} of {num_params} parameters local, {describe_units(model)}{_root_only_hint(accelerator, model)}"
         )
     # FSDP2
     from torch.distributed.fsdp import FSDPModule
@@ -388,7 +388,28 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
         problems.append(f"expected reshard_after_forward={want} ({strategy}), found {reshard}")
     return problems, (
         f"FSDP2 mesh {shape} placements {placements}, reshard_after_forward={reshard}, "
-        f"{local} of {num_params} parameters local, units {_fsdp2_units(model)}"
+        f"{local} of {num_params} parameters local, units {_fsdp2_units(model)}{_root_only_hint(accelerator, model)}"
+    )
+
+
+def _root_only_hint(accelerator, model) -> str:
+    """Size-based wrapping that made no layer a unit of its own (every layer under ``min_num_params``)
+    shards the whole model as one unit: say so, with the classes ``--wrap-cls`` could name."""
+    if wrap_class_names(accelerator):
+        return ""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+
+    units = [m for m in model.modules() if isinstance(m, (FSDPModule, FSDP1))]
+    if len(units) > 1:
+        return ""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    limit = getattr(plugin, "min_num_params", None)
+    inner = getattr(model, "module", model)
+    candidates = ", ".join(candidate_layer_classes(inner)[:4]) or "a layer class"
+    return (
+        f"; size-based wrapping (min_num_params {limit}) made only the root a unit: no layer is sharded "
+        f"on its own (--wrap-cls {candidates} would make each one a unit)"
     )
 
 
@@ -446,3 +467,92 @@ def fail(problems: list[str], exp: Expectation, found: str, run_dir: str | None,
             pass
     sys.stdout.flush()
     os._exit(EXIT_SELFCHECK)
+
+
+# ---------------------------------------------------------------------------
+# Wrapping: the layer class named for TRANSFORMER_BASED_WRAP must exist in the model, and a
+# size-based policy says which units it made. Accelerate finds a missing class only inside
+# ``prepare`` ("Could not find the transformer layer class ..."), after the job queued and loaded;
+# a profile default such as our GPT's ``TransformerBlock`` then failed every other model.
+
+
+def wrap_class_names(accelerator) -> list[str]:
+    """The layer classes the FSDP plugin will wrap (TRANSFORMER_BASED_WRAP); [] for any other policy."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    names = getattr(plugin, "transformer_cls_names_to_wrap", None) if plugin is not None else None
+    if not names:
+        raw = os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "")
+        names = [n.strip() for n in raw.split(",") if n.strip()] if plugin is not None else []
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    return list(names)
+
+
+def candidate_layer_classes(model) -> list[str]:
+    """Classes that make sense as FSDP units: a Hugging Face model's ``_no_split_modules``, else the
+    classes of modules repeated in a ``ModuleList``/``Sequential`` (the transformer blocks)."""
+    import torch
+
+    declared = getattr(model, "_no_split_modules", None)
+    if declared:
+        return sorted(set(declared))
+    found: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and len(module) >= 2:
+            for child in module:
+                found[type(child).__name__] = found.get(type(child).__name__, 0) + 1
+    return sorted(found, key=lambda n: -found[n])
+
+
+def check_wrap_class(accelerator, model) -> list[str]:
+    """Problems with the wrap classes asked for (none when every one exists in ``model``)."""
+    wanted = wrap_class_names(accelerator)
+    if not wanted:
+        return []
+    present = {type(m).__name__ for m in model.modules()}
+    missing = [name for name in wanted if name not in present]
+    if not missing:
+        return []
+    candidates = candidate_layer_classes(model)
+    hint = ", ".join(candidates[:8]) if candidates else "none found (no repeated layers)"
+    return [
+        f"--wrap-cls {','.join(missing)}: the model ({type(model).__name__}) has no such layer class; "
+        f"candidates: {hint}. Pass --wrap-cls with one of them, or leave it out for size-based wrapping"
+    ]
+
+
+def fail_wrap(problems: list[str], rank: int) -> None:
+    """Stop at once (exit 3), before any GPU memory or collective is spent on a model that cannot wrap."""
+    lines = [f"[rank {rank}] SELF-CHECK FAILED (exit {EXIT_SELFCHECK}): wrapping cannot work"]
+    lines += [f"[rank {rank}]   - {p}" for p in problems]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    run_dir = os.environ.get("ORCHESTRATOR_RUN_DIR")
+    if run_dir and rank == 0:
+        try:
+            write_exit_status(Path(run_dir), EXIT_SELFCHECK, "selfcheck", problems=problems)
+        except OSError:
+            pass
+    sys.stdout.flush()
+    os._exit(EXIT_SELFCHECK)
+
+
+def describe_units(model) -> str:
+    """The FSDP units ``prepare`` made, by class: ``3 units: 2 x Block, 1 x GPT`` (root included)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+    except ImportError:  # pragma: no cover - torch without FSDP
+        return ""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, FSDP1):
+            name = type(module.module).__name__
+        elif isinstance(module, FSDPModule):
+            name = type(module).__name__.removeprefix("FSDP")
+        else:
+            continue
+        counts[name] = counts.get(name, 0) + 1
+    total = sum(counts.values())
+    return f"{total} FSDP unit(s): " + ", ".join(
+        f"{n} x {c}" for c, n in sorted(counts.items(), key=lambda kv: -kv[1])
+    )
