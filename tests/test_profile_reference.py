@@ -1,0 +1,48 @@
+"""The README's profile reference is generated from the one declaration of profile keys
+(orchestrator/profile_reference.py), and is never stale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.options import OPTIONS
+from orchestrator.profile_records import ClusterProfile
+from orchestrator.profile_reference import README, readme_section, reference_markdown, write_readme
+
+
+def test_readme_copy_is_current() -> None:
+    current = readme_section(README.read_text())
+    assert current is not None, "README.md lost its profile-reference markers"
+    assert current == reference_markdown(), (
+        "README.md's profile reference is stale: run `python -m orchestrator.profile_reference --write`"
+    )
+
+
+def test_every_key_is_listed_with_its_doc() -> None:
+    text = reference_markdown()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in text.splitlines()[2:]}
+    for key in ClusterProfile.model_fields:
+        assert key in rows, key
+        assert not rows[key].rstrip().endswith("|  |"), f"{key} has no documentation"
+    for option in OPTIONS:
+        assert f"defaults.{option.name}" in rows
+    assert "nodes.max" in rows and "signal.seconds_before" in rows
+
+
+def test_a_changed_declaration_makes_the_copy_stale(tmp_path: Path) -> None:
+    """The check can fail: a README whose table misses a row is stale, and --write repairs it."""
+    fresh = reference_markdown()
+    stale_readme = tmp_path / "README.md"
+    start, end = (
+        README.read_text().split("<!-- profile-reference:start", 1)[0],
+        "<!-- profile-reference:end -->",
+    )
+    from orchestrator.profile_reference import END, START
+
+    body = "\n".join(line for line in fresh.splitlines() if "`max_requeues`" not in line) + "\n"
+    stale_readme.write_text(f"{start}{START}\n{body}{end}\n")
+    assert end == END
+    assert readme_section(stale_readme.read_text()) != fresh
+    assert write_readme(stale_readme) is True
+    assert readme_section(stale_readme.read_text()) == fresh
+    assert write_readme(stale_readme) is False
