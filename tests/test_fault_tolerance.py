@@ -550,6 +550,66 @@ def test_node_death_with_auto_resume_continues_without_that_node(
     assert_same_result(run_dir, reference_dir(reference))
 
 
+def test_batch_host_death_requeues_the_job_which_resumes(
+    ft_env: dict[str, str], slurm_cluster: dict[str, str]
+) -> None:
+    """The node running the batch script dies: nothing of the orchestrator's can act there. Slurm ends
+    the attempt NODE_FAIL once it declares the node down and requeues the job (``--requeue``); the
+    new attempt resumes from the last complete checkpoint. ``submit --wait`` and ``logs -f`` follow
+    the same job id through it and report its real end."""
+    require(
+        slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") == "netns", "needs nodes in namespaces"
+    )
+    runs = Path(ft_env["ORCHESTRATOR_RUNS"])
+    before = set(runs.glob("*/job_id"))
+    waiter = Background(["submit", *TWO_NODES_FSDP, "--wait", "--poll", "1", "--", TRAIN, *RUN_ARGS], ft_env)
+    id_file = poll(
+        lambda: [p for p in runs.glob("*/job_id") if p not in before], 60, "the submitted job's id"
+    )[0]
+    job_id, run_dir = id_file.read_text().strip(), id_file.parent
+    follower = Background(["logs", job_id, "-f", "--node", "0"], ft_env)
+    show = diag(job_id, run_dir)
+    batch_host = ""
+    try:
+        poll(
+            lambda: (
+                (run_dir / "checkpoints" / f"step_{CKPT_EVERY:08d}" / "COMPLETE.json").exists()
+                and len(trains(run_dir)) >= CKPT_EVERY + 2
+            ),
+            240,
+            "a complete checkpoint and two more steps",
+            diagnostics=show,
+        )
+        info = slurm("scontrol", "show", "job", job_id).stdout
+        batch_host = info.split("BatchHost=")[1].split()[0]
+        assert batch_host in job_nodes(job_id)
+        assert kill_node_processes(batch_host, include_daemons=True)
+        resumed = poll(lambda: resumes(run_dir), 240, "the requeued attempt's resume", diagnostics=show)[0]
+        assert batch_host not in job_nodes(job_id) or not job_nodes(job_id)
+        poll(lambda: (run_dir / "final.json").exists(), 300, "final.json", diagnostics=show)
+        assert sacct_state(job_id, timeout=90) == "COMPLETED"
+        waited = waiter.result(timeout=120)
+        followed = follower.result(timeout=120)
+    finally:
+        waiter.stop()
+        follower.stop()
+        scancel_quietly(job_id)
+        if batch_host:
+            revive_nodes()
+            wait_for_node_state(batch_host, ("idle", "mixed"), timeout=60)
+    assert int(Path(resumed["checkpoint"]).name.split("_")[1]) % CKPT_EVERY == 0
+    assert all(r <= CKPT_EVERY + 2 for r in recomputed_steps(run_dir))
+    assert "NODE_FAIL" in slurm("sacct", "-nXP", "-D", "-j", job_id, "-o", "State").stdout.split()
+    assert slurm_restarts(job_id) == 1
+    # --wait stayed with the job through its NODE_FAIL and answered for its real end
+    assert waited.returncode == 0 and f"job {job_id} ended COMPLETED" in waited.stdout, (
+        waited.stdout + waited.stderr
+    )
+    # logs -f followed it into the requeued attempt and stopped when it ended
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert "attempt=0" in followed.stdout and "attempt=1" in followed.stdout, followed.stdout[-2000:]
+
+
 # ----------------------------------------------------------------------------------------- 4. resharding
 def test_resume_on_fewer_nodes_restores_exact_state(ft_env: dict[str, str]) -> None:
     options = ["--profile", "slurm_test", "--strategy", "full_shard", "--nodes", "2", "--procs-per-node", "2"]

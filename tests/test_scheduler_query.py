@@ -1,6 +1,8 @@
 """Batched scheduler queries through real subprocesses; fallbacks; ``status`` and ``cancel`` commands.
 
-No mocks: scripts named squeue/sacct/scancel are put first on PATH. The counting wrappers exec the
+Scripts named squeue/sacct/scancel are put first on PATH for the faults a real cluster cannot be
+made to show on demand (a hung controller, a missing binary); the cluster-marked tests run the
+real ones. The counting wrappers exec the
 real Slurm client (Debian's slurm-client) when it exists; without a running controller it fails
 like it would on a broken cluster, which exercises the squeue -> sacct -> registry fallback.
 """
@@ -23,7 +25,7 @@ import pytest
 from orchestrator.job_states import JobState
 from orchestrator.registry import Registry, SchedulerKind
 from orchestrator.scheduler_query import parse_sacct, parse_squeue, query_states, refresh_states, run_bounded
-from tests.helpers.cli import REPO, run_cli
+from tests.helpers.cli import REPO, poll, run_cli
 
 REAL_SQUEUE = shutil.which("squeue")
 REAL_SACCT = shutil.which("sacct")
@@ -398,7 +400,7 @@ def test_status_watch_ends_when_all_jobs_are_terminal(orch_env: dict[str, str], 
     (runs / "local-8").mkdir(parents=True)
     (runs / "local-8" / "local_state.json").write_text(json.dumps({"state": "TIMEOUT"}))
     res = run_cli(["status", "--watch", "--interval", "0.1", "--json", "local-8"], orch_env, timeout=60)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # --watch ends with the outcome: TIMEOUT is not success
     snapshots = [json.loads(ln) for ln in res.stdout.splitlines()]
     assert len(snapshots) == 1 and snapshots[0]["jobs"][0]["state"] == "TIMEOUT"
     bad = run_cli(["status", "--interval", "0"], orch_env, timeout=60)
@@ -482,3 +484,36 @@ def test_parsed_states_are_complete_scheduler_states() -> None:
         elapsed="1:00",
     )
     assert got == want and vars(got) == vars(want)
+
+
+@pytest.mark.slurm
+def test_status_of_a_job_squeue_forgot_comes_from_real_sacct(
+    slurm_cluster: dict, orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The sacct path against the real slurmdbd. The test cluster keeps ended jobs in squeue for
+    MinJobAge (300 s), longer than a test may wait, so the one fake here is an squeue that has
+    forgotten the job, answering as the real one does then ("Invalid job id specified", exit 1)."""
+    out = tmp_path / "plain"
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--nodes", "2", "--wait", "--poll", "0.5", "--",
+         str(REPO / "tests" / "scripts" / "plain_accelerate.py"), "--expect-world-size", "2", "--out", str(out)],
+        orch_env, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id = res.stdout.split("submitted job ")[1].split()[0]
+    bin_dir = tmp_path / "bin"
+    script(bin_dir, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
+    env = {**orch_env, "PATH": f"{bin_dir}{os.pathsep}{orch_env['PATH']}"}
+
+    def from_sacct() -> dict | None:
+        status = run_cli(["status", job_id, "--json"], env, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        data = json.loads(status.stdout)
+        return data if data["jobs"][0]["source"] == "sacct" else None
+
+    # slurmdbd records the end asynchronously: poll until accounting has it
+    data = poll(from_sacct, 60, "the job's end in accounting", interval=0.5)
+    row = data["jobs"][0]
+    assert (row["source"], row["state"], row["stale"]) == ("sacct", "COMPLETED", False), data
+    assert row["node_list"] == "n[1-2]" and row["exit_code"] == "0:0", row
+    assert data["scheduler_calls"] == {"squeue": 1, "sacct": 1} and data["errors"] == []

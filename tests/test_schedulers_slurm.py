@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.cli import REPO, job_and_run_dir, run_cli, sacct_state, user_profile_dir
+from orchestrator.schedulers.base import submission_token
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, user_profile_dir
 
 pytestmark = pytest.mark.slurm
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
@@ -56,8 +57,12 @@ def test_dry_run_is_byte_for_byte_the_submitted_script(
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
     submitted = (run_dir / "sbatch.sh").read_text()
-    # Only the run directory's name differs (it carries the submission time and a random suffix).
-    assert shown.replace(planned, str(run_dir)) == submitted
+    # Only the run directory differs (its name carries the submission time and a random suffix), and
+    # with it the submission token derived from it.
+    same = shown.replace(planned, str(run_dir)).replace(
+        submission_token(planned, 0), submission_token(run_dir, 0)
+    )
+    assert same == submitted
     # ... and that text is what sbatch itself received (submitit keeps the file it passed to sbatch).
     assert (run_dir / "submitit" / f"{job_id}_submission.sh").read_text() == submitted
     assert sacct_state(job_id) == "COMPLETED"
@@ -67,49 +72,45 @@ def test_resume_keeps_auto_resume_and_excluded_nodes(
     slurm_cluster: dict, orch_env: dict, tmp_path: Path
 ) -> None:
     first = run_cli(
-        [
-            "submit",
-            "--profile",
-            "slurm_test",
-            "--nodes",
-            "2",
-            "--auto-resume",
-            "--exclude",
-            "n3",
-            "--wait",
-            "--poll",
-            "0.5",
-            "--",
-            TRAIN,
-            *TINY,
-            "--max-steps",
-            "4",
-            "--ckpt-every",
-            "2",
-        ],
-        orch_env,
-        timeout=300,
-    )
+        ["submit", "--profile", "slurm_test", "--nodes", "2", "--auto-resume", "--exclude", "n3", "--",
+         TRAIN, *TINY, "--max-steps", "100000", "--ckpt-every", "2"],
+        orch_env, timeout=60,
+    )  # fmt: skip
     assert first.returncode == 0, first.stdout + first.stderr
     job_id, run_dir = job_and_run_dir(first.stdout)
     assert "#SBATCH --exclude=n3\n" in (run_dir / "sbatch.sh").read_text()
+    poll(lambda: list((run_dir / "checkpoints").glob("step_*/COMPLETE.json")), 240, "a complete checkpoint")
+    assert run_cli(["cancel", job_id], orch_env, timeout=60).returncode == 0
+    poll(lambda: job_ended(orch_env, job_id), 180, f"job {job_id} to end", interval=0.5)
 
-    again = run_cli(["resume", job_id, "--wait", "--poll", "0.5"], orch_env, timeout=300)
+    again = run_cli(["resume", job_id], orch_env, timeout=60)
     assert again.returncode == 0, again.stdout + again.stderr
     new_job = again.stdout.split("submitted job ")[1].split()[0]
-    assert new_job != job_id
-    current = json.loads((run_dir / "job.json").read_text())
-    assert (current["auto_resume"], current["exclude_nodes"], current["attempt_base"]) == (True, ["n3"], 1)
-    sbatch = (run_dir / "sbatch.sh").read_text()
-    assert "#SBATCH --exclude=n3\n" in sbatch
-    assert "-m orchestrator.batch_step --attempt-base 1 --auto-resume -- srun" in sbatch
-    # Each submission keeps its own plan; the first one is unchanged.
-    assert json.loads((run_dir / "job.attempt_0.json").read_text())["attempt_base"] == 0
-    assert (run_dir / "logs" / "attempt_1" / "node_0.log").is_file()
-    nodes = subprocess.run(
-        ["sacct", "-nXP", "-j", new_job, "-o", "NodeList"], capture_output=True, text=True, timeout=30
-    ).stdout
-    assert "n3" not in nodes and sacct_state(new_job) == "COMPLETED"
+    try:
+        assert new_job != job_id
+        current = json.loads((run_dir / "job.json").read_text())
+        assert (current["auto_resume"], current["exclude_nodes"], current["attempt_base"]) == (
+            True,
+            ["n3"],
+            1,
+        )
+        sbatch = (run_dir / "sbatch.sh").read_text()
+        assert "#SBATCH --exclude=n3\n" in sbatch
+        assert "-m orchestrator.batch_step --attempt-base 1 --auto-resume -- srun" in sbatch
+        # Each submission keeps its own plan; the first one is unchanged.
+        assert json.loads((run_dir / "job.attempt_0.json").read_text())["attempt_base"] == 0
+        poll(lambda: (run_dir / "logs" / "attempt_1" / "node_0.log").is_file(), 120, "the new job's node log")
+        nodes = subprocess.run(
+            ["sacct", "-nXP", "-j", new_job, "-o", "NodeList"], capture_output=True, text=True, timeout=30
+        ).stdout
+        assert "n3" not in nodes
+    finally:
+        run_cli(["cancel", new_job], orch_env, timeout=60)
+
+
+def job_ended(env: dict, job_id: str) -> bool:
+    res = run_cli(["status", job_id, "--json"], env, timeout=60)
+    return res.returncode == 0 and json.loads(res.stdout)["jobs"][0]["terminal"]
 
 
 def test_node_side_interpreter_comes_from_the_setup_lines(

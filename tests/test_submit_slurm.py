@@ -175,3 +175,40 @@ def test_unknown_partition_exits_2(slurm_cluster: dict, orch_env: dict, tmp_path
     )
     assert res.returncode == 2 and "partition 'nosuchpart' does not exist" in res.stderr, res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_exclude_keeps_the_job_off_those_nodes(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--nodes", "2", "--exclude", "n1", "--wait", "--poll", "0.5",
+         "--", SCRIPT, "--expect-world-size", "2", "--out", str(tmp_path / "plain")],
+        orch_env, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, _ = job_and_run_dir(res.stdout)
+    nodes = subprocess.run(["sacct", "-nXP", "-j", job_id, "-o", "NodeList"], capture_output=True, text=True)
+    assert nodes.stdout.strip() == "n[2-3]"  # of n1..n3, the two that were not excluded
+
+
+def test_snapshot_runs_the_script_as_it_was_at_submit(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    script = folder / "train_me.py"
+    script.write_text(Path(SCRIPT).read_text())
+    out = tmp_path / "plain"
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--nodes", "1", "--snapshot", "--", str(script),
+         "--expect-world-size", "1", "--out", str(out)],
+        orch_env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    # Edited right after submitting (the job may not even have started): the job must not see it.
+    script.write_text("raise SystemExit('the edited script ran')\n")
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    assert sacct_state(job_id, timeout=180) == "COMPLETED"
+    assert json.loads(Path(f"{out}.rank0").read_text())["world_size"] == 1
+    assert (run_dir / "snapshot" / "train_me.py").read_text() == Path(SCRIPT).read_text()
+    assert json.loads((run_dir / "job.json").read_text())["script"] == str(
+        run_dir / "snapshot" / "train_me.py"
+    )

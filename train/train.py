@@ -50,8 +50,11 @@ _STOP_SIGNAL = {"signum": 0}
 
 
 def _on_signal(signum, _frame) -> None:
-    # Only set a flag: the step loop agrees on stopping, then checkpoints. Never save here.
+    # Only set a flag: the step loop agrees on stopping, then checkpoints. Never save here. The line
+    # says which rank heard it (the per-rank logs show whether a relay reached every worker).
     _STOP_SIGNAL["signum"] = signum
+    rank = os.environ.get("RANK", "?")
+    print(f"[rank {rank}] received {signal.Signals(signum).name}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
