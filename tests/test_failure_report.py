@@ -136,6 +136,11 @@ def test_local_crashed_rank_is_explained_and_ends_the_job_fast(orch_env: dict[st
     assert reason.startswith("node 1 rank 3 failed: ValueError") and command in reason
     listed = json.loads(run_cli(["list", "--json"], orch_env, timeout=60).stdout)
     assert any(command in (j.get("end_reason") or "") for j in listed if j["job_id"] == job_id)
+    # Followed after the fact, the job answers with its outcome and the same explanation.
+    waited = run_cli(["wait", job_id, "--poll", "0.2"], orch_env, timeout=60)
+    assert waited.returncode == 1 and command in waited.stdout, waited.stdout + waited.stderr
+    followed = run_cli(["logs", job_id, "-f"], orch_env, timeout=60)
+    assert followed.returncode == 1, followed.stderr
     # The command it names shows that rank's traceback.
     logs = run_cli(command.split()[1:], orch_env, timeout=60)
     assert logs.returncode == 0 and "ValueError: boom from the test script (rank 3)" in logs.stdout
