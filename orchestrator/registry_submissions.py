@@ -44,9 +44,13 @@ class SubmissionIntent:
     note: str | None
 
     def submitter_alive(self) -> bool:
-        """Whether the submitting command may still be running (then its row is not an orphan)."""
+        """Whether the submitting command may still be running (then its row is not an orphan). No
+        submission takes an hour: an older row's pid is somebody else's by now."""
+        age = time.time() - self.created_at
+        if age > 3600:
+            return False
         if self.host != socket.gethostname():
-            return time.time() - self.created_at < 600  # another host: give it ten minutes
+            return age < 600  # another host: give it ten minutes
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:

@@ -175,7 +175,19 @@ def submit(
                 raise UserError(f"{exc}; try again when it is done") from None
         check_runs_root()
         run_dir = request.run_dir if request is not None else planned_run_dir(plan)
-        _make_run_dir(run_dir, share)
+        if registry is not None:
+            # The intent first: a command killed at any point after this leaves nothing unknown
+            # (the next command finishes or removes the run directory). Completed in _submit_into.
+            job = _job_fields(plan, run_dir, resumed_from)
+            registry.begin_submission(
+                submission_token(run_dir, 0), run_dir, 0, True, plan.profile.scheduler, job
+            )
+        try:
+            _make_run_dir(run_dir, share)
+        except UserError as exc:
+            if registry is not None:
+                registry.end_submission(submission_token(run_dir, 0), "failed", note=str(exc))
+            raise
         return _submit_into(plan, run_dir, True, snapshot, registry, resumed_from, request)
 
 

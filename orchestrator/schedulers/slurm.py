@@ -204,8 +204,15 @@ def partition_node_cpus(partition: str) -> dict[str, int]:
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """A Slurm host list (``n[1-3],gpu01``) expanded by Slurm itself; UserError when it is not one."""
+    """A Slurm host list (``n[1-3],gpu01``) expanded by Slurm itself; UserError when it is not one.
+    The syntax is checked first: scontrol reads ``zz[1-3`` as ``zz]`` instead of refusing it."""
+    import re
     import subprocess
+
+    items = re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)
+    item_re = re.compile(r"[A-Za-z0-9_.-]+(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][A-Za-z0-9_.-]*)*")
+    if not text or ",".join(items) != text or not all(item_re.fullmatch(i) for i in items):
+        raise UserError(f"--exclude {text!r}: not a Slurm host list (expected names such as n1,n2 or n[1-4])")
 
     try:
         proc = subprocess.run(
@@ -293,12 +300,13 @@ class SlurmScheduler(Scheduler):
         unknown = sorted(excluded - set(cpus))
         if unknown:
             raise UserError(
-                f"--exclude: {', '.join(unknown)} not in partition '{partition}' (its nodes: {', '.join(sorted(cpus))})"
+                f"--exclude {','.join(plan.exclude_nodes)}: {', '.join(unknown)} not in partition '{partition}' "
+                f"(its nodes: {', '.join(sorted(cpus))})"
             )
         left = [n for n in cpus if n not in excluded]
         if plan.nodes > len(left):
             raise UserError(
-                f"--exclude: leaves {len(left)} of partition '{partition}'s {available} nodes, "
+                f"--exclude {','.join(plan.exclude_nodes)}: leaves {len(left)} of partition '{partition}'s {available} nodes, "
                 f"but the job needs {plan.nodes}"
             )
         if plan.uses_cpu and plan.profile.max_procs_per_node is None:

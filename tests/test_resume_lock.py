@@ -1,0 +1,127 @@
+"""Run-level changes are exclusive: the run lock holds across the check and the submission, so two
+`resume` of one job started together submit exactly once; the other exits 2 naming the job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.registry import Registry
+from orchestrator.run_lock import RunLocked, run_lock
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, sacct_state
+from tests.helpers.run_dirs import make_checkpoint
+from tests.helpers.slurm_cluster import job_state
+
+
+def test_run_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from orchestrator.run_lock import run_lock\n"
+         f"with run_lock({str(tmp_path)!r}, what='holder-test'):\n"
+         "    print('held', flush=True); sys.stdin.read()"],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLocked) as refused, run_lock(tmp_path, timeout_s=0.3):
+            pass
+        assert f"pid {holder.pid}" in str(refused.value) and "holder-test" in str(refused.value)
+        assert holder.stdin is not None
+        holder.stdin.close()  # the holder lets go (as a killed one would: the kernel drops the lock)
+        holder.wait(timeout=30)
+        with run_lock(tmp_path, timeout_s=5), run_lock(tmp_path, timeout_s=0):  # and it is re-entrant
+            pass
+    finally:
+        kill_tree(holder.pid)
+
+
+FAIL_THEN_WAIT = """\
+import os, sys, time
+from pathlib import Path
+# Fails while the test's switch file is absent (the job to resume); afterwards (the resumed job)
+# stays up until cancelled, so the second resume finds a live job in the run.
+if not Path(sys.argv[1]).exists():
+    sys.exit(1)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_resumes_started_together_submit_once(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    script = tmp_path / "fail_then_wait.py"
+    script.write_text(FAIL_THEN_WAIT)
+    switch = tmp_path / "switch"
+    res = run_cli(
+        [
+            "submit",
+            "--profile",
+            "slurm_test",
+            "--nodes",
+            "1",
+            "--wait",
+            "--poll",
+            "0.5",
+            "--",
+            str(script),
+            str(switch),
+        ],
+        orch_env,
+        timeout=240,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    assert sacct_state(job_id) == "FAILED"
+    make_checkpoint(run_dir, 5, {"model.safetensors": 16})
+    switch.write_text("")
+    new_ids: list[str] = []
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "orchestrator", "resume", job_id],
+                cwd=REPO,
+                env=orch_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )  # fmt: skip
+            for _ in range(2)
+        ]
+        results = []
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=180)
+            finally:
+                kill_tree(p.pid)
+            results.append((p.returncode, out, err))
+        for _, out, _ in results:
+            new_ids += [line.split()[-1] for line in out.splitlines() if line.startswith("submitted job ")]
+        assert sorted(rc for rc, _, _ in results) == [0, 2], results
+        assert len(new_ids) == 1, results
+        (refused,) = [err for rc, _, err in results if rc == 2]
+        assert new_ids[0] in refused and "Traceback" not in refused, refused
+        with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as reg:
+            assert reg.run_of(job_id).job_ids == (job_id, new_ids[0])
+        assert sorted(p.name for p in (run_dir).glob("job.attempt_*.json")) == [
+            "job.attempt_0.json",
+            "job.attempt_1.json",
+        ]
+        # status rolls the run up with the live job.
+        st = run_cli(["status", "--json", job_id], orch_env)
+        row = json.loads(st.stdout)["jobs"][0]
+        assert row.get("continued_as") == new_ids[0], row
+        poll(
+            lambda: job_state(new_ids[0]) in ("PENDING", "RUNNING"),
+            60,
+            "the resumed job to be live",
+        )
+    finally:
+        for j in new_ids:
+            subprocess.run(["scancel", j], capture_output=True, timeout=30, check=False)
