@@ -110,6 +110,10 @@ class SignalRelay:
 
     def install(self) -> None:
         for sig in FORWARDED_SIGNALS:
+            # A signal this node was started ignoring stays ignored (local jobs ignore the terminal's
+            # SIGINT: see LocalScheduler.schedule); relaying it would stop the training it spares.
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:

@@ -242,7 +242,8 @@ class NodeTask:
         # Outside the launch (run_node relays), a stop signal is noted and otherwise ignored:
         # submitit's own USR2 handler would raise (or requeue) while node 0 decides on the requeue.
         for sig in FORWARDED_SIGNALS:
-            signal.signal(sig, _note_signal)
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored on purpose: a local job's SIGINT
+                signal.signal(sig, _note_signal)
         # First of all, so that its imports overlap the plan's and the config rendering.
         prewarmed = PrewarmedLauncher()
         run_dir = Path(self.run_dir)

@@ -161,3 +161,28 @@ def test_slurm_crashed_rank_is_explained(slurm_cluster: dict, orch_env: dict[str
     assert "ValueError: boom from the test script (rank 3)" in res.stdout and command in res.stdout
     status = run_cli(["status", job_id], orch_env, timeout=60)
     assert "ValueError: boom from the test script (rank 3)" in status.stdout and command in status.stdout
+
+
+def test_logs_points_at_an_error_only_the_scheduler_saw(orch_env: dict[str, str], tmp_path: Path) -> None:
+    from orchestrator.job_states import JobState
+    from orchestrator.registry import Registry
+
+    run_dir = tmp_path / "runs" / "r"
+    _attempt(run_dir, {0: "[orchestrator node] received SIGTERM while no training runs\n"}, {})
+    (run_dir / "local_state.json").write_text(json.dumps({"state": "FAILED", "exit_code": 1}))
+    err = run_dir / "submitit" / "controller.log"
+    err.parent.mkdir()
+    err.write_text(
+        'Traceback (most recent call last):\n  File "x", line 1\nOSError: [Errno 28] No space left on device\n'
+    )
+    with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as reg:
+        reg.add_job(
+            job_id="local-5", name="t", profile="local", scheduler="local", strategy="ddp", nodes=1,
+            procs_per_node=2, command=["python"], run_dir=run_dir, state=JobState.FAILED,
+        )  # fmt: skip
+    res = run_cli(["logs", "local-5"], orch_env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "received SIGTERM while no training runs" in res.stdout
+    assert f"in {err}: OSError: [Errno 28] No space left on device" in res.stderr
+    status = run_cli(["status", "local-5"], orch_env, timeout=60)
+    assert "No space left on device" in status.stdout

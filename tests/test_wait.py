@@ -106,3 +106,49 @@ def test_logs_of_a_deleted_run_dir_or_a_missing_attempt_fail(
     run_dir.rmdir()
     gone = run_cli(["logs", "local-1"], orch_env, timeout=60)
     assert gone.returncode == 1 and "no longer exists" in gone.stderr and "Traceback" not in gone.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_ctrl_c_on_submit_wait_leaves_the_job_running(orch_env: dict[str, str]) -> None:
+    """A terminal's Ctrl-C goes to its whole foreground process group, which a local job's controller
+    shares: only the waiting stops; the job trains on, and the message says how to follow it."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.cli import REPO, kill_tree, poll
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", "--nodes", "1", "--strategy", "ddp",
+         "--wait", "--poll", "0.5", "--", str(REPO / "train" / "train.py"), "--preset", "tiny",
+         "--data", "synthetic", "--max-steps", "100000"],
+        cwd=REPO, env=orch_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        seen = ""
+        deadline = time.monotonic() + 120
+        while " step " not in seen and time.monotonic() < deadline:  # training has started
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                seen += proc.stdout.readline()  # type: ignore[union-attr]
+        assert " step " in seen, seen
+        job_id = seen.split("submitted job ")[1].split()[0]
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 130
+    assert f"job {job_id} goes on" in err and f"orchestrator wait {job_id}" in err
+
+    def step() -> int:
+        rows = json.loads(run_cli(["status", "--json", job_id], orch_env, timeout=60).stdout)["jobs"]
+        assert rows[0]["state"] == "RUNNING", rows
+        return int(rows[0]["step"] or 0)
+
+    first = step()
+    poll(lambda: step() > first, timeout=60, what="training to go on after Ctrl-C")
+    assert run_cli(["cancel", job_id], orch_env, timeout=60).returncode == 0

@@ -208,4 +208,22 @@ def run(args: argparse.Namespace) -> int:
             for line in follower.stream(final=True):
                 emit(line)
         sys.stdout.flush()
+        note_error_elsewhere(job, {str(path) for _, _, path in sources})
     return 0
+
+
+def note_error_elsewhere(job: JobRecord, shown: set[str]) -> None:
+    """A failed job whose error is not in the logs just shown (it reached only the scheduler's own
+    files: a bad ``network_interface``, a full disk before the launch) gets a line saying where it is."""
+    from orchestrator.failure_report import EXPLAINED_STATES, explain_job
+
+    if job.last_state.value not in EXPLAINED_STATES:
+        return
+    why = explain_job(job)
+    if why is None or not why.source or why.source in shown or not Path(why.source).is_file():
+        return
+    first = why.lines[0] if why.lines else ""
+    print(
+        f"note: job {job.job_id} failed with an error that is not in these logs, in {why.source}: {first}",
+        file=sys.stderr,
+    )

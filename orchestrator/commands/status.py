@@ -109,7 +109,12 @@ def _row(
     if successor is not None:
         succ_st = result.states.get(successor.job_id)
         run_state = succ_st.state if succ_st else successor.last_state
-    requeues = max(attempts_recorded - 1, summary.attempts - 1, 0)
+    requeues = max(attempts_recorded - 1, 0)
+    if summary.attempts - 1 > requeues and successor is None:
+        # The run directory has more attempts than this job recorded: requeues the registry never
+        # heard of (the node could not reach it), or earlier jobs of the run (`resume`), which are
+        # not this job's requeues. Count only the attempts since this job's own submission.
+        requeues = requeues_since_last_submission(job.run_dir)
     ckpt = summary.checkpoint
     # Built without StatusRow's generated __init__ (24 fields, each set via object.__setattr__ in a
     # frozen dataclass): ~1,000 rows per `status` call. Same fields, same values.
@@ -149,6 +154,27 @@ def _row(
         run_state=run_state,
     )
     return row
+
+
+def requeues_since_last_submission(run_dir: Any) -> int:
+    """Attempts after the newest submission's first one (``job.attempt_<A>.json`` marks where each
+    submission started): Slurm requeues of the run's current job, never earlier jobs' attempts."""
+    import re
+    from pathlib import Path
+
+    from orchestrator.run_dir import attempt_dirs
+
+    attempts = [a for a, _ in attempt_dirs(Path(run_dir))]
+    if not attempts:
+        return 0
+    try:
+        names = [entry.name for entry in Path(run_dir).iterdir()]
+    except OSError:
+        return max(len(attempts) - 1, 0)
+    bases = [int(m.group(1)) for n in names if (m := re.match(r"^job\.attempt_(\d+)\.json$", n))]
+    newest = max(attempts)
+    base = max((b for b in bases if b <= newest), default=min(attempts))
+    return sum(1 for a in attempts if a > base)
 
 
 def collect_status(

@@ -271,8 +271,16 @@ class LocalScheduler(Scheduler):
         task = NodeTask(
             run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base, job_key=job_key
         )
-        with standard_streams_to(folder / CONTROLLER_LOG):
-            job = executor.submit(task)
+        # The controller (and through it every simulated node and rank) starts with SIGINT ignored,
+        # as a shell starts a background job: Ctrl-C on `submit --wait` reaches the terminal's whole
+        # process group, which the controller shares, and killed the job the user was only watching.
+        # A Slurm job never hears the terminal; now a local one does not either (`cancel` sends TERM).
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            with standard_streams_to(folder / CONTROLLER_LOG):
+                job = executor.submit(task)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         write_json_atomic(run_dir / LOCAL_PIDS_FILE, {"controller": int(job.job_id)})
         return Scheduled(
             job_id=job_key or f"local-{job.job_id}", scheduler_job_id=str(job.job_id), handle=job
