@@ -69,6 +69,32 @@ wait_until() {
   done
 }
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+# strays NAME PIDFILE: pids of running NAME processes that belong to this cluster but are not the
+# one in its pid file (an unclean stop lost the pid file, or a daemon was restarted by hand). Ours
+# means: the ORCH_SLURM_DAEMON_OF=$BASE marker, a command line naming $BASE, or an open file under
+# $BASE (every daemon keeps its log there). Anybody else's daemon of the same name never matches.
+strays() {
+  local p
+  for p in $(pgrep -x "$1"); do
+    [ "$(cat "$2" 2>/dev/null)" = "$p" ] && continue
+    if grep -qzx "ORCH_SLURM_DAEMON_OF=$BASE" "/proc/$p/environ" 2>/dev/null ||
+       tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF "$BASE/" ||
+       ls -l "/proc/$p/fd" 2>/dev/null | grep -qF " $BASE/"; then
+      echo "$p"
+    fi
+  done
+}
+# Before (re)starting a daemon: end its strays, which would hold its port or files and make it exit
+# at start-up ("slurmdbd exited during start-up" while an orphaned slurmdbd still ran).
+end_strays() {   # end_strays NAME PIDFILE
+  local left deadline
+  left=$(strays "$1" "$2" | paste -sd' ')
+  [ -n "$left" ] || return 0
+  log "ending stray $1 of this cluster: $left"
+  kill -KILL $left 2>/dev/null || true
+  deadline=$(( $(date +%s) + 10 ))
+  while [ -n "$(strays "$1" "$2")" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.1; done
+}
 # Start a daemon in the foreground (-D) in its own session (setsid: a Ctrl-C aimed at the test run
 # must not reach it) and record its pid ourselves, so that a daemon dying during start-up (bad
 # config, port taken) is reported at once with its log instead of after a timeout.
@@ -76,6 +102,7 @@ port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 # would hold the lock for as long as it runs.
 launch() {   # launch PIDFILE OUTFILE COMMAND...
   local pidfile=$1 out=$2; shift 2
+  rm -f "$pidfile"   # a stale one (its daemon SIGKILLed) must not name a reused pid meanwhile
   # The marker lets alive() and stop_cluster.sh tell our daemons from anybody else's (see
   # alive()); it is set on the daemons only, never exported to this script.
   ORCH_SLURM_DAEMON_OF=$BASE setsid "$@" </dev/null >>"$out" 2>&1 9>&- &
@@ -296,12 +323,24 @@ chmod 600 "$BASE/etc/slurmdbd.conf"   # slurmdbd refuses a world-readable file (
 if [ "$MODE" = netns ]; then
   if ! ip link show slbr0 >/dev/null 2>&1; then
     ip link add slbr0 type bridge
-    ip addr add "$CTL_ADDR/24" dev slbr0
   fi
+  # replace, not add: a bridge left by an unclean stop may or may not still have the address
+  ip addr replace "$CTL_ADDR/24" dev slbr0
   ip link set slbr0 up
   for i in $(seq "$NODES"); do
     ns=slurm-n$i
+    # A node's network is whole (namespace, its eth0 with the address, host side vslI on slbr0) or
+    # rebuilt: an unclean stop can leave any part of it ("RTNETLINK answers: File exists" when a
+    # leftover vslI meets a new namespace). The names slurm-nI and vslI are this script's own.
+    if [ -e "/run/netns/$ns" ] && { ! ip -n "$ns" -4 addr show dev eth0 2>/dev/null | grep -qF " $(node_addr "$i")/" ||
+         ! ip link show "vsl$i" 2>/dev/null | grep -q "master slbr0"; }; then
+      log "rebuilding the network of n$i (left half-made by an unclean stop)"
+      left=$(ip netns pids "$ns" 2>/dev/null | paste -sd' ')
+      [ -n "$left" ] && kill -KILL $left 2>/dev/null
+      ip netns del "$ns" 2>/dev/null || true
+    fi
     if [ ! -e "/run/netns/$ns" ]; then
+      ip link del "vsl$i" 2>/dev/null || true   # the host side of an earlier pair
       ip netns add "$ns"
       # host side vslI on the bridge, node side is called eth0 inside the namespace
       ip link add "vsl$i" type veth peer name eth0 netns "$ns"
@@ -380,6 +419,7 @@ if [ "$ACCOUNTING" = 1 ]; then
     # slurmdbd's first start creates its tables under long locks, hence the lock wait timeout.
     # mariadbd switches to user mysql itself, so everything it writes lives in $M (owned by
     # mysql); the pid we record is in run/ (mariadbd cannot overwrite a root-owned file).
+    end_strays mariadbd "$BASE/run/mariadbd.pid"
     launch "$BASE/run/mariadbd.pid" "$BASE/logs/mariadb.out" mariadbd --no-defaults \
       --datadir="$M/data" --user=mysql --socket="$M/sock" --pid-file="$M/mysqld.pid" \
       --bind-address=127.0.0.1 --port=$DB_PORT --log-error="$M/mariadb.log" --skip-name-resolve \
@@ -392,6 +432,7 @@ if [ "$ACCOUNTING" = 1 ]; then
     log "mariadb up (127.0.0.1:$DB_PORT)"
   fi
   if ! alive "$BASE/run/slurmdbd.pid"; then
+    end_strays slurmdbd "$BASE/run/slurmdbd.pid"
     launch "$BASE/run/slurmdbd.pid" "$BASE/logs/slurmdbd.out" slurmdbd -D
     wait_daemon 60 slurmdbd "$BASE/run/slurmdbd.pid" "$BASE/logs/slurmdbd.log" port_open 127.0.0.1 6819
     log "slurmdbd up"
@@ -402,6 +443,7 @@ fi
 # 8. slurmctld
 # ---------------------------------------------------------------------------------------------
 if ! alive "$BASE/run/slurmctld.pid"; then
+  end_strays slurmctld "$BASE/run/slurmctld.pid"
   launch "$BASE/run/slurmctld.pid" "$BASE/logs/slurmctld.out" slurmctld -D -f "$BASE/etc/slurm.conf"
   wait_daemon 60 slurmctld "$BASE/run/slurmctld.pid" "$BASE/logs/slurmctld.log" scontrol ping
   log "slurmctld up ($CTL_ADDR)"
@@ -412,6 +454,10 @@ fi
 # ---------------------------------------------------------------------------------------------
 for i in $(seq "$NODES"); do
   alive "$BASE/run/slurmd-n$i.pid" && continue
+  # a slurmd of this node that lost its pid file: the one with n$i's log open
+  for p in $(strays slurmd "$BASE/run/slurmd-n$i.pid"); do
+    ls -l "/proc/$p/fd" 2>/dev/null | grep -qF " $BASE/logs/slurmd-n$i.log" && kill -KILL "$p" 2>/dev/null
+  done
   if [ "$MODE" = netns ]; then
     # Trap: NOT `ip netns exec`: it also unshares the mount namespace and remounts /sys, and then
     # slurmd dies with "No filesystem mounted on /sys/fs/cgroup". nsenter --net only switches the

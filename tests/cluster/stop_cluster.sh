@@ -80,7 +80,19 @@ if alive "$BASE/run/slurmctld.pid"; then
   fi
 fi
 
-# 2. The daemons.
+# 2. The daemons, and their strays: ours by marker, command line or an open file under $BASE, but
+# missing from the pid files after an unclean stop or a restart by hand.
+strays() {
+  local p
+  for p in $(pgrep -x "$1"); do
+    if grep -qzx "ORCH_SLURM_DAEMON_OF=$BASE" "/proc/$p/environ" 2>/dev/null ||
+       tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF "$BASE/" ||
+       ls -l "/proc/$p/fd" 2>/dev/null | grep -qF " $BASE/"; then
+      echo "$p"
+    fi
+  done
+}
+stray_pids=$(for d in slurmd slurmctld slurmdbd mariadbd; do strays "$d"; done | paste -sd' ')
 ours_munged=$(pids_from "$BASE/munge/munged.pid")
 daemons=$(pids_from "$BASE"/run/slurmd-*.pid "$BASE/run/slurmctld.pid" "$BASE/run/slurmdbd.pid" \
                     "$BASE/run/mariadbd.pid" "$BASE/munge/munged.pid")
@@ -96,6 +108,13 @@ else
   term_then_kill 15 $(pids_from "$BASE/run/slurmdbd.pid")
   term_then_kill 15 $(pids_from "$BASE/run/mariadbd.pid" "$BASE/munge/munged.pid")
 fi
+# strays still running once the recorded daemons stopped
+stray_pids=$(for p in $stray_pids; do running "$p" && echo "$p"; done | paste -sd' ')
+if [ -n "$stray_pids" ]; then
+  log "killing stray daemons of this cluster: $stray_pids"
+  kill -KILL $stray_pids 2>/dev/null
+  wait_gone 10 $stray_pids
+fi
 
 # A SIGKILLed munged leaves its socket behind, and munge clients then retry a dead socket for
 # ~2 s before giving up; start_cluster.sh only started a munged when nobody served that socket,
@@ -105,16 +124,20 @@ if [ -n "$ours_munged" ] && ! running "$ours_munged"; then
 fi
 
 # 3. Leftovers: processes inside our node namespaces (job tasks whose slurmstepd died) ...
-if [ -s "$BASE/run/netns.list" ]; then
-  while read -r ns; do
+# The namespaces are the recorded ones plus any slurm-nI (this cluster's own names: a list lost in
+# an unclean stop must not leave them behind), then the host sides vslI of their veth pairs.
+{ cat "$BASE/run/netns.list" 2>/dev/null; ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^slurm-n[0-9]+$'; } |
+  sort -u | while read -r ns; do
     [ -e "/run/netns/$ns" ] || continue
     left=$(ip netns pids "$ns" 2>/dev/null | paste -sd' ')
     [ -n "$left" ] && { log "killing leftovers in $ns: $left"; kill -KILL $left 2>/dev/null; }
     ip netns del "$ns" 2>/dev/null   # also removes the veth pair
-  done <"$BASE/run/netns.list"
-  ip link del slbr0 2>/dev/null
-  rm -f "$BASE/run/netns.list"
-fi
+  done
+for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^vsl[0-9]+$'); do
+  ip link del "$link" 2>/dev/null
+done
+ip link del slbr0 2>/dev/null
+rm -f "$BASE/run/netns.list"
 # ... and, outside namespaces (multislurmd mode), what is left of our jobs:
 #  - slurmstepd: it overwrites its environment (process title), so no marker survives; but it
 #    keeps its node's log, $BASE/logs/slurmd-nI.log, open.
