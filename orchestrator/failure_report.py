@@ -272,8 +272,9 @@ def explain_job(job: object) -> Explanation | None:
     )
 
 
-#: Ended states that a failure explains (CANCELLED, COMPLETED and PREEMPTED say why by themselves).
-EXPLAINED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT"})
+#: Ended states that a failure explains (CANCELLED, COMPLETED, PREEMPTED and TIMEOUT say why by
+#: themselves: their ranks die of the stop signal, which is no error of theirs).
+EXPLAINED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL"})
 
 
 def record_explanations(registry: object, jobs: Sequence[object], states: dict[str, str]) -> dict[str, str]:

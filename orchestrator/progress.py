@@ -54,7 +54,7 @@ def wait_for_job(
     run, not for the first job of it. A failed job is explained (failing node and rank, its first
     error lines, the ``logs`` command: :mod:`orchestrator.failure_report`). ``deadline``
     (``time.monotonic()``) raises :class:`WaitTimeout` when passed."""
-    from orchestrator.failure_report import explain_job, record_explanations
+    from orchestrator.failure_report import EXPLAINED_STATES, explain_job, record_explanations
     from orchestrator.run_summary import summarize
     from orchestrator.scheduler_query import refresh_states
 
@@ -76,9 +76,7 @@ def wait_for_job(
         if state.is_terminal():
             record_explanations(registry, [job], {job_id: state.value})
             ended = registry.get(job_id)
-            explanation = (
-                explain_job(ended) if not state.is_success() and state.value != "CANCELLED" else None
-            )
+            explanation = explain_job(ended) if state.value in EXPLAINED_STATES else None
             why = ended.end_reason or (st.reason if st is not None else None)  # ours says more
             reason = f" ({why})" if why and explanation is None else ""
             print(
