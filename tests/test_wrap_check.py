@@ -61,3 +61,32 @@ def test_wrong_wrap_cls_fails_at_once_with_candidates(orch_env: dict[str, str]) 
     # Every rank refuses; the explanation names one of them and the command that shows its log.
     assert re.search(rf"see: orchestrator logs {job_id} --node [01] --rank [0-3]\n", res.stdout), res.stdout
     assert not (Path(run_dir) / "metrics.jsonl").exists() or not (Path(run_dir) / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_wrapping_reports_its_units_and_only_applied_workarounds(orch_env: dict[str, str]) -> None:
+    """Transformer-based wrapping does not claim the size-based workaround; size-based wrapping that
+    made no layer a unit (each tiny GPT block is under min_num_params) says so and names the candidates."""
+
+    def self_check_line(*wrap: str) -> str:
+        res = run_cli(
+            ["submit", "--profile", "local", "--nodes", "1", "--strategy", "full_shard", *wrap, "--wait",
+             "--poll", "0.5", "--", TRAIN, "--preset", "tiny", "--data", "synthetic", "--max-steps", "2"],
+            orch_env,
+            timeout=180,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+        _job, run_dir = job_and_run_dir(res.stdout)
+        log = (Path(run_dir) / "logs" / "attempt_0" / "node_0.log").read_text()
+        (line,) = [ln for ln in log.splitlines() if "self-check ok" in ln]
+        return line
+
+    by_class = self_check_line("--wrap-cls", "TransformerBlock")
+    assert "TransformerBlock x" in by_class and "fsdp2_size_based_wrap" not in by_class, by_class
+    by_size = self_check_line()
+    assert "fsdp2_size_based_wrap" in by_size, by_size
+    assert (
+        "made none of the model's layers a unit of its own" in by_size
+        and "--wrap-cls TransformerBlock" in by_size
+    ), by_size

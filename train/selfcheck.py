@@ -393,23 +393,29 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
 
 
 def _root_only_hint(accelerator, model) -> str:
-    """Size-based wrapping that made no layer a unit of its own (every layer under ``min_num_params``)
-    shards the whole model as one unit: say so, with the classes ``--wrap-cls`` could name."""
+    """Size-based wrapping that made none of the model's layers a unit of its own (each is under
+    ``min_num_params``) shards the model in one or two big units: say so, and which classes
+    ``--wrap-cls`` could name."""
     if wrap_class_names(accelerator):
         return ""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 
-    units = [m for m in model.modules() if isinstance(m, (FSDPModule, FSDP1))]
-    if len(units) > 1:
+    units = set()
+    for module in model.modules():
+        if isinstance(module, FSDP1):
+            units.add(type(module.module).__name__)
+        elif isinstance(module, FSDPModule):
+            units.add(type(module).__name__.removeprefix("FSDP"))
+    inner = getattr(model, "module", model)
+    candidates = candidate_layer_classes(inner)
+    if not candidates or any(c in units for c in candidates):
         return ""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     limit = getattr(plugin, "min_num_params", None)
-    inner = getattr(model, "module", model)
-    candidates = ", ".join(candidate_layer_classes(inner)[:4]) or "a layer class"
     return (
-        f"; size-based wrapping (min_num_params {limit}) made only the root a unit: no layer is sharded "
-        f"on its own (--wrap-cls {candidates} would make each one a unit)"
+        f"; size-based wrapping (min_num_params {limit}) made none of the model's layers a unit of its own "
+        f"(--wrap-cls {', '.join(candidates[:4])} would make each one a unit)"
     )
 
 
