@@ -152,3 +152,35 @@ def test_ctrl_c_on_submit_wait_leaves_the_job_running(orch_env: dict[str, str]) 
     first = step()
     poll(lambda: step() > first, timeout=60, what="training to go on after Ctrl-C")
     assert run_cli(["cancel", job_id], orch_env, timeout=60).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_submit_names_the_next_commands_and_wait_follows_a_real_failure(orch_env: dict[str, str]) -> None:
+    from tests.helpers.cli import REPO, job_and_run_dir
+
+    crash = str(REPO / "tests" / "scripts" / "crash_rank.py")
+    res = run_cli(
+        [
+            "submit",
+            "--profile",
+            "local",
+            "--nodes",
+            "1",
+            "--strategy",
+            "ddp",
+            "--",
+            crash,
+            "--crash-rank",
+            "1",
+        ],
+        orch_env,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    job_id, _run_dir = job_and_run_dir(res.stdout)
+    assert f"next: follow it with `orchestrator wait {job_id}`" in res.stdout
+    waited = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "90"], orch_env, timeout=120)
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "ValueError: boom from the test script (rank 1)" in waited.stdout
+    assert f"orchestrator logs {job_id} --node 0 --rank 1" in waited.stdout
