@@ -7,9 +7,10 @@ Each of those places derives from :class:`TrainingOptions` below, so a new optio
 with its metadata, and no place can fall out of step with the others.
 
 Field metadata (``option(...)``): ``choices`` (the allowed values; the first one's type is the
-flag's type), ``fsdp_only`` (meaningless for ddp: a profile's value applies to FSDP strategies
-only, a command-line value is refused for ddp), ``help`` (the flag's help) and ``metavar`` (for
-free strings). The type is the field's annotation: ``bool`` becomes a ``--x/--no-x`` flag.
+flag's type), ``fsdp_only`` / ``deepspeed_only`` (meaningless for other strategies: a profile's
+value applies to those strategies only, a command-line value is refused for the others), ``help``
+(the flag's help) and ``metavar`` (for free values). The type is the field's annotation: ``bool``
+becomes a ``--x/--no-x`` flag, ``float`` a number.
 
 Standard library only: this module is imported on every CLI start.
 """
@@ -33,7 +34,15 @@ class OptionSpec:
     choices: tuple[Any, ...] = ()
     """Allowed values, in the order error messages list them; empty: any value of the type."""
     fsdp_only: bool = False
-    """Only FSDP strategies use it (ddp refuses it when given, ignores it from a profile)."""
+    """Only FSDP strategies use it (others refuse it when given, ignore it from a profile)."""
+    deepspeed_only: bool = False
+    """Only DeepSpeed strategies use it (others refuse it when given, ignore it from a profile)."""
+
+    @property
+    def backend(self) -> str | None:
+        """The strategy backend (``Strategy.backend``) it belongs to; None: every strategy."""
+        return "fsdp" if self.fsdp_only else "deepspeed" if self.deepspeed_only else None
+
     help: str = ""
     """Command-line help."""
     metavar: str | None = None
@@ -46,10 +55,13 @@ def option(
     help: str,
     choices: tuple[Any, ...] = (),
     fsdp_only: bool = False,
+    deepspeed_only: bool = False,
     metavar: str | None = None,
 ) -> Any:
     """A dataclass field carrying its :class:`OptionSpec` (typed ``Any`` as ``field()`` is)."""
-    spec = OptionSpec(choices=choices, fsdp_only=fsdp_only, help=help, metavar=metavar)
+    spec = OptionSpec(
+        choices=choices, fsdp_only=fsdp_only, deepspeed_only=deepspeed_only, help=help, metavar=metavar
+    )
     return dataclasses.field(default=default, metadata={_KEY: spec})
 
 
@@ -84,6 +96,26 @@ class TrainingOptions:
     activation_checkpointing: bool = option(False, fsdp_only=True, help="recompute activations in backward")
     """Recompute activations in backward instead of keeping them: less memory, about a third more
     compute."""
+    offload_optimizer: bool = option(
+        False, deepspeed_only=True, help="DeepSpeed: optimizer state and step in host memory"
+    )
+    """ZeRO-Offload: optimizer state (and its step) in host memory. Needs GPUs: on CPU nodes the state
+    already lives there."""
+    offload_params: bool = option(
+        False, deepspeed_only=True, help="DeepSpeed ZeRO-3: parameters in host memory"
+    )
+    """ZeRO-Infinity style parameter offload to host memory; ZeRO-3 only, and GPUs only."""
+    gradient_clipping: float = option(
+        1.0, deepspeed_only=True, metavar="NORM", help="DeepSpeed: max gradient norm (0: off); default 1.0"
+    )
+    """The gradient norm DeepSpeed clips to (DeepSpeed clips, not the script). 0 turns clipping off,
+    which Accelerate's yaml cannot say (it drops 0.0 and DeepSpeed clips at 1.0): the node then gets
+    a ``deepspeed_config_file`` JSON instead."""
+    zero3_save_16bit_model: bool = option(
+        False, deepspeed_only=True, help="DeepSpeed ZeRO-3: gather a 16-bit model on save"
+    )
+    """ZeRO-3: ``save_model`` gathers the full 16-bit weights into one file on rank 0 (for inference
+    tools); checkpoints themselves stay per-rank shards."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +175,8 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["choices"] = list(o.spec.choices)
             if not isinstance(o.spec.choices[0], str):
                 kwargs["type"] = type(o.spec.choices[0])
+        elif o.type in (int, float):
+            kwargs["type"] = o.type
         if o.spec.metavar:
             kwargs["metavar"] = o.spec.metavar
         parser.add_argument(o.flag, dest=o.name, **kwargs)
@@ -156,21 +190,22 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
 def merge_options(defaults: TrainingOptions, given: Mapping[str, Any]) -> TrainingOptions:
     """Given values (None: not given) win over ``defaults`` (a profile's).
 
-    A profile's FSDP-only values apply to FSDP strategies only: ``--strategy ddp`` on a profile
-    with ``defaults.wrap_cls`` must not be refused for a flag nobody typed. Given values are kept
-    whatever the strategy, so the plan check refuses them for ddp.
+    A profile's FSDP-only (DeepSpeed-only) values apply to FSDP (DeepSpeed) strategies only:
+    ``--strategy ddp`` on a profile with ``defaults.wrap_cls`` must not be refused for a flag nobody
+    typed. Given values are kept whatever the strategy, so the plan check refuses them.
     """
     unknown = set(given) - set(OPTIONS_BY_NAME)
     if unknown:
         raise TypeError(f"merge_options: unknown option(s) {', '.join(sorted(unknown))}")
     strategy = given.get("strategy")
     chosen = defaults.strategy if strategy is None else strategy
-    fsdp = chosen in STRATEGIES and STRATEGIES[chosen].uses_fsdp
+    backend = STRATEGIES[chosen].backend if chosen in STRATEGIES else None
     values: dict[str, Any] = {}
     for o in OPTIONS:
         value = given.get(o.name)
         if value is None:
-            value = getattr(defaults, o.name) if fsdp or not o.spec.fsdp_only else o.default
+            applies = o.spec.backend is None or o.spec.backend == backend
+            value = getattr(defaults, o.name) if applies else o.default
         values[o.name] = value
     return TrainingOptions(**values)
 
@@ -198,6 +233,11 @@ def check_option_values(options: TrainingOptions) -> str | None:
 def fsdp_only_given(options: TrainingOptions) -> list[Option]:
     """The FSDP-only options that are set (truthy), in declaration order."""
     return [o for o in OPTIONS if o.spec.fsdp_only and getattr(options, o.name)]
+
+
+def deepspeed_only_given(options: TrainingOptions) -> list[Option]:
+    """The DeepSpeed-only options that differ from their defaults, in declaration order."""
+    return [o for o in OPTIONS if o.spec.deepspeed_only and getattr(options, o.name) != o.default]
 
 
 def options_from_json(data: Mapping[str, Any]) -> TrainingOptions:

@@ -7,11 +7,18 @@ and ``submit`` all share this one path (torchx's split of plan and execution).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.errors import UserError
-from orchestrator.options import TrainingOptions, check_option_values, fsdp_only_given, options_from_json
+from orchestrator.options import (
+    TrainingOptions,
+    check_option_values,
+    deepspeed_only_given,
+    fsdp_only_given,
+    options_from_json,
+)
 from orchestrator.options import merge_options as _merge
 from orchestrator.profiles import ClusterProfile
 from orchestrator.strategies import STRATEGIES, Strategy
@@ -158,9 +165,16 @@ def check_combination(
     fsdp_only = fsdp_only_given(options)
     if fsdp_only and not strategy.uses_fsdp:
         raise UserError(
-            f"{fsdp_only[0].flag}: only FSDP strategies support it, not ddp; drop {fsdp_only[0].flag} "
+            f"{fsdp_only[0].flag}: only FSDP strategies support it, not {strategy.name}; drop {fsdp_only[0].flag} "
             f"(or pick an FSDP strategy such as full_shard)"
         )
+    deepspeed_only = deepspeed_only_given(options)
+    if deepspeed_only and not strategy.uses_deepspeed:
+        raise UserError(
+            f"{deepspeed_only[0].flag}: only DeepSpeed strategies support it, not {strategy.name}; drop "
+            f"{deepspeed_only[0].flag} (or pick a DeepSpeed strategy such as deepspeed_zero3)"
+        )
+    _check_deepspeed(profile_name, profile, options, strategy)
     if strategy.uses_fsdp and options.offload and profile.gpus_per_node == 0:
         # Measured with torch 2.13: FSDP1 pins its CPU gradient buffers and FSDP2's CPUOffloadPolicy pins
         # the sharded parameters; both fail with "Cannot access accelerator device when none is available".
@@ -178,6 +192,30 @@ def check_combination(
         raise UserError(
             "--state-dict full: FSDP1 gathers full state dicts with offload_to_cpu, which crashes on CPU-only "
             "nodes; use --state-dict sharded or --fsdp-version 2"
+        )
+
+
+def _check_deepspeed(
+    profile_name: str, profile: ClusterProfile, options: TrainingOptions, strategy: Strategy
+) -> None:
+    clip = options.gradient_clipping
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip < 0:
+        raise UserError(f"--gradient-clipping: expected a finite number >= 0 (0: off), got {clip!r}")
+    if not strategy.uses_deepspeed:
+        return
+    if strategy.deepspeed_stage != 3:
+        for flag, on in (("--offload-params", options.offload_params), ("--zero3-save-16bit-model",
+                         options.zero3_save_16bit_model)):  # fmt: skip
+            if on:
+                raise UserError(
+                    f"{flag}: ZeRO-3 only (parameters are partitioned only at stage 3), not {strategy.name}; "
+                    "use deepspeed_zero3"
+                )
+    if profile.gpus_per_node == 0 and (options.offload_optimizer or options.offload_params):
+        flag = "--offload-optimizer" if options.offload_optimizer else "--offload-params"
+        raise UserError(
+            f"{flag}: moves state from GPU to host memory, but profile '{profile_name}' has no GPUs (it "
+            f"already lives in host memory, and DeepSpeed's offload needs its compiled CPU Adam); drop {flag}"
         )
 
 

@@ -73,6 +73,11 @@ def _valid_bool(value: Any) -> bool:
     return type(value) is bool
 
 
+def _valid_float(value: Any) -> bool:
+    """Plainly valid: a finite float (an int, ``.inf`` or ``.nan`` goes to pydantic, then the plan check)."""
+    return type(value) is float and value == value and abs(value) != float("inf")
+
+
 def _int_range(low: int, high: int | None = None) -> Callable[[Any], bool]:
     top = _I64 - 1 if high is None else high
     return lambda value: type(value) is int and low <= value <= top
@@ -124,6 +129,8 @@ def _type_check(annotation: Any) -> Callable[[Any], bool]:
         return _valid_str
     if annotation is int:
         return _int_range(-_I64, _I64 - 1)
+    if annotation is float:
+        return _valid_float
     args = typing.get_args(annotation)
     if (
         typing.get_origin(annotation) in (typing.Union, types.UnionType)

@@ -117,11 +117,51 @@ def rdzv_backend_for(plan: LaunchPlan) -> str:
     return get_scheduler(plan.profile.scheduler).rdzv_backend(plan.profile)
 
 
-def render_accelerate_config(plan: LaunchPlan, runtime: NodeRuntime) -> str:
+def needs_deepspeed_config_file(plan: LaunchPlan) -> bool:
+    """DeepSpeed with clipping off: Accelerate drops ``gradient_clipping: 0.0`` from its yaml and DeepSpeed
+    then clips at 1.0, so only a ``deepspeed_config_file`` can say 0."""
+    return plan.strategy.uses_deepspeed and plan.options.gradient_clipping == 0
+
+
+def render_deepspeed_config(plan: LaunchPlan) -> str:
+    """The DeepSpeed JSON a node's yaml names when :func:`needs_deepspeed_config_file`. ``auto`` values
+    are filled in by Accelerate (batch sizes from the prepared data loader). Mixed precision lives here
+    then, and the yaml carries none (Accelerate refuses both)."""
+    options = plan.options
+    stage = plan.strategy.deepspeed_stage
+    zero: dict[str, object] = {
+        "stage": stage,
+        "offload_optimizer": {"device": "cpu" if options.offload_optimizer else "none"},
+        "offload_param": {"device": "cpu" if options.offload_params else "none"},
+    }
+    if stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = options.zero3_save_16bit_model
+    config = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": float(options.gradient_clipping),
+        "zero_optimization": zero,
+        "fp16": {"enabled": options.mixed_precision == "fp16"},
+        "bf16": {"enabled": options.mixed_precision == "bf16"},
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def render_accelerate_config(
+    plan: LaunchPlan, runtime: NodeRuntime, deepspeed_config_file: str | None = None
+) -> str:
+    """``deepspeed_config_file``: where this node's :func:`render_deepspeed_config` lies, when one is
+    needed (a sample name next to the yaml when not given)."""
     if not 0 <= runtime.machine_rank < plan.nodes:
         raise UserError(f"--node-rank: expected 0..{plan.nodes - 1}, got {runtime.machine_rank}")
+    if needs_deepspeed_config_file(plan) and deepspeed_config_file is None:
+        from orchestrator.run_dir import node_deepspeed_config_file
+
+        deepspeed_config_file = node_deepspeed_config_file(Path(), runtime.machine_rank).name
     template = _environment().get_template("accelerate_config.yaml.j2")
     return template.render(
+        deepspeed_config_file=deepspeed_config_file if needs_deepspeed_config_file(plan) else None,
         profile_name=plan.profile_name,
         strategy=plan.strategy,
         options=plan.options,

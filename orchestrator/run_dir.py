@@ -37,6 +37,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         node_<N>.pid                the launcher's pid
         node_<N>_ranks/             torchrun's per-rank logs
         accelerate_config.node<N>.yaml  the node's rendered Accelerate config
+        deepspeed_config.node<N>.json   DeepSpeed with gradient clipping off: the config file that yaml names
         main_ip                     node 0's address, when the profile names an interface
 
 Attempts are numbered across every job that used the run directory: a submission starts at
@@ -281,6 +282,10 @@ def node_ranks_dir(attempt_path: Path, node: int) -> Path:
 
 def node_config_file(attempt_path: Path, node: int) -> Path:
     return Path(attempt_path) / f"accelerate_config.node{node}.yaml"
+
+
+def node_deepspeed_config_file(attempt_path: Path, node: int) -> Path:
+    return Path(attempt_path) / f"deepspeed_config.node{node}.json"
 
 
 # ---------------------------------------------------------------------------- exit status

@@ -24,13 +24,29 @@ class Strategy:
     zero_stage: str
     """The DeepSpeed ZeRO stage it corresponds to, for readers who think in those terms."""
     uses_fsdp: bool
-    """False only for ddp (Accelerate's MULTI_GPU path)."""
+    """True for Accelerate's FSDP path; False for ddp (MULTI_GPU) and DeepSpeed."""
     fsdp1_sharding: str | None
     """``fsdp_sharding_strategy`` for FSDP1."""
     fsdp2_reshard_after_forward: bool | None
     """``fsdp_reshard_after_forward`` for FSDP2; None where FSDP2 has no equivalent."""
     hybrid: bool
     """Replicates across nodes and shards within a node: needs >= 2 nodes and a 2-D mesh."""
+    deepspeed_stage: int | None = None
+    """The ZeRO stage DeepSpeed runs (Accelerate's DEEPSPEED path); None for DDP and FSDP strategies."""
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        return self.deepspeed_stage is not None
+
+    @property
+    def backend(self) -> str:
+        """``ddp``, ``fsdp`` or ``deepspeed``: which group of options applies."""
+        return "deepspeed" if self.uses_deepspeed else "fsdp" if self.uses_fsdp else "ddp"
+
+    @property
+    def distributed_type(self) -> str:
+        """Accelerate's ``distributed_type`` for it."""
+        return "DEEPSPEED" if self.uses_deepspeed else "FSDP" if self.uses_fsdp else "MULTI_GPU"
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -82,6 +98,38 @@ STRATEGIES: dict[str, Strategy] = {
             False,
             True,
         ),
+        # DeepSpeed ZeRO, launched per node by torchrun (deepspeed_multinode_launcher: standard): no
+        # pdsh, no ssh between nodes.
+        Strategy(
+            "deepspeed_zero1",
+            "DeepSpeed: optimizer state sharded",
+            "ZeRO-1",
+            False,
+            None,
+            None,
+            False,
+            deepspeed_stage=1,
+        ),
+        Strategy(
+            "deepspeed_zero2",
+            "DeepSpeed: gradients and optimizer state sharded",
+            "ZeRO-2",
+            False,
+            None,
+            None,
+            False,
+            deepspeed_stage=2,
+        ),
+        Strategy(
+            "deepspeed_zero3",
+            "DeepSpeed: parameters, gradients and optimizer state sharded",
+            "ZeRO-3",
+            False,
+            None,
+            None,
+            False,
+            deepspeed_stage=3,
+        ),
     )
 }
 
@@ -99,9 +147,9 @@ def strategy_table() -> list[dict[str, str]]:
                 "strategy": s.name,
                 "shards": s.summary,
                 "zero": s.zero_stage,
-                "fsdp1": s.fsdp1_sharding or "- (MULTI_GPU/DDP)",
+                "fsdp1": s.fsdp1_sharding or _not_fsdp(s),
                 "fsdp2": (
-                    "- (MULTI_GPU/DDP)"
+                    _not_fsdp(s)
                     if not s.uses_fsdp
                     else "not available"
                     if s.fsdp2_reshard_after_forward is None
@@ -112,3 +160,7 @@ def strategy_table() -> list[dict[str, str]]:
             }
         )
     return rows
+
+
+def _not_fsdp(s: Strategy) -> str:
+    return f"- (DEEPSPEED zero_stage {s.deepspeed_stage})" if s.uses_deepspeed else "- (MULTI_GPU/DDP)"

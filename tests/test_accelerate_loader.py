@@ -82,6 +82,12 @@ def test_loads_with_accelerate(label: str, plan: LaunchPlan, tmp_path: Path) -> 
         assert config.main_process_port == sample_runtime(plan).main_process_port
         assert str(config.mixed_precision) == plan.options.mixed_precision
         assert config.use_cpu is False
+        if strategy.uses_deepspeed:
+            assert config.distributed_type == DistributedType.DEEPSPEED
+            assert config.deepspeed_config["zero_stage"] == strategy.deepspeed_stage
+            assert config.deepspeed_config["deepspeed_multinode_launcher"] == "standard"
+            assert not config.fsdp_config
+            continue
         if not strategy.uses_fsdp:
             assert config.distributed_type == DistributedType.MULTI_GPU
             assert not config.fsdp_config

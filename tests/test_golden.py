@@ -16,12 +16,14 @@ tests/test_sbatch_semantics.py and ``test_rendered_semantics`` below.
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from orchestrator.errors import UserError
+from orchestrator.plan import LaunchPlan
 from orchestrator.render import sample_runtime
 from orchestrator.strategies import STRATEGIES
 from tests.helpers.golden import (
@@ -137,13 +139,21 @@ def test_rendered_semantics(combo: Combo) -> None:
         assert config["machine_rank"] == rank
         assert config["num_machines"] == plan.nodes
         assert config["num_processes"] == plan.nodes * plan.procs_per_node
-        assert config["distributed_type"] == ("FSDP" if strategy.uses_fsdp else "MULTI_GPU")
-        assert config["mixed_precision"] == plan.options.mixed_precision
+        assert config["distributed_type"] == (
+            "DEEPSPEED" if strategy.uses_deepspeed else "FSDP" if strategy.uses_fsdp else "MULTI_GPU"
+        )
+        ds_file = strategy.uses_deepspeed and plan.options.gradient_clipping == 0
+        # Accelerate refuses mixed_precision next to a deepspeed_config_file (the JSON carries it).
+        assert config.get("mixed_precision") == (None if ds_file else plan.options.mixed_precision)
         assert config["main_process_port"] == sample_runtime(plan).main_process_port
         assert plan.profile.port_range.start <= config["main_process_port"] <= plan.profile.port_range.end
         assert config["rdzv_backend"] == (
             "static" if plan.profile.scheduler == "local" else plan.profile.rdzv_backend
         )
+        if strategy.uses_deepspeed:
+            _check_deepspeed_config(config, sections, plan, rank)
+        else:
+            assert "deepspeed_config" not in config
         if not strategy.uses_fsdp:
             assert "fsdp_config" not in config and "parallelism_config" not in config
             continue
@@ -191,3 +201,29 @@ def test_rendered_semantics(combo: Combo) -> None:
         )
     else:
         assert "sbatch.sh" not in sections
+
+
+def _check_deepspeed_config(config: dict, sections: dict[str, str], plan: LaunchPlan, rank: int) -> None:
+    """DeepSpeed: the standard (torchrun per node) launcher, never pdsh; the ZeRO stage asked for; clipping
+    as asked, through a JSON when it is off (the yaml cannot say 0)."""
+    ds = config["deepspeed_config"]
+    stage = plan.strategy.deepspeed_stage
+    assert ds["deepspeed_multinode_launcher"] == "standard"
+    assert config["use_cpu"] is False  # use_cpu would make it MULTI_CPU DDP
+    assert ds["zero3_init_flag"] is False
+    if plan.options.gradient_clipping == 0:
+        assert ds["deepspeed_config_file"] == f"deepspeed_config.node{rank}.json"
+        assert "zero_stage" not in ds and "gradient_clipping" not in ds
+        payload = json.loads(sections[f"deepspeed_config.node{rank}.json"])
+        assert payload["zero_optimization"]["stage"] == stage
+        assert payload["gradient_clipping"] == 0.0
+        assert payload["bf16"]["enabled"] is (plan.options.mixed_precision == "bf16")
+        assert payload["train_micro_batch_size_per_gpu"] == "auto"
+    else:
+        assert "deepspeed_config_file" not in ds
+        assert f"deepspeed_config.node{rank}.json" not in sections
+        assert ds["zero_stage"] == stage
+        assert ds["gradient_clipping"] == plan.options.gradient_clipping
+        assert ds["offload_optimizer_device"] == ("cpu" if plan.options.offload_optimizer else "none")
+        assert ds["offload_param_device"] == ("cpu" if plan.options.offload_params else "none")
+        assert ds["zero3_save_16bit_model"] is plan.options.zero3_save_16bit_model

@@ -46,6 +46,8 @@ def _sample(o: O.Option) -> Any:
         return next(c for c in o.spec.choices if c != o.default)
     if o.is_bool:
         return not o.default
+    if o.type is float:
+        return 0.5
     return "TransformerBlock"
 
 
@@ -92,6 +94,8 @@ def test_cli_flag_follows_the_declaration(o: O.Option) -> None:
         assert list(action.choices or ()) == list(o.spec.choices)
         parsed = _parser().parse_args([o.flag, str(o.spec.choices[-1])])
         assert getattr(parsed, o.name) == o.spec.choices[-1]  # typed as the choices are (1, not "1")
+    if o.type is float:
+        assert getattr(_parser().parse_args([o.flag, "0"]), o.name) == 0.0  # a number, not "0"
     if o.spec.metavar:
         assert action.metavar == o.spec.metavar
 
@@ -113,7 +117,8 @@ def test_strategy_choices_are_the_strategy_table() -> None:
 @pytest.mark.parametrize("o", OPTIONS, ids=lambda o: o.name)
 def test_field_reaches_every_place(o: O.Option, tmp_path: Path) -> None:
     value = _sample(o)
-    strategy = "full_shard"  # FSDP: every option applies
+    # A strategy every option of its group applies to.
+    strategy = "deepspeed_zero3" if o.spec.deepspeed_only else "full_shard"
     # The profile's defaults: (fast path, no pydantic needed) ...
     profile_text = GPU_PROFILE + yaml.safe_dump({"defaults": {"strategy": strategy, o.name: value}})
     profile = parse_profile(profile_text, "p.yaml")
@@ -184,6 +189,55 @@ def test_fsdp_only_profile_value_applies_to_fsdp_strategies_only(o: O.Option) ->
         check_combination("p", profile, typed, 2, 8)
 
 
+@pytest.mark.parametrize("o", [o for o in OPTIONS if o.spec.deepspeed_only], ids=lambda o: o.name)
+def test_deepspeed_only_profile_value_applies_to_deepspeed_strategies_only(o: O.Option) -> None:
+    value = _sample(o)
+    profile = parse_profile(GPU_PROFILE + yaml.safe_dump({"defaults": {o.name: value}}), "p.yaml")
+    assert getattr(merge_options(profile, strategy="deepspeed_zero3"), o.name) == value
+    for other in ("ddp", "full_shard"):
+        merged = merge_options(profile, strategy=other)
+        assert getattr(merged, o.name) == o.default
+        check_combination("p", profile, merged, 2, 8)  # a value nobody typed is not refused
+        typed = merge_options(profile, strategy=other, **{o.name: value})
+        with pytest.raises(UserError, match=f"^{o.flag}: only DeepSpeed strategies support it, not {other}"):
+            check_combination("p", profile, typed, 2, 8)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "given", "refusal"),
+    [
+        ("deepspeed_zero2", {"offload_params": True}, "^--offload-params: ZeRO-3 only"),
+        ("deepspeed_zero1", {"zero3_save_16bit_model": True}, "^--zero3-save-16bit-model: ZeRO-3 only"),
+        (
+            "deepspeed_zero3",
+            {"gradient_clipping": -1.0},
+            "^--gradient-clipping: expected a finite number >= 0",
+        ),
+        ("deepspeed_zero3", {"gradient_clipping": float("nan")}, "^--gradient-clipping: expected a finite"),
+        (
+            "deepspeed_zero3",
+            {"wrap_cls": "Block"},
+            "^--wrap-cls: only FSDP strategies support it, not deepspeed_zero3",
+        ),
+    ],
+)
+def test_deepspeed_combinations_refused_with_a_reason(strategy: str, given: dict, refusal: str) -> None:
+    profile = parse_profile(GPU_PROFILE, "p.yaml")
+    with pytest.raises(UserError, match=refusal):
+        check_combination("p", profile, merge_options(profile, strategy=strategy, **given), 2, 8)
+
+
+def test_deepspeed_offload_refused_on_cpu_profiles() -> None:
+    _, _, cpu = load_profile("local")
+    for flag, name in (("--offload-optimizer", "offload_optimizer"), ("--offload-params", "offload_params")):
+        options = merge_options(cpu, strategy="deepspeed_zero3", **{name: True})
+        with pytest.raises(UserError, match=f"^{flag}: .* has no GPUs"):
+            check_combination("local", cpu, options, 1, 2)
+    check_combination(
+        "local", cpu, merge_options(cpu, strategy="deepspeed_zero3", gradient_clipping=0.0), 2, 2
+    )
+
+
 def test_non_fsdp_options_apply_to_ddp_too() -> None:
     profile = parse_profile(GPU_PROFILE + "defaults: {mixed_precision: bf16, state_dict: full}\n", "p.yaml")
     ddp = merge_options(profile, strategy="ddp")
@@ -205,11 +259,19 @@ def test_options_json_is_unchanged() -> None:
         "wrap_cls": "TransformerBlock", "state_dict": "sharded", "activation_checkpointing": True,
     }  # fmt: skip
     options = O.options_from_json(written_before)
-    assert dataclasses.asdict(options) == written_before
-    assert list(dataclasses.asdict(options)) == list(written_before)
+    # Options added since (DeepSpeed's) take their defaults and come after the old ones.
+    added = {k: v for k, v in DEFAULTS.items() if k not in written_before}
+    assert set(added) == {
+        "offload_optimizer",
+        "offload_params",
+        "gradient_clipping",
+        "zero3_save_16bit_model",
+    }
+    assert dataclasses.asdict(options) == {**written_before, **added}
+    assert list(dataclasses.asdict(options)) == [*written_before, *added]
     _, _, profile = load_profile("slurm_a100")
     plan = build_plan("slurm_a100", profile, options, script="train.py", nodes=2)
-    assert plan.to_json()["options"] == written_before
+    assert plan.to_json()["options"] == {**written_before, **added}
     assert LaunchPlan.from_json(plan.to_json()) == plan
 
 

@@ -44,6 +44,10 @@ FSDP2_RESHARD = {
     for name, s in STRATEGY_TABLE.items()
     if s.uses_fsdp and s.fsdp2_reshard_after_forward is not None
 }
+#: DeepSpeed ZeRO stage per strategy.
+DEEPSPEED_STAGE = {
+    name: s.deepspeed_stage for name, s in STRATEGY_TABLE.items() if s.deepspeed_stage is not None
+}
 
 
 class SelfCheckError(RuntimeError):
@@ -69,7 +73,8 @@ class Expectation:
         if self.procs_per_node is not None:
             parts.append(f"{self.procs_per_node} process(es)/node")
         if self.strategy is not None:
-            version = f" (FSDP{self.fsdp_version})" if self.strategy != "ddp" and self.fsdp_version else ""
+            fsdp = self.strategy not in ("ddp", *DEEPSPEED_STAGE) and self.fsdp_version
+            version = f" (FSDP{self.fsdp_version})" if fsdp else ""
             parts.append(f"strategy {self.strategy}{version}")
         return ", ".join(parts) or "nothing"
 
@@ -89,7 +94,12 @@ def _truthy(value: str | None) -> bool:
 
 
 def _strategy_from_accelerate_env(env: dict[str, str]) -> tuple[str | None, int | None]:
-    """What the FSDP_* / PARALLELISM_CONFIG_* variables written by ``accelerate launch`` ask for."""
+    """What the FSDP_* / PARALLELISM_CONFIG_* (ACCELERATE_DEEPSPEED_*) variables written by
+    ``accelerate launch`` ask for."""
+    if _truthy(env.get("ACCELERATE_USE_DEEPSPEED")):
+        stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "").strip()
+        by_stage = {str(v): k for k, v in DEEPSPEED_STAGE.items()}
+        return by_stage.get(stage), None
     if not _truthy(env.get("ACCELERATE_USE_FSDP")):
         return None, None
     version = int(env.get("FSDP_VERSION", "1") or 1)
@@ -234,7 +244,9 @@ def check_launch(accelerator, exp: Expectation) -> list[str]:
         problems.append(
             f"expected {exp.num_nodes} node(s), found {world // local_world} ({world} ranks / {local_world} per node)"
         )
-    if exp.strategy is not None and (exp.world_size or world) > 1:
+    if exp.strategy in DEEPSPEED_STAGE:
+        problems += _check_deepspeed_launch(accelerator, exp)
+    elif exp.strategy is not None and (exp.world_size or world) > 1:
         if exp.strategy == "ddp":
             if dtype not in ("MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU"):
                 problems.append(
@@ -254,6 +266,74 @@ def check_launch(accelerator, exp: Expectation) -> list[str]:
                 problems.append(f"expected FSDP version {exp.fsdp_version}, found {plugin.fsdp_version}")
     problems += [f"note: {n}" for n in exp.notes if problems]
     return problems
+
+
+def _check_deepspeed_launch(accelerator, exp: Expectation) -> list[str]:
+    """DeepSpeed asked for: it is active, at the asked ZeRO stage, over every rank (the world size is
+    checked above; on CPU without the gloo backend Accelerate sees 1 while DeepSpeed sees them all)."""
+    assert exp.strategy is not None
+    dtype = accelerator.distributed_type.value
+    stage = DEEPSPEED_STAGE[exp.strategy]
+    if dtype != "DEEPSPEED":
+        hint = ""
+        if dtype in ("MULTI_CPU", "NO") and _truthy(os.environ.get("ACCELERATE_USE_CPU")):
+            hint = (
+                " ACCELERATE_USE_CPU=1 is set: Accelerate then ignores the DeepSpeed config and runs MULTI_CPU DDP"
+                " (the orchestrator leaves it unset for DeepSpeed)."
+            )
+        elif not _truthy(os.environ.get("ACCELERATE_USE_DEEPSPEED")):
+            hint = " ACCELERATE_USE_DEEPSPEED is not set: the config given to `accelerate launch` is not a DeepSpeed one."
+        return [f"DeepSpeed asked for ({exp.strategy}), not active: found distributed type {dtype}.{hint}"]
+    problems = []
+    found = getattr(accelerator.state.deepspeed_plugin, "zero_stage", None)
+    if found != stage:
+        problems.append(f"expected DeepSpeed ZeRO stage {stage} ({exp.strategy}), found {found}")
+    if exp.world_size and exp.world_size > 1 and accelerator.num_processes == 1:
+        problems.append(
+            "Accelerate found no process-group backend (world size 1) though DeepSpeed runs over every rank: "
+            "on CPU it needs gloo (the orchestrator supplies it through orchestrator/node_site/sitecustomize.py "
+            "on PYTHONPATH; by hand, InitProcessGroupKwargs(backend='gloo'))"
+        )
+    return problems
+
+
+def _check_deepspeed_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[list[str], str]:
+    """After ``prepare``: a DeepSpeed engine at the asked stage, data-parallel over every rank, and at
+    ZeRO-3 the parameters really partitioned (this rank holds about 1/world of them)."""
+    assert exp.strategy is not None
+    world = accelerator.num_processes
+    stage = DEEPSPEED_STAGE[exp.strategy]
+    if type(model).__name__ != "DeepSpeedEngine":
+        return [
+            f"expected the model wrapped in a DeepSpeedEngine ({exp.strategy}), found {type(model).__name__}"
+        ], ""
+    problems = []
+    found_stage = model.zero_optimization_stage()
+    if found_stage != stage:
+        problems.append(f"expected ZeRO stage {stage}, the engine runs stage {found_stage}")
+    dp = int(getattr(model, "dp_world_size", world))
+    if dp != world:
+        problems.append(f"expected DeepSpeed data parallelism over {world} ranks, found {dp}")
+    found = f"DeepSpeed ZeRO-{found_stage} over {dp} ranks"
+    if found_stage == 3:
+        held = full = 0
+        for p in model.module.parameters():
+            partition = getattr(p, "ds_tensor", None)
+            if partition is None:
+                problems.append("ZeRO-3: a parameter without a partition (ds_tensor): not partitioned")
+                break
+            held += partition.numel()
+            full += int(p.ds_numel)
+            if p.numel() != 0:
+                problems.append("ZeRO-3: a parameter still holds its full data outside forward")
+                break
+        limit = _ceil_div(num_params, world) + sum(1 for _ in model.module.parameters())
+        if full != num_params:
+            problems.append(f"ZeRO-3: partitions describe {full} parameters, the model has {num_params}")
+        elif world > 1 and held > limit:
+            problems.append(f"ZeRO-3: this rank holds {held} of {num_params} parameters, expected <= {limit}")
+        found += f", this rank holds {held} of {full} parameters"
+    return problems, found
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -281,6 +361,8 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
     strategy = exp.strategy
     if strategy is None or world == 1:
         return problems, f"{_found_launch(accelerator)}, no distributed wrapping checked"
+    if strategy in DEEPSPEED_STAGE:
+        return _check_deepspeed_model(accelerator, model, exp, num_params)
     shard, replicate = expected_groups(exp, world)
     dtype = accelerator.distributed_type.value
     if strategy == "ddp":

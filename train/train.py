@@ -40,8 +40,10 @@ import torch.distributed as dist
 
 # Exit codes and the exit-status file: the run directory's contract with the launcher.
 from orchestrator.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
-from train import accelerate_workarounds, checkpointing, selfcheck
-from train.checksum import MAX_PARAMS_FOR_CHECKSUM, checksums, local_shard_checksum
+from train import accelerate_workarounds, checkpointing, deepspeed_zero, selfcheck
+from train.checksum import MAX_PARAMS_FOR_CHECKSUM
+from train.checksum import checksums as _checksums
+from train.checksum import local_shard_checksum as _local_shard_checksum
 from train.data import Batcher, make_source
 from train.metrics import Metrics
 from train.model import build_model, count_params
@@ -110,6 +112,8 @@ def lr_lambda(warmup: int, max_steps: int):
 def strategy_from_state(accelerator) -> tuple[str, int | None]:
     """The strategy as actually running (for metrics and markers)."""
     env_strategy = os.environ.get("ORCHESTRATOR_STRATEGY")
+    if deepspeed_zero.active(accelerator):
+        return f"deepspeed_zero{deepspeed_zero.zero_stage(accelerator)}", None
     if accelerator.distributed_type.value != "FSDP":
         return ("ddp" if accelerator.num_processes > 1 else "single"), None
     version = accelerator.state.fsdp_plugin.fsdp_version
@@ -143,6 +147,19 @@ def mean_over_ranks(accelerator, value: float) -> float:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t /= accelerator.num_processes
     return float(t[0])
+
+
+def checksums(model, optimizer, num_params: int) -> dict[str, float | None]:
+    """A collective: full-state checksums, gathered the way the running strategy needs."""
+    if num_params <= MAX_PARAMS_FOR_CHECKSUM and type(model).__name__ == "DeepSpeedEngine":
+        return deepspeed_zero.checksums(model, optimizer)
+    return _checksums(model, optimizer, num_params)
+
+
+def local_shard_checksum(model) -> float:
+    if type(model).__name__ == "DeepSpeedEngine":
+        return deepspeed_zero.local_shard_checksum(model)
+    return _local_shard_checksum(model)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -227,10 +244,18 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95)
     )
+    torch_optimizer = optimizer
+    deepspeed = deepspeed_zero.active(accelerator)
+    if deepspeed:
+        for note in deepspeed_zero.configure(accelerator, args.batch_size, args.grad_accum, args.clip):
+            if accelerator.is_main_process:
+                print(note, file=sys.stderr, flush=True)
     model, optimizer = accelerator.prepare(model, optimizer)
-    # Not prepared: a prepared scheduler steps once per process; the step count is ours to keep.
+    # Not prepared: a prepared scheduler steps once per process; the step count is ours to keep. Under
+    # DeepSpeed the prepared optimizer wraps ZeRO's (no torch Optimizer), which steps the AdamW built
+    # above on its own param groups: schedule that one.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer.optimizer, lr_lambda(args.warmup_steps, args.max_steps)
+        torch_optimizer if deepspeed else optimizer.optimizer, lr_lambda(args.warmup_steps, args.max_steps)
     )
     train_state = checkpointing.TrainState(
         world_size=world,
@@ -289,6 +314,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if choice[0] is not None:
         folder, marker = Path(choice[0][0]), choice[0][1]
+        refusal = deepspeed_zero.resume_problem(marker, strategy, world)
+        if refusal:
+            warn(f"error: cannot resume from {folder}: {refusal}")
+            if accelerator.is_main_process:
+                write_exit_status(
+                    run_dir, EXIT_BAD_RESTORE, "checkpoint cannot be resumed", problems=[refusal]
+                )
+            return EXIT_BAD_RESTORE
         t0 = time.monotonic()
         notes = checkpointing.load(
             accelerator, folder, marker, optimizer, {"strategy": strategy, "world_size": world}
@@ -333,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpointing.AsyncCheckpointer(
             accelerator, run_dir, args.keep_last, want_checksums=num_params <= MAX_PARAMS_FOR_CHECKSUM
         )
-        if args.async_ckpt
+        if args.async_ckpt and not deepspeed  # the async writer stages FSDP/DDP state dicts only
         else None
     )
 
@@ -410,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         grad_norm = accelerator.clip_grad_norm_(
             model.parameters(), args.clip if args.clip > 0 else float("inf")
         )
+        if deepspeed:  # the engine clipped and stepped inside backward; this is its norm
+            grad_norm = deepspeed_zero.grad_norm(accelerator, grad_norm)
         # A float already (LambdaLR over a float lr); float() because the stub also allows a Tensor.
         lr = float(scheduler.get_last_lr()[0])
         optimizer.step()

@@ -9,8 +9,14 @@ from pathlib import Path
 from orchestrator.commands.plan_args import add_plan_arguments, plan_from_args
 from orchestrator.errors import UserError
 from orchestrator.plan import LaunchPlan
-from orchestrator.render import accelerate_launch_command, render_accelerate_config, sample_runtime
-from orchestrator.run_dir import node_config_file
+from orchestrator.render import (
+    accelerate_launch_command,
+    needs_deepspeed_config_file,
+    render_accelerate_config,
+    render_deepspeed_config,
+    sample_runtime,
+)
+from orchestrator.run_dir import node_config_file, node_deepspeed_config_file
 from orchestrator.schedulers import get_scheduler
 
 SAMPLE_RUN_DIR = "/SAMPLE/run_dir"
@@ -39,6 +45,8 @@ def render_files(plan: LaunchPlan, node_rank: int | None, python: str) -> dict[s
         files[node_config_file(Path(), rank).name] = render_accelerate_config(
             plan, sample_runtime(plan, rank)
         )
+        if needs_deepspeed_config_file(plan):
+            files[node_deepspeed_config_file(Path(), rank).name] = render_deepspeed_config(plan)
     return files
 
 

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from orchestrator.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.profiles import ClusterProfile, parse_profile
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
+from orchestrator.render import (
+    needs_deepspeed_config_file,
+    render_accelerate_config,
+    render_deepspeed_config,
+    render_sbatch,
+    sample_runtime,
+)
 from orchestrator.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,11 +42,14 @@ class Combo:
     strategy: str
     fsdp_version: int
     nodes: int
+    gradient_clipping: float | None = None
+    """DeepSpeed only; None: the default."""
 
     @property
     def label(self) -> str:
-        fsdp = "" if self.strategy == "ddp" else f"-fsdp{self.fsdp_version}"
-        return f"{self.strategy}{fsdp}-{self.nodes}n"
+        fsdp = "" if not STRATEGIES[self.strategy].uses_fsdp else f"-fsdp{self.fsdp_version}"
+        clip = "" if self.gradient_clipping is None else f"-clip{self.gradient_clipping:g}"
+        return f"{self.strategy}{fsdp}{clip}-{self.nodes}n"
 
     @property
     def id(self) -> str:
@@ -55,15 +64,19 @@ def combos() -> list[Combo]:
             node_counts.append(2)  # so hybrid strategies get a valid run on every multi-node profile
         for nodes in node_counts:
             for strategy in STRATEGIES:
-                versions = [profile.defaults.fsdp_version] if strategy == "ddp" else [1, 2]
+                uses_fsdp = STRATEGIES[strategy].uses_fsdp
+                versions = [1, 2] if uses_fsdp else [profile.defaults.fsdp_version]
                 for version in versions:
                     out.append(Combo(name, strategy, version, nodes))
+        # Clipping off: the DeepSpeed JSON the yaml names, and no mixed_precision in the yaml.
+        out.append(Combo(name, "deepspeed_zero3", profile.defaults.fsdp_version, node_counts[-1], 0.0))
     return out
 
 
 def plan_for(combo: Combo) -> LaunchPlan:
     profile = builtin_profiles()[combo.profile_name]
-    options = merge_options(profile, strategy=combo.strategy, fsdp_version=combo.fsdp_version)
+    extra = {} if combo.gradient_clipping is None else {"gradient_clipping": combo.gradient_clipping}
+    options = merge_options(profile, strategy=combo.strategy, fsdp_version=combo.fsdp_version, **extra)
     return build_plan(
         combo.profile_name, profile, options, "train/train.py", ["--epochs", "1"], nodes=combo.nodes
     )
@@ -77,6 +90,8 @@ def render_combo(plan: LaunchPlan) -> str:
     for rank in range(plan.nodes):
         config = render_accelerate_config(plan, sample_runtime(plan, rank))
         parts.append(f"==> accelerate_config.node{rank}.yaml <==\n{config}")
+        if needs_deepspeed_config_file(plan):
+            parts.append(f"==> deepspeed_config.node{rank}.json <==\n{render_deepspeed_config(plan)}")
     return "\n".join(parts)
 
 
@@ -90,5 +105,3 @@ def split_sections(text: str) -> dict[str, str]:
         elif name is not None:
             sections[name] += line
     return sections
-
-

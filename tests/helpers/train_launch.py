@@ -58,7 +58,12 @@ def render_configs(
 ) -> list[Path]:
     from orchestrator.plan import build_plan, merge_options
     from orchestrator.profiles import load_profile
-    from orchestrator.render import NodeRuntime, render_accelerate_config
+    from orchestrator.render import (
+        NodeRuntime,
+        needs_deepspeed_config_file,
+        render_accelerate_config,
+        render_deepspeed_config,
+    )
 
     name, _, profile = load_profile("local")
     options = merge_options(profile, strategy=strategy, fsdp_version=fsdp_version, wrap_cls=wrap_cls)
@@ -66,8 +71,14 @@ def render_configs(
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank in range(nodes):
+        ds_file = None
+        if needs_deepspeed_config_file(plan):
+            ds_file = folder / f"deepspeed_config.node{rank}.json"
+            ds_file.write_text(render_deepspeed_config(plan))
         text = render_accelerate_config(
-            plan, NodeRuntime(machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port)
+            plan,
+            NodeRuntime(machine_rank=rank, main_process_ip="127.0.0.1", main_process_port=port),
+            str(ds_file) if ds_file else None,
         )
         path = folder / f"accelerate_node{rank}.yaml"
         path.write_text(text)
@@ -98,6 +109,12 @@ def launch_env(
             "TORCH_CPP_LOG_LEVEL": "ERROR",
         }
     )
+    if strategy.startswith("deepspeed_"):
+        # What orchestrator.node_entry.training_environment does for DeepSpeed on CPU.
+        from orchestrator.node_entry import NODE_SITE_DIR
+
+        env["ACCELERATE_USE_CPU"] = None
+        env["PYTHONPATH"] = NODE_SITE_DIR + os.pathsep + env["PYTHONPATH"]
     env.update(extra or {})
     return {k: v for k, v in env.items() if v is not None}
 

@@ -1,0 +1,1 @@
+"""Put on ``PYTHONPATH`` of the training processes by the node entry point (see ``sitecustomize``)."""

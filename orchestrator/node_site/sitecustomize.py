@@ -1,0 +1,93 @@
+"""Gives a DeepSpeed job on CPU nodes the gloo backend without a line in the user's script.
+
+On a machine without CUDA, ``PartialState`` (accelerate 1.15) finds no backend for a DeepSpeed launch:
+DeepSpeed starts its process group, but Accelerate keeps ``backend=None``, believes the world size
+is 1, and DeepSpeed asserts on ``train_batch_size`` (it sees the real world). Scripts avoid that with
+``Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])``; users' unmodified scripts
+do not have that line. The node entry point puts this folder first on ``PYTHONPATH`` for DeepSpeed jobs
+on CPU profiles only; Python imports ``sitecustomize`` at start-up in every rank, and this one wraps
+``PartialState._prepare_backend`` when (and only if) ``accelerate.state`` is imported, so that a
+missing backend becomes gloo exactly as that line would make it, and makes
+``deepspeed.comm.torch.build_shm_op`` find no op. Nothing is imported eagerly. A
+``sitecustomize`` further down the path (the distribution's own) still runs.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_HERE = str(Path(__file__).resolve().parent)
+
+
+def _wanted() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def _patch(module: ModuleType) -> None:
+    state = module.PartialState
+    original = state._prepare_backend
+
+    def _prepare_backend(
+        self: Any, cpu: bool = False, sagemaker_dp: bool = False, backend: Any = None
+    ) -> Any:
+        import torch
+
+        if backend is None and not cpu and _wanted() and not torch.cuda.is_available():
+            backend = "gloo"
+        return original(self, cpu, sagemaker_dp, backend)
+
+    _prepare_backend._orchestrator_gloo = True  # type: ignore[attr-defined]
+    state._prepare_backend = _prepare_backend
+
+
+def _no_shm_op(module: ModuleType) -> None:
+    def build_shm_op() -> None:
+        return None
+
+    module.build_shm_op = build_shm_op  # type: ignore[attr-defined]
+
+
+_PATCHES = {"accelerate.state": _patch, "deepspeed.comm.torch": _no_shm_op}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the modules of ``_PATCHES`` as the path finder would, and patches each right after it ran."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            patch(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _chain_next_sitecustomize() -> None:
+    """Run the ``sitecustomize`` this one shadows, if any (Debian's python has one)."""
+    rest = [p for p in sys.path if p and str(Path(p).resolve()) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or spec.origin == __file__:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+if _wanted() and not any(name in sys.modules for name in _PATCHES):
+    sys.meta_path.insert(0, _Finder())
+_chain_next_sitecustomize()

@@ -1,0 +1,182 @@
+"""What ``train.py`` does differently under DeepSpeed ZeRO (Accelerate's DEEPSPEED path).
+
+* The engine clips gradients (at the config's ``gradient_clipping``) and steps the optimizer inside
+  ``accelerator.backward``; ``optimizer.step()`` and ``zero_grad()`` are no-ops there. The gradient norm
+  comes from the engine.
+* DeepSpeed needs ``train_micro_batch_size_per_gpu``, which Accelerate takes from a prepared data
+  loader; ``train.py`` has its own batcher, so it says the batch size itself.
+* ZeRO checkpoints (``accelerator.save_state``: ``pytorch_model/zero_pp_rank_R_mp_rank_00_*_states.pt``)
+  are partitioned for the world size that wrote them: another world size, ZeRO stage or a non-DeepSpeed
+  strategy is refused with the reason (DeepSpeed's universal checkpoint conversion is not wired in).
+* Checksums gather ZeRO-3's partitioned parameters; the optimizer checksum is the sum over ranks of
+  each rank's partition (comparable at the same world size, which is the only one that resumes).
+
+``python -m train.deepspeed_zero export CHECKPOINT OUT.pt`` writes the consolidated fp32 state dict of
+a ZeRO checkpoint (any stage, no process group needed): DeepSpeed's ``zero_to_fp32``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+#: The tag Accelerate's ``save_state`` gives the engine's checkpoint (its folder inside ours).
+CHECKPOINT_TAG = "pytorch_model"
+
+
+def active(accelerator: Any) -> bool:
+    return bool(accelerator.distributed_type.value == "DEEPSPEED")
+
+
+def zero_stage(accelerator: Any) -> int | None:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return None if plugin is None else int(plugin.zero_stage)
+
+
+def configure(accelerator: Any, batch_size: int, grad_accum: int, clip: float) -> list[str]:
+    """Before ``prepare``: fill in what DeepSpeed cannot infer. Returns notes for rank 0 to print."""
+    plugin = accelerator.state.deepspeed_plugin
+    config = plugin.deepspeed_config
+    config["train_micro_batch_size_per_gpu"] = batch_size
+    notes = []
+    if grad_accum != 1:
+        raise SystemExit(
+            "--grad-accum: DeepSpeed accumulates inside its engine (gradient_accumulation_steps in its "
+            "config); train.py runs DeepSpeed with --grad-accum 1 only"
+        )
+    ds_clip = config.get("gradient_clipping", 1.0)
+    if ds_clip in (None, "auto"):
+        ds_clip = 1.0
+    if float(ds_clip) != float(clip):
+        notes.append(
+            f"note: DeepSpeed clips gradients at {float(ds_clip)} (its config's gradient_clipping), not at "
+            f"--clip {clip}; set the orchestrator's --gradient-clipping to change it"
+        )
+    return notes
+
+
+def grad_norm(accelerator: Any, clip_result: Any) -> float:
+    """The engine's global gradient norm of the step just taken (``clip_grad_norm_`` returns it)."""
+    value = clip_result
+    if value is None and getattr(accelerator, "deepspeed_engine_wrapped", None) is not None:
+        value = accelerator.deepspeed_engine_wrapped.engine.get_global_grad_norm()
+    if value is None:
+        return 0.0
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+
+def _gathered(engine: Any) -> Any:
+    if engine.zero_optimization_stage() != 3:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+
+
+def checksums(model: Any, optimizer: Any) -> dict[str, float | None]:
+    """Like ``train.checksum.checksums`` (a collective): the full parameters, and the optimizer state
+    as the sum over ranks of each rank's partition checksum."""
+    from train.checksum import tensor_checksum
+
+    with _gathered(model):
+        params = {n: p.detach().clone() for n, p in model.module.named_parameters()}
+    zero_optimizer = getattr(optimizer, "optimizer", optimizer)
+    base = getattr(zero_optimizer, "optimizer", zero_optimizer)
+    local: dict[str, torch.Tensor] = {}
+    # Keyed by ZeRO's flat fp32 partitions, in the order they first stepped (ZeRO-3 points the param
+    # groups at them only during its step, so the groups cannot be walked here).
+    for i, state in enumerate(base.state.values()):
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                local[f"{i:06d}.{key}"] = value
+    total = torch.tensor([tensor_checksum(local)], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    return {"param_checksum": tensor_checksum(params), "optim_checksum": float(total[0])}
+
+
+def local_partition_numel(model: Any) -> tuple[int, int]:
+    """(elements this rank holds, elements of the whole model) for ZeRO-3's partitioned parameters."""
+    held = full = 0
+    for p in model.module.parameters():
+        partition = getattr(p, "ds_tensor", None)
+        held += partition.numel() if partition is not None else p.numel()
+        full += int(getattr(p, "ds_numel", p.numel()))
+    return held, full
+
+
+def local_shard_checksum(model: Any) -> float:
+    """The values this rank holds: ZeRO-3 partitions, or the full (replicated) parameters below stage 3."""
+    from train.checksum import tensor_checksum
+
+    named = {}
+    for name, p in model.module.named_parameters():
+        partition = getattr(p, "ds_tensor", None)
+        named[name] = (partition if partition is not None else p).detach()
+    return tensor_checksum(named)
+
+
+def resume_problem(marker: dict, strategy: str, world_size: int) -> str | None:
+    """Why a checkpoint cannot be resumed by this DeepSpeed run (or a DeepSpeed checkpoint by a
+    non-DeepSpeed one); None when it can."""
+    saved = str(marker.get("strategy") or "")
+    saved_ds, now_ds = saved.startswith("deepspeed_"), strategy.startswith("deepspeed_")
+    if not saved_ds and not now_ds:
+        return None
+    if saved_ds != now_ds:
+        return (
+            f"checkpoint written by {saved or 'unknown'}, this run is {strategy}: DeepSpeed ZeRO checkpoints and "
+            "DDP/FSDP checkpoints are different formats; resume with the strategy that wrote it (export a "
+            "ZeRO checkpoint with `python -m train.deepspeed_zero export` to start a new run from its weights)"
+        )
+    if saved != strategy:
+        return f"checkpoint written by {saved}, this run is {strategy}: resume with the same ZeRO stage"
+    saved_world = int(marker.get("world_size", world_size))
+    if saved_world != world_size:
+        return (
+            f"checkpoint written by {saved_world} ranks, this run has {world_size}: ZeRO partitions the "
+            f"optimizer state per rank, so resume with {saved_world} ranks (nodes x procs-per-node); "
+            "DeepSpeed's universal checkpoint (ds_to_universal) is not wired in"
+        )
+    return None
+
+
+def export_fp32(checkpoint: Path, out: Path) -> dict[str, torch.Tensor]:
+    """The consolidated fp32 state dict of a ZeRO checkpoint folder (ours, holding ``pytorch_model/``)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=CHECKPOINT_TAG)
+    state = {k: v.contiguous() for k, v in state.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(out)
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m train.deepspeed_zero", description=__doc__.split("\n\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    export = sub.add_parser("export", help="consolidated fp32 state dict of a ZeRO checkpoint")
+    export.add_argument("checkpoint", type=Path, help="a complete checkpoint folder (checkpoints/step_N)")
+    export.add_argument("out", type=Path, help="output file (torch.save of {name: fp32 tensor})")
+    args = parser.parse_args(argv)
+    if not (args.checkpoint / CHECKPOINT_TAG).is_dir():
+        print(f"{args.checkpoint}: no {CHECKPOINT_TAG}/ folder: not a DeepSpeed checkpoint", file=sys.stderr)
+        return 2
+    state = export_fp32(args.checkpoint, args.out)
+    total = sum(v.numel() for v in state.values())
+    print(f"{args.out}: {len(state)} tensors, {total} parameters (fp32)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
