@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO
+from tests.helpers.cli import REPO, poll
 from tests.helpers.slurm_cluster import SlurmCluster, load_cluster, slurm
 
 pytestmark = pytest.mark.slurm
@@ -47,6 +47,10 @@ def test_start_after_unclean_stop(slurm_cluster: dict) -> None:
     pid_files = sorted(run.glob("slurmd-*.pid")) + [run / "slurmctld.pid", run / "mariadbd.pid"]
     stray_dbd = _pid(run / "slurmdbd.pid")
     assert stray_dbd is not None, "the cluster runs with accounting"
+    # Earlier tests' jobs end first: killing slurmd under running tasks would leave their nodes to
+    # Slurm's own recovery, which is not what this test is about.
+    poll(lambda: not _live_jobs(), 120, "earlier jobs to end", diagnostics=lambda: slurm("squeue").stdout)
+    live_before = _live_jobs()
     try:
         # Unclean: every daemon but slurmdbd SIGKILLed; slurmdbd keeps running but its pid file is
         # gone (a daemon restarted by hand), the other pid files stay behind, stale.
@@ -77,9 +81,10 @@ def test_start_after_unclean_stop(slurm_cluster: dict) -> None:
         if cluster.netns:
             assert "rebuilding the network of n2" in said, said
         assert not _running(stray_dbd), "the stray slurmdbd was ended"
-        # Usable: every node idle, a 2-node step runs across the nodes, accounting answers.
-        idle = slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").stdout.split()
-        assert len(set(idle)) == cluster.nodes, idle
+        # Usable: every node up (earlier tests' jobs may still end on some), a 2-node step runs,
+        # accounting answers.
+        up = slurm("sinfo", "-h", "-N", "-t", "idle,mixed,allocated,completing", "-o", "%N").stdout.split()
+        assert len(set(up)) == cluster.nodes, slurm("sinfo", "-N").stdout
         hosts = slurm("srun", "-N", "2", "-t", "1", "hostname", timeout=120).stdout.split()
         assert len(hosts) == 2
         assert slurm("sacct", "-nX", "-S", "now-5minutes").returncode == 0
@@ -96,6 +101,25 @@ def test_start_after_unclean_stop(slurm_cluster: dict) -> None:
         _ip("netns", "del", FOREIGN_NS)
         _ip("link", "del", FOREIGN_LINK)
         _start(cluster)  # idempotent: whatever this test broke is mended for the tests after it
+        # A SIGKILLed slurmctld restarts from its last saved state, in which jobs that earlier tests
+        # had cancelled may still run: end them, so they hold no node the next tests need.
+        revived = sorted(_live_jobs() - live_before)
+        if revived:
+            slurm("scancel", *revived, check=False)
+            poll(lambda: not (_live_jobs() & set(revived)), 60, f"revived jobs {revived} to end")
+        # Leave every node idle for the tests after this one.
+        poll(
+            lambda: (
+                len(set(slurm("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").stdout.split())) == cluster.nodes
+            ),
+            90,
+            "every node idle again",
+            diagnostics=lambda: slurm("sinfo", "-N", "-l").stdout,
+        )
+
+
+def _live_jobs() -> set[str]:
+    return set(slurm("squeue", "-h", "-o", "%i", check=False).stdout.split())
 
 
 def _start(cluster: SlurmCluster) -> subprocess.CompletedProcess[str]:
