@@ -73,8 +73,8 @@ def check_resharding(checkpoint_strategy: str | None, new_strategy: str, step: i
         raise UserError(
             f"--strategy {new_strategy}: the checkpoint at step {step} was written by {checkpoint_strategy} "
             f"({'sharded DCP folders' if old_fsdp else 'a full model state dict'}), which "
-            f"{'an FSDP' if new_fsdp else 'ddp'} run cannot load; resume with an "
-            f"{'FSDP strategy' if old_fsdp else '--strategy ddp'}"
+            f"{'an FSDP' if new_fsdp else 'ddp'} run cannot load; resume with "
+            f"{'an FSDP strategy' if old_fsdp else '--strategy ddp'}"
         )
 
 
