@@ -20,6 +20,7 @@ from orchestrator.run_dir import (
     METRICS_FILE,
     CheckpointInfo,
     attempt_dirs,
+    corrupt_checkpoints,
     last_complete_checkpoint,
     read_job_json,
 )
@@ -136,6 +137,8 @@ class RunSummary:
     checkpoint: CheckpointInfo | None = None
     resumes: int = 0
     attempts: int = 0
+    corrupt_checkpoints: list[int] = field(default_factory=list)
+    """Steps of checkpoints a restore found corrupt (CORRUPT.json) and skipped, newest first."""
     job: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -298,6 +301,7 @@ def summarize(run_dir: Path | str, tail_bytes: int = TAIL_BYTES) -> RunSummary:
         peak_mem_mb=_num(last.get("peak_mem_mb")),
         last_event_time=last_time,
         checkpoint=last_complete_checkpoint(run_dir),
+        corrupt_checkpoints=[step for step, _ in corrupt_checkpoints(run_dir)],
         resumes=count_resumes(run_dir),
         attempts=len(attempt_dirs(run_dir)),
         job=job,

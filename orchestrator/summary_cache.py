@@ -13,6 +13,7 @@ from orchestrator.run_dir import (
     _CHECKPOINT_RE,
     CHECKPOINTS_DIR,
     COMPLETE_MARKER,
+    CORRUPT_MARKER,
     JOB_FILE,
     LOGS_DIR,
     METRICS_FILE,
@@ -28,7 +29,7 @@ from orchestrator.run_summary import RunSummary, _resume_cache, _resume_touched,
 #: to metrics.jsonl every step and so are simply re-read on every call, as before.
 RACY_S = 2.0
 SUMMARY_CACHE_FILE = "status_cache.json"
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4
 _CACHE_MAX_ENTRIES = 20_000
 _SUMMARY_FIELDS = [f for f in RunSummary.__dataclass_fields__ if f not in ("run_dir", "checkpoint")]
 _CHECKPOINT_FIELDS = [f for f in CheckpointInfo.__dataclass_fields__ if f != "path"]
@@ -195,6 +196,9 @@ def _checkpoint_fingerprint(run_dir: str, found: CheckpointInfo | None) -> tuple
     files = marker.get("files") if marker else None
     if not isinstance(files, dict):
         return None
+    # A restore that finds this checkpoint's content bad marks it CORRUPT.json: a file inside the
+    # folder, which neither checkpoints/ nor the marker's stat shows.
+    newer.append([os.path.join(rel, CORRUPT_MARKER), _stat_key(os.path.join(found_path, CORRUPT_MARKER))[0]])
     key, mtime = _stat_key(os.path.join(found_path, COMPLETE_MARKER))
     listed = [[os.path.join(rel, str(name)), size] for name, size in files.items()]
     return [newer, [os.path.join(rel, COMPLETE_MARKER), key], listed], max(newest, mtime)

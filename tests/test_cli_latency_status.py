@@ -165,3 +165,21 @@ def test_resume_scan_progress_carries_over_between_processes(tmp_path: Path) -> 
     assert R._resume_cache  # seeded from the file: only the appended bytes get scanned
     assert again.summarize(run) == summarize(run)
     assert again.summarize(run).resumes == 2
+
+
+def test_a_checkpoint_marked_corrupt_after_caching_is_seen(tmp_path: Path) -> None:
+    """A restore that finds the newest checkpoint's bytes bad writes CORRUPT.json inside its folder:
+    no folder or marker stat the cache keys on shows that, yet the next status must not call it the
+    last checkpoint, and must say it was skipped."""
+    from orchestrator.run_dir import mark_checkpoint_corrupt
+
+    run = tmp_path / "run"
+    make_run(run)
+    cache_file = tmp_path / "cache.json"
+    first, again = cached_twice(cache_file, run)
+    assert first.checkpoint is not None and first.checkpoint.step == 40 and again == first
+    mark_checkpoint_corrupt(run / "checkpoints" / "step_00000040", "file model.distcp: sha256 differs")
+    later = SummaryCache(cache_file).summarize(run)
+    assert later.checkpoint is not None and later.checkpoint.step == 20
+    assert later.corrupt_checkpoints == [40]
+    assert later == summarize(run)

@@ -52,6 +52,7 @@ class StatusRow:
     tokens_per_s: float | None
     eta_s: float | None
     checkpoint_step: int | None
+    corrupt_checkpoints: list[int]
     checkpoint_path: str | None
     requeues: int
     resumes: int
@@ -84,6 +85,7 @@ class StatusRow:
             "tokens_per_s": self.tokens_per_s,
             "eta_s": self.eta_s,
             "checkpoint_step": self.checkpoint_step,
+            "corrupt_checkpoints": list(self.corrupt_checkpoints),
             "checkpoint_path": self.checkpoint_path,
             "requeues": self.requeues,
             "resumes": self.resumes,
@@ -137,6 +139,7 @@ def _row(
         tokens_per_s=summary.tokens_per_s,
         eta_s=summary.eta_s if not (run_state or own_state).is_terminal() else None,
         checkpoint_step=ckpt.step if ckpt else None,
+        corrupt_checkpoints=summary.corrupt_checkpoints,
         checkpoint_path=str(ckpt.path) if ckpt else None,
         requeues=requeues,
         resumes=summary.resumes,
@@ -278,14 +281,23 @@ def render_status_table(rows: Sequence[StatusRow]) -> str:
 
 
 def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
-    """Under the table: why each failed job ended, with the command that shows the failing rank's log."""
+    """Under the table: why each failed job ended, with the command that shows the failing rank's log,
+    and which checkpoints a restore skipped as corrupt."""
     from orchestrator.failure_report import EXPLAINED_STATES
 
-    return [
+    lines = [
         f"{row.job_id} {row.state.value}: {row.reason}"
         for row in rows
         if row.reason and row.state.value in EXPLAINED_STATES and row.state.is_terminal()
     ]
+    for row in rows:
+        if row.corrupt_checkpoints:
+            steps = ", ".join(str(s) for s in row.corrupt_checkpoints)
+            lines.append(
+                f"{row.job_id}: checkpoint(s) at step {steps} skipped: their content did not match COMPLETE.json "
+                f"(resumed from step {row.checkpoint_step if row.checkpoint_step is not None else '-'})"
+            )
+    return lines
 
 
 def stale_note(result: QueryResult) -> str | None:
