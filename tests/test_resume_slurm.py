@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.run_summary import iter_metrics
-from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
+from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, run_cli, sacct_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TRAIN = str(REPO / "train" / "train.py")
@@ -40,14 +40,7 @@ def checkpointed_then_cancelled(env: dict[str, str], *options: str) -> tuple[str
 
 
 def wait_until_ended(env: dict[str, str], job_id: str) -> None:
-    """Until the scheduler itself says the job is over (squeue shows COMPLETING for a while after
-    sacct records CANCELLED; a resume meanwhile is rightly refused)."""
-
-    def ended() -> bool:
-        res = run_cli(["status", job_id, "--json"], env, timeout=60)
-        return res.returncode == 0 and json.loads(res.stdout)["jobs"][0]["terminal"]
-
-    poll(ended, 120, f"job {job_id} to end", interval=0.5)
+    poll(lambda: job_ended(env, job_id), 120, f"job {job_id} to end", interval=0.5)
 
 
 def refused(env: dict[str, str], args: list[str], needle: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.schedulers.base import submission_token
-from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, user_profile_dir
+from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, run_cli, sacct_state, user_profile_dir
 
 pytestmark = pytest.mark.slurm
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
@@ -106,11 +106,6 @@ def test_resume_keeps_auto_resume_and_excluded_nodes(
         assert "n3" not in nodes
     finally:
         run_cli(["cancel", new_job], orch_env, timeout=60)
-
-
-def job_ended(env: dict, job_id: str) -> bool:
-    res = run_cli(["status", job_id, "--json"], env, timeout=60)
-    return res.returncode == 0 and json.loads(res.stdout)["jobs"][0]["terminal"]
 
 
 def test_node_side_interpreter_comes_from_the_setup_lines(

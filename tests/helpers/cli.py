@@ -113,3 +113,12 @@ def poll(
             extra = diagnostics() if diagnostics else ""
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{extra}")
         time.sleep(interval)
+
+
+def job_ended(env: dict[str, str], job_id: str) -> bool:
+    """Whether ``orchestrator status`` says the job is over (squeue shows COMPLETING for a while after
+    sacct records CANCELLED; a resume meanwhile is rightly refused)."""
+    import json
+
+    res = run_cli(["status", job_id, "--json"], env, timeout=60)
+    return res.returncode == 0 and bool(json.loads(res.stdout)["jobs"][0]["terminal"])
