@@ -4,7 +4,7 @@ Each strategy is a small record. The mapping to Accelerate's config lives here
 and nowhere else, so the FSDP1/FSDP2 differences (sharding-strategy names vs.
 ``reshard_after_forward`` plus a replicate x shard mesh) are decided once, and
 :data:`STRATEGIES` is the only list of strategy names: the CLI's choices, the
-profile schema and the training self-check (``train/selfcheck.py``) read it.
+profile schema and the training self-check (``orchestrator/ranks/selfcheck.py``) read it.
 Standard library only, so the training side can import it cheaply.
 """
 

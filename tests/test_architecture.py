@@ -64,7 +64,8 @@ def test_each_exit_code_is_defined_once(name: str) -> None:
 
 
 def test_the_training_program_uses_the_contract_objects_themselves() -> None:
-    from train import checkpointing, selfcheck
+    from orchestrator.ranks import selfcheck
+    from train import checkpointing
     from train import train as train_main
 
     assert train_main.EXIT_REQUEUE is run_dir.EXIT_REQUEUE

@@ -283,7 +283,7 @@ def test_plan_reexports_training_options() -> None:
 
 
 def test_selfcheck_uses_the_strategy_table() -> None:
-    from train import selfcheck
+    from orchestrator.ranks import selfcheck
 
     assert tuple(selfcheck.STRATEGIES) == STRATEGY_NAMES
     assert set(selfcheck.HYBRID) == {n for n, s in STRATEGIES.items() if s.hybrid}

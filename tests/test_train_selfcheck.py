@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from orchestrator.ranks import selfcheck
 from tests.helpers import train_launch as tl
-from train import selfcheck
 
 ORCHESTRATOR_EXPECTATIONS = (
     "ORCHESTRATOR_EXPECTED_WORLD_SIZE",

@@ -439,7 +439,7 @@ def load(accelerator, folder: Path, marker: dict, optimizer, current: dict, warn
     """Restore model, optimizer, scheduler, train state and RNG from ``folder``; all ranks.
 
     Returns the warnings (what could not be carried over)."""
-    from train import accelerate_workarounds
+    from orchestrator.ranks import workarounds as accelerate_workarounds
 
     notes: list[str] = []
     saved_strategy = marker.get("strategy")

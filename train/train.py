@@ -38,9 +38,12 @@ if __package__ in (None, ""):
 import torch
 import torch.distributed as dist
 
+from orchestrator.ranks import selfcheck
+from orchestrator.ranks import workarounds as accelerate_workarounds
+
 # Exit codes and the exit-status file: the run directory's contract with the launcher.
 from orchestrator.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
-from train import accelerate_workarounds, checkpointing, deepspeed_zero, selfcheck
+from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
 from train.checksum import checksums as _checksums
 from train.checksum import local_shard_checksum as _local_shard_checksum

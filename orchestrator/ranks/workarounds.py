@@ -315,7 +315,7 @@ def wrap_model(accelerator, model: torch.nn.Module, pending: Pending | None = No
     """Before the optimizer is built and before ``accelerator.prepare``: also where a ``--wrap-cls``
     the model lacks stops the run at once, naming the candidate classes (Accelerate would find it
     only inside ``prepare``)."""
-    from train import selfcheck
+    from orchestrator.ranks import selfcheck
 
     problems = selfcheck.check_wrap_class(accelerator, model)
     if problems:
