@@ -35,6 +35,9 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         node_<N>.log                the node entry point's log (launcher output included)
         node_<N>.exit               that node's exit code, written when it finishes
         node_<N>.pid                the launcher's pid
+        start.json                  what this attempt's training started from, written by rank 0 of a
+                                    script with a checkpoint hook (train/, orchestrator.loop,
+                                    orchestrator.hf): {"step", "checkpoint", "hook"}; absent: no hook
         node_<N>_ranks/             torchrun's per-rank logs
         accelerate_config.node<N>.yaml  the node's rendered Accelerate config
         deepspeed_config.node<N>.json   DeepSpeed with gradient clipping off: the config file that yaml names
@@ -83,6 +86,7 @@ LOCAL_PIDS_FILE = "local_pids.json"
 LOCAL_STATE_FILE = "local_state.json"
 LOGS_DIR = "logs"
 MAIN_IP_FILE = "main_ip"
+ATTEMPT_START_FILE = "start.json"
 
 #: Exit codes of a training process, as the launcher and ``status`` read them.
 EXIT_OK = 0

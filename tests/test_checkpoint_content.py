@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import checkpoint_files
 from orchestrator.run_dir import (
     CORRUPT_MARKER,
     check_checkpoint,
@@ -52,7 +53,7 @@ def test_flipped_byte_is_found_and_the_older_checkpoint_chosen(tmp_path: Path) -
     assert "optimizer.bin" in check_checkpoint_content(newest, marker)
 
     warnings: list[str] = []
-    found = checkpointing.find_resumable(tmp_path, warnings.append)
+    found = checkpoint_files.find_resumable(tmp_path, warnings.append)
     assert found is not None and found[0].name == "step_00000005"
     assert any("step_00000010" in w and "content does not match" in w for w in warnings), warnings
     # Marked: neither status's rule nor a later resume picks it again, and it is listed with why.
@@ -65,7 +66,7 @@ def test_flipped_byte_is_found_and_the_older_checkpoint_chosen(tmp_path: Path) -
 def test_checkpoint_without_digests_still_resumes(tmp_path: Path) -> None:
     """Checkpoints written before digests existed are not refused."""
     make_checkpoint(tmp_path, 5, {"model.bin": 8})
-    found = checkpointing.find_resumable(tmp_path, print)
+    found = checkpoint_files.find_resumable(tmp_path, print)
     assert found is not None and found[0].name == "step_00000005"
 
 

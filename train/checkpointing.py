@@ -28,15 +28,12 @@ renames the folder once the save has completed on every rank (see ``AsyncCheckpo
 from __future__ import annotations
 
 import copy
-import json
 import os
 import random
-import shutil
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Set as AbstractSet
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,14 +42,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from orchestrator.checkpoint_files import finalize, prune
 from orchestrator.run_dir import (
     COMPLETE_MARKER,
     check_checkpoint,
-    check_checkpoint_content,
     checkpoint_folder_name,
     checkpoint_folders,
-    file_digest,
-    mark_checkpoint_corrupt,
 )
 
 MARKER = COMPLETE_MARKER
@@ -95,47 +90,6 @@ class TrainState:
 # Files and the marker
 
 
-def _fsync_path(path: Path, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def list_files(folder: Path) -> dict[str, int]:
-    files = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and path.name != MARKER:
-            files[path.relative_to(folder).as_posix()] = path.stat().st_size
-    return files
-
-
-def finalize(tmp: Path, final: Path, marker: dict) -> dict:
-    """Rank 0: fsync the files, write the marker (fsync), rename into place (atomic), fsync the parent."""
-    files = list_files(tmp)
-    for rel in files:
-        _fsync_path(tmp / rel)
-    # Content digests: a restore checks them (a file with the right size and wrong bytes is skipped
-    # for the newest good checkpoint). On the writer thread with --async-ckpt, like the checksums.
-    marker = {**marker, "files": files, "sha256": {rel: file_digest(tmp / rel) for rel in files}}
-    with open(tmp / MARKER, "w", encoding="utf-8") as f:
-        json.dump(marker, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    for sub in sorted({(tmp / rel).parent for rel in files} | {tmp}):
-        _fsync_path(sub, directory=True)
-    if final.exists():
-        # The same step saved before (e.g. a run killed after its save): replace it, never mix the two.
-        trash = final.parent / f".trash-{final.name}-{uuid.uuid4().hex[:8]}"
-        os.rename(final, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-    os.rename(tmp, final)
-    _fsync_path(final.parent, directory=True)
-    return marker
-
-
 def validate(folder: Path) -> tuple[dict | None, str]:
     """(marker, "") for a complete checkpoint, else (None, why not): the run directory's one rule,
     shared with ``status`` and ``resume``."""
@@ -145,39 +99,6 @@ def validate(folder: Path) -> tuple[dict | None, str]:
 def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """(step, folder) of every ``step_*`` folder, newest first (not yet validated)."""
     return checkpoint_folders(Path(run_dir))
-
-
-def find_resumable(run_dir: str | os.PathLike, warn=print) -> tuple[Path, dict] | None:
-    """The newest complete checkpoint whose content matches its digests; torn ones are skipped with a
-    warning, corrupt ones are also marked (``CORRUPT.json``) so neither a later resume nor ``status``
-    picks them again."""
-    for _, folder in complete_checkpoints(run_dir):
-        marker, why = validate(folder)
-        if marker is not None:
-            why = check_checkpoint_content(folder, marker)
-            if not why:
-                return folder, marker
-            mark_checkpoint_corrupt(folder, why)
-            why = f"content does not match {MARKER}: {why}"
-        warn(f"warning: skipping checkpoint {folder}: {why}")
-    root = checkpoints_dir(run_dir)
-    if root.is_dir():
-        for entry in sorted(root.glob(".tmp-step_*")):
-            warn(f"warning: ignoring unfinished checkpoint {entry.name} (no marker: never resumed from)")
-    return None
-
-
-def prune(run_dir: str | os.PathLike, keep_last: int, keep_tmp: AbstractSet[str] = frozenset()) -> None:
-    """Rank 0: keep the newest ``keep_last`` complete checkpoints; drop stale temp folders."""
-    root = checkpoints_dir(run_dir)
-    complete = [(s, p) for s, p in complete_checkpoints(run_dir) if (p / MARKER).is_file()]
-    for _, folder in complete[max(1, keep_last) :]:
-        shutil.rmtree(folder, ignore_errors=True)
-    for entry in root.glob(".tmp-step_*"):
-        if entry.name not in keep_tmp:
-            shutil.rmtree(entry, ignore_errors=True)
-    for entry in root.glob(".trash-*"):
-        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _common_id(accelerator) -> str:

@@ -38,6 +38,7 @@ if __package__ in (None, ""):
 import torch
 import torch.distributed as dist
 
+from orchestrator import checkpoint_files
 from orchestrator.ranks import selfcheck
 from orchestrator.ranks import workarounds as accelerate_workarounds
 
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if accelerator.is_main_process and args.resume != "never":
         found_ckpt: tuple[Path, dict] | tuple[str, str] | None
         if args.resume == "auto":
-            found_ckpt = checkpointing.find_resumable(run_dir, warn)
+            found_ckpt = checkpoint_files.find_resumable(run_dir, warn)
         else:
             folder = Path(args.resume)
             marker, why = checkpointing.validate(folder)

@@ -1,0 +1,136 @@
+"""Checkpoint folders on disk, without torch: the atomic-marker protocol's file side.
+
+``train/`` and the API for users' loops (:mod:`orchestrator.loop`) write their checkpoints through
+:func:`finalize` and pick the one to resume with :func:`find_resumable`; the HF Trainer hook
+(:mod:`orchestrator.hf`) marks Transformers' in-place ``checkpoint-N`` folders with
+:func:`mark_complete_in_place`. The rule for "complete" is :func:`orchestrator.run_dir.check_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+from typing import Any
+
+from orchestrator.run_dir import (
+    CHECKPOINTS_DIR,
+    COMPLETE_MARKER,
+    check_checkpoint,
+    check_checkpoint_content,
+    checkpoint_folders,
+    file_digest,
+    mark_checkpoint_corrupt,
+)
+
+MARKER = COMPLETE_MARKER
+Warn = Callable[[str], None]
+
+
+def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def fsync_path(path: Path, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_files(folder: Path) -> dict[str, int]:
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != MARKER:
+            files[path.relative_to(folder).as_posix()] = path.stat().st_size
+    return files
+
+
+def finalize(tmp: Path, final: Path, marker: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0: fsync the files, write the marker (fsync), rename into place (atomic), fsync the parent."""
+    marker = _write_marker(tmp, marker)
+    if final.exists():
+        # The same step saved before (e.g. a run killed after its save): replace it, never mix the two.
+        trash = final.parent / f".trash-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(tmp, final)
+    fsync_path(final.parent, directory=True)
+    return marker
+
+
+def _write_marker(folder: Path, marker: dict[str, Any]) -> dict[str, Any]:
+    """fsync every file of ``folder``, then write the marker naming them (size and content digest:
+    a restore checks both, so a file with the right size and wrong bytes is skipped for the newest
+    good checkpoint), fsync it and the folders."""
+    files = list_files(folder)
+    for rel in files:
+        fsync_path(folder / rel)
+    marker = {**marker, "files": files, "sha256": {rel: file_digest(folder / rel) for rel in files}}
+    with open(folder / MARKER, "w", encoding="utf-8") as f:
+        json.dump(marker, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    for sub in sorted({(folder / rel).parent for rel in files} | {folder}):
+        fsync_path(sub, directory=True)
+    return marker
+
+
+def mark_complete_in_place(folder: Path, marker: dict[str, Any]) -> dict[str, Any]:
+    """For checkpoints another library writes in place (Transformers' ``checkpoint-N``): once every
+    rank has finished writing, the marker makes the folder complete; a folder torn by a kill before
+    that has none and is never chosen. Any old marker goes first, so a rewrite is never complete
+    under the previous write's marker."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(folder / MARKER)
+    return _write_marker(folder, marker)
+
+
+def newest_complete(folders: Iterable[Path], warn: Warn = print) -> tuple[Path, dict[str, Any]] | None:
+    """The first of ``folders`` (newest first) that is complete and whose content matches its digests;
+    torn ones are skipped with a warning, corrupt ones are also marked (``CORRUPT.json``) so neither a
+    later resume nor ``status`` picks them again."""
+    for folder in folders:
+        marker, why = check_checkpoint(folder)
+        if marker is not None:
+            why = check_checkpoint_content(folder, marker)
+            if not why:
+                return folder, marker
+            mark_checkpoint_corrupt(folder, why)
+            why = f"content does not match {MARKER}: {why}"
+        warn(f"warning: skipping checkpoint {folder}: {why}")
+    return None
+
+
+def find_resumable(run_dir: str | os.PathLike[str], warn: Warn = print) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete checkpoint whose content matches its digests; torn ones are skipped with a
+    warning, corrupt ones are also marked (``CORRUPT.json``) so neither a later resume nor ``status``
+    picks them again."""
+    found = newest_complete((folder for _, folder in checkpoint_folders(Path(run_dir))), warn)
+    if found is not None:
+        return found
+    root = checkpoints_dir(run_dir)
+    if root.is_dir():
+        for entry in sorted(root.glob(".tmp-step_*")):
+            warn(f"warning: ignoring unfinished checkpoint {entry.name} (no marker: never resumed from)")
+    return None
+
+
+def prune(run_dir: str | os.PathLike[str], keep_last: int, keep_tmp: AbstractSet[str] = frozenset()) -> None:
+    """Rank 0: keep the newest ``keep_last`` complete checkpoints; drop stale temp folders."""
+    root = checkpoints_dir(run_dir)
+    complete = [(s, p) for s, p in checkpoint_folders(Path(run_dir)) if (p / MARKER).is_file()]
+    for _, folder in complete[max(1, keep_last) :]:
+        shutil.rmtree(folder, ignore_errors=True)
+    for entry in root.glob(".tmp-step_*"):
+        if entry.name not in keep_tmp:
+            shutil.rmtree(entry, ignore_errors=True)
+    for entry in root.glob(".trash-*"):
+        shutil.rmtree(entry, ignore_errors=True)
