@@ -21,11 +21,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.attempt_start import NO_HOOK, describe_start, read_attempt_start
 from orchestrator.errors import RunFailure
 from orchestrator.launcher import FORWARDED_SIGNALS, PrewarmedLauncher, SignalRelay, kill_tree, stop_signal
+from orchestrator.ranks.script_hooks import SCRIPT_HOOKS_ENV
 from orchestrator.run_dir import (
     EXIT_REQUEUE,
+    TENSORBOARD_DIR,
     attempt_dir,
+    attempt_dirs,
     attempt_number,
     node_config_file,
     node_deepspeed_config_file,
@@ -40,8 +44,20 @@ if TYPE_CHECKING:
     from orchestrator.plan import LaunchPlan
     from orchestrator.schedulers.base import NodeEnvironment
 
-#: Put first on the ranks' PYTHONPATH for DeepSpeed on CPU profiles (see its sitecustomize).
+#: Put first on the ranks' PYTHONPATH: the script hooks and DeepSpeed on CPU (see its sitecustomize).
 NODE_SITE_DIR = str(Path(__file__).resolve().parent / "node_site")
+
+
+def tracker_run_id(run_dir: Path) -> str:
+    """One id for every attempt of a run (requeues, ``resume``): W&B's ``WANDB_RUN_ID`` allows letters,
+    digits, ``-`` and ``_``; the digest keeps two runs with the same folder name apart."""
+    import hashlib
+    import re
+
+    resolved = str(Path(run_dir).resolve())
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(resolved).name).strip("-")[:40] or "run"
+    return f"{name}-{hashlib.sha1(resolved.encode()).hexdigest()[:8]}"
+
 
 # orchestrator.plan/render (pydantic profiles, jinja2: ~0.35 s of imports on 2 busy cores) are imported
 # inside the functions that need them: submitit imports this module to unpickle NodeTask, and
@@ -60,11 +76,16 @@ def training_environment(
         # gets the gloo backend (and no JIT-compiled shm op) from node_site/sitecustomize.py, and one
         # thread per rank (measured: 8x slower steps with one process per node otherwise).
         env.pop("ACCELERATE_USE_CPU", None)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (NODE_SITE_DIR, env.get("PYTHONPATH", "")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
     elif plan.uses_cpu:
         # Scripts written for GPUs call plain Accelerator(); without this each rank trains alone.
         env["ACCELERATE_USE_CPU"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (NODE_SITE_DIR, env.get("PYTHONPATH", "")) if p)
+    env[SCRIPT_HOOKS_ENV] = "1" if plan.options.script_hooks else "0"
+    # Trackers keep one run across requeues and resumes (the user's own values win).
+    env.setdefault("WANDB_RUN_ID", tracker_run_id(run_dir))
+    env.setdefault("WANDB_RESUME", "allow")
+    env.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(run_dir) / TENSORBOARD_DIR))
     env.update(
         {
             "ORCHESTRATOR_RUN_DIR": str(run_dir),
@@ -197,14 +218,25 @@ def _launch_and_wait(
     elif code != 0 and pre_timeout:
         # The pre-timeout/preemption signal reached workers before their handlers were installed
         # (start-up) or training could not checkpoint: still a preemption, not a failure of the
-        # run; the next attempt resumes from the last complete checkpoint.
+        # run. What the next attempt starts from depends on whether the script can restore at all.
+        hooked = read_attempt_start(run_dir, attempt) is not None
+        then = (
+            "requeue: the next attempt resumes from the last complete checkpoint"
+            if hooked
+            else f"requeue: the next attempt starts again from step 0 ({NO_HOOK.split(': ', 1)[1]})"
+        )
         print(
             f"[orchestrator node] training ended by {signal.Signals(stop).name} without a checkpoint record "
-            f"(exit {code}): requeue from the last complete checkpoint",
+            f"(exit {code}): {then}",
             file=log,
             flush=True,
         )
         code = EXIT_REQUEUE
+    if node.is_first_node:
+        first = min((a for a, _ in attempt_dirs(run_dir)), default=attempt)
+        note = describe_start(run_dir, attempt, first)
+        if note:
+            print(f"[orchestrator node] attempt {attempt} {note}", file=log, flush=True)
     print(
         f"[orchestrator node] host={host} node_rank={node.node_rank} exit={code} after {elapsed:.1f} s",
         file=log,

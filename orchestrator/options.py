@@ -116,6 +116,12 @@ class TrainingOptions:
     )
     """ZeRO-3: ``save_model`` gathers the full 16-bit weights into one file on rank 0 (for inference
     tools); checkpoints themselves stay per-rank shards."""
+    script_hooks: bool = option(
+        True, help="the ranks' import hook: self-check, CPU workarounds, Trainer resume and stop"
+    )
+    """The node's import hook in every rank (``orchestrator.ranks.script_hooks``): ``Accelerator()`` gets
+    the CPU workarounds and the self-check, an unchanged ``Trainer`` the resume from the newest complete
+    checkpoint, the agreed stop and progress. Off: the script runs exactly as written."""
 
 
 @dataclass(frozen=True)

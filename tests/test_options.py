@@ -259,13 +259,14 @@ def test_options_json_is_unchanged() -> None:
         "wrap_cls": "TransformerBlock", "state_dict": "sharded", "activation_checkpointing": True,
     }  # fmt: skip
     options = O.options_from_json(written_before)
-    # Options added since (DeepSpeed's) take their defaults and come after the old ones.
+    # Options added since (DeepSpeed's, the script hooks' switch) take their defaults and come after the old ones.
     added = {k: v for k, v in DEFAULTS.items() if k not in written_before}
     assert set(added) == {
         "offload_optimizer",
         "offload_params",
         "gradient_clipping",
         "zero3_save_16bit_model",
+        "script_hooks",
     }
     assert dataclasses.asdict(options) == {**written_before, **added}
     assert list(dataclasses.asdict(options)) == [*written_before, *added]

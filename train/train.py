@@ -39,8 +39,10 @@ import torch
 import torch.distributed as dist
 
 from orchestrator import checkpoint_files
+from orchestrator.attempt_start import write_attempt_start
 from orchestrator.ranks import selfcheck
 from orchestrator.ranks import workarounds as accelerate_workarounds
+from orchestrator.ranks.script_hooks import SCRIPT_HOOKS_ENV
 
 # Exit codes and the exit-status file: the run directory's contract with the launcher.
 from orchestrator.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
@@ -189,6 +191,8 @@ def evaluate(accelerator, model, batcher: Batcher, n_batches: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
+    # This program makes the self-check and workaround calls itself: the node's script hooks stand aside.
+    os.environ[SCRIPT_HOOKS_ENV] = "0"
     signal.signal(signal.SIGUSR2, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     for message in (
@@ -365,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         train_state.world_size = world
         train_state.strategy = strategy
         train_state.fsdp_version = fsdp_version
+    if accelerator.is_main_process:
+        write_attempt_start(
+            train_state.step, choice[0][0] if choice[0] is not None else None, "train", run_dir
+        )
 
     async_ckpt = (
         checkpointing.AsyncCheckpointer(

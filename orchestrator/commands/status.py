@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from orchestrator.attempt_start import NO_HOOK, describe_newest_start
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
 from orchestrator.registry import JobRecord, Registry
@@ -64,6 +65,9 @@ class StatusRow:
     """The job this run went on in (``resume`` / ``--auto-resume``), the last of a chain."""
     run_state: JobState | None = None
     """State of ``continued_as`` when there is one: what became of the run, not of this job."""
+    started_from: str | None = None
+    """How the newest attempt of a requeued or resumed run started: resumed at step k from a checkpoint,
+    or restarted from step 0 (the script has no checkpoint hook): never a resume that did not happen."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +99,7 @@ class StatusRow:
             "run_dir": self.run_dir,
             "continued_as": self.continued_as,
             "run_state": (self.run_state or self.state).value,
+            "started_from": self.started_from,
         }
 
 
@@ -118,6 +123,7 @@ def _row(
         # not this job's requeues. Count only the attempts since this job's own submission.
         requeues = requeues_since_last_submission(job.run_dir)
     ckpt = summary.checkpoint
+    started_from = describe_newest_start(job.run_dir) if summary.attempts > 1 else None
     # Built without StatusRow's generated __init__ (24 fields, each set via object.__setattr__ in a
     # frozen dataclass): ~1,000 rows per `status` call. Same fields, same values.
     row = StatusRow.__new__(StatusRow)
@@ -155,6 +161,7 @@ def _row(
         run_dir=str(job.run_dir),
         continued_as=successor.job_id if successor is not None else None,
         run_state=run_state,
+        started_from=started_from,
     )
     return row
 
@@ -213,6 +220,11 @@ def collect_status(
         for j in jobs
     ]
     cache.save()
+    for row in rows:
+        # A run that trained again from step 0 says so where it ends, too (`list`, `wait`, the registry).
+        ended = row.state.is_terminal() and row.started_from == NO_HOOK
+        if ended and not any(j.end_reason for j in jobs if j.job_id == row.job_id):
+            registry.set_end_reason(row.job_id, NO_HOOK)
     return rows, result
 
 
@@ -291,6 +303,8 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
         if row.reason and row.state.value in EXPLAINED_STATES and row.state.is_terminal()
     ]
     for row in rows:
+        if row.started_from:
+            lines.append(f"{row.job_id}: newest attempt {row.started_from}")
         if row.corrupt_checkpoints:
             steps = ", ".join(str(s) for s in row.corrupt_checkpoints)
             lines.append(

@@ -1,4 +1,13 @@
-"""Gives a DeepSpeed job on CPU nodes the gloo backend without a line in the user's script.
+"""Fix-ups every rank of a job gets without a line in the user's script, applied at import time.
+
+Two groups, each patching a module when (and only if) the script imports it:
+
+* the script hooks (``ORCHESTRATOR_SCRIPT_HOOKS=1``, set by the node entry unless
+  ``--no-script-hooks``): workarounds and self-check in ``Accelerator``, resume and the agreed stop
+  in ``Trainer``; the patches live in :mod:`orchestrator.ranks.script_hooks`;
+* DeepSpeed on CPU, below.
+
+DeepSpeed on CPU nodes gets the gloo backend:
 
 On a machine without CUDA, ``PartialState`` (accelerate 1.15) finds no backend for a DeepSpeed launch:
 DeepSpeed starts its process group, but Accelerate keeps ``backend=None``, believes the world size
@@ -54,7 +63,19 @@ def _no_shm_op(module: ModuleType) -> None:
     module.build_shm_op = build_shm_op  # type: ignore[attr-defined]
 
 
-_PATCHES = {"accelerate.state": _patch, "deepspeed.comm.torch": _no_shm_op}
+_DEEPSPEED_PATCHES = {"accelerate.state": _patch, "deepspeed.comm.torch": _no_shm_op}
+
+
+def _patches() -> dict[str, Any]:
+    patches: dict[str, Any] = dict(_DEEPSPEED_PATCHES) if _wanted() else {}
+    if os.environ.get("ORCHESTRATOR_SCRIPT_HOOKS", "0") == "1":
+        from orchestrator.ranks.script_hooks import PATCHES
+
+        patches.update(PATCHES)
+    return patches
+
+
+_PATCHES = _patches()
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -88,6 +109,6 @@ def _chain_next_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
-if _wanted() and not any(name in sys.modules for name in _PATCHES):
+if _PATCHES and not any(name in sys.modules for name in _PATCHES):
     sys.meta_path.insert(0, _Finder())
 _chain_next_sitecustomize()

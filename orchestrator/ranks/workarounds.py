@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,8 @@ class Pending:
     """What ``before_accelerator`` took out of Accelerate's hands, to be applied after it."""
 
     fsdp_requested: bool = False
+    fsdp_plugin: Any = None
+    """A ``FullyShardedDataParallelPlugin`` the script passed to ``Accelerator()`` (which drops it on CPU)."""
     parallelism_config_env: dict[str, str] = field(default_factory=dict)
     applied: list[str] = field(default_factory=list)
 
@@ -111,7 +114,7 @@ def enable_fsdp_on_cpu(accelerator, pending: Pending) -> None:
         return
     if state.distributed_type != DistributedType.MULTI_CPU:
         return  # nothing to fix (a single process); the self-check reports it
-    plugin = getattr(state, "fsdp_plugin", None) or FullyShardedDataParallelPlugin()
+    plugin = getattr(state, "fsdp_plugin", None) or pending.fsdp_plugin or FullyShardedDataParallelPlugin()
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
     state.fsdp_plugin = plugin

@@ -1,0 +1,188 @@
+"""Resume, requeue and live progress for a Hugging Face ``Trainer`` script: one line each.
+
+::
+
+    from orchestrator.hf import OrchestratorCallback, last_complete_checkpoint
+
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[OrchestratorCallback()])
+    trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.output_dir))
+
+Submitted through ``orchestrator submit``, an *unchanged* ``Trainer`` script gets both lines from the
+node's import hook (:mod:`orchestrator.ranks.script_hooks`; ``--no-script-hooks`` turns it off).
+
+* Transformers writes ``checkpoint-N`` in place, so a kill mid-save leaves a folder that looks like a
+  checkpoint. The callback marks each one complete (``COMPLETE.json``: every file's size and digest)
+  once every rank has finished writing it, and :func:`last_complete_checkpoint` takes the newest one
+  that is marked by this run and intact; a torn one is skipped with a warning.
+* The stop request (USR2 or TERM) is agreed by all ranks at a step boundary
+  (:mod:`orchestrator.ranks.stop`); they save that step, and the job leaves with exit 75 for a requeue.
+  (Transformers' own ``enable_jit_checkpoint`` handles TERM only, on a timer per rank: see README.)
+* ``on_log`` and each step feed ``metrics.jsonl`` for ``status``, ``logs``, ``plot`` and the ETA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.attempt_start import write_attempt_start
+from orchestrator.checkpoint_files import mark_complete_in_place
+from orchestrator.ranks.stop import StopRequest, any_rank, barrier
+from orchestrator.run_dir import EXIT_REQUEUE, METRICS_FILE, check_checkpoint, write_exit_status
+
+HOOK = "trainer"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+#: Progress lines between Trainer logs (its ``logging_steps`` is often hundreds of steps): at most one
+#: a second, with the newest logged loss.
+STEP_EVENT_INTERVAL_S = 1.0
+
+
+def _run_id() -> str | None:
+    run_dir = os.environ.get("ORCHESTRATOR_RUN_DIR")
+    return str(Path(run_dir).resolve()) if run_dir else None
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike[str], warn: Any = None) -> str | None:
+    """The newest ``checkpoint-N`` under ``output_dir`` that this run marked complete and that is intact
+    (every listed file present with its size), or None: pass it to ``trainer.train(resume_from_checkpoint=)``.
+
+    A checkpoint from another run in the same ``output_dir`` (an earlier job) is never taken: a new
+    run starts from scratch, as Transformers does, while a requeue or ``orchestrator resume`` of this
+    run continues. Every rank computes the same answer from the shared file system."""
+    root = Path(output_dir)
+    try:
+        names = [
+            (int(m.group(1)), entry) for entry in os.scandir(root) if (m := _CHECKPOINT_RE.match(entry.name))
+        ]
+    except OSError:
+        return None
+    say = warn or (lambda line: print(f"[orchestrator.hf] {line}", file=sys.stderr, flush=True))
+    run = _run_id()
+    for _, entry in sorted(names, key=lambda item: item[0], reverse=True):
+        marker, why = check_checkpoint(Path(entry.path))
+        if marker is None:
+            say(f"skipping {entry.path}: {why}")
+            continue
+        if run is not None and marker.get("run") != run:
+            say(f"skipping {entry.path}: written by another run ({marker.get('run')})")
+            continue
+        return entry.path
+    return None
+
+
+def _trainer_callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _Callback:
+    """The behaviour; :class:`OrchestratorCallback` mixes it into ``TrainerCallback`` lazily so that
+    importing this module does not import transformers."""
+
+    def __init__(self) -> None:
+        self.stop = StopRequest().install()
+        self.stopping = False
+        self.last_loss: float | None = None
+        self.last_step_event = 0.0
+        self.step_started = time.monotonic()
+        self._metrics: Any = None
+        self.resumed_from: str | None = None
+
+    # -- output
+    def _write(self, state: Any, record: dict[str, Any]) -> None:
+        run_dir = os.environ.get("ORCHESTRATOR_RUN_DIR")
+        if not run_dir or not state.is_world_process_zero:
+            return
+        if self._metrics is None:
+            self._metrics = open(Path(run_dir) / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        self._metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
+        self._metrics.flush()
+
+    def _train_event(self, state: Any, extra: dict[str, Any]) -> None:
+        record: dict[str, Any] = {"event": "train", "step": int(state.global_step)}
+        if state.max_steps:
+            record["max_steps"] = int(state.max_steps)
+        if self.last_loss is not None:
+            record["loss"] = self.last_loss
+        world = os.environ.get("WORLD_SIZE")
+        if world and world.isdigit():
+            record["world_size"] = int(world)
+        if os.environ.get("ORCHESTRATOR_STRATEGY"):
+            record["strategy"] = os.environ["ORCHESTRATOR_STRATEGY"]
+        self._write(state, {**record, **extra})
+
+    # -- Trainer events
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            step = int(state.global_step)
+            checkpoint = None
+            if step > 0:  # Trainer restored global_step from checkpoint-<step>
+                checkpoint = self.resumed_from or str(Path(args.output_dir) / f"checkpoint-{step}")
+                self._write(state, {"event": "resume", "step": step, "checkpoint": checkpoint})
+            write_attempt_start(step, checkpoint, HOOK)
+        self.step_started = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        step_time, self.step_started = now - self.step_started, now
+        if now - self.last_step_event >= STEP_EVENT_INTERVAL_S:
+            self.last_step_event = now
+            self._train_event(state, {"step_time_s": step_time})
+        if any_rank(self.stop.signum != 0):
+            self.stopping = True
+            control.should_save = True
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        logs = logs or {}
+        if isinstance(logs.get("loss"), (int, float)):
+            self.last_loss = float(logs["loss"])
+            extra = (
+                {"lr": logs["learning_rate"]} if isinstance(logs.get("learning_rate"), (int, float)) else {}
+            )
+            if isinstance(logs.get("grad_norm"), (int, float)):
+                extra["grad_norm"] = float(logs["grad_norm"])
+            self._train_event(state, extra)
+        if isinstance(logs.get("eval_loss"), (int, float)):
+            self._write(
+                state, {"event": "eval", "step": int(state.global_step), "val_loss": float(logs["eval_loss"])}
+            )
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        barrier()  # every rank has written its part of the folder
+        if state.is_world_process_zero and folder.is_dir():
+            mark_complete_in_place(
+                folder,
+                {"step": int(state.global_step), "time": time.time(), "hook": HOOK, "run": _run_id()},
+            )
+        barrier()
+        if self.stopping:
+            self._leave(state)
+
+    def _leave(self, state: Any) -> None:
+        run_dir = os.environ.get("ORCHESTRATOR_RUN_DIR")
+        if state.is_world_process_zero:
+            if run_dir:
+                write_exit_status(Path(run_dir), EXIT_REQUEUE, "signal", step=int(state.global_step))
+            print(f"[orchestrator.hf] requeue: checkpoint-{state.global_step} saved", flush=True)
+        if self._metrics is not None:
+            self._metrics.close()
+        barrier()
+        raise SystemExit(EXIT_REQUEUE)
+
+
+def __getattr__(name: str) -> Any:
+    # ``OrchestratorCallback`` is a real TrainerCallback subclass, built on first use.
+    if name == "OrchestratorCallback":
+        cls = type("OrchestratorCallback", (_Callback, _trainer_callback_base()), {"__module__": __name__})
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
