@@ -22,6 +22,7 @@ node's import hook (:mod:`orchestrator.ranks.script_hooks`; ``--no-script-hooks`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.attempt_start import write_attempt_start
-from orchestrator.checkpoint_files import mark_complete_in_place
-from orchestrator.ranks.stop import StopRequest, any_rank, barrier
-from orchestrator.run_dir import EXIT_REQUEUE, METRICS_FILE, check_checkpoint, write_exit_status
+from orchestrator.checkpoint_files import mark_complete_in_place, newest_complete
+from orchestrator.ranks.stop import StopRequest, any_rank, barrier, broadcast_from_main
+from orchestrator.run_dir import COMPLETE_MARKER, EXIT_REQUEUE, METRICS_FILE, read_json, write_exit_status
 
 HOOK = "trainer"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -47,32 +48,43 @@ def _run_id() -> str | None:
     return str(Path(run_dir).resolve()) if run_dir else None
 
 
+def _say_on_rank0(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(f"[orchestrator.hf] {line}", file=sys.stderr, flush=True)
+
+
 def last_complete_checkpoint(output_dir: str | os.PathLike[str], warn: Any = None) -> str | None:
-    """The newest ``checkpoint-N`` under ``output_dir`` that this run marked complete and that is intact
-    (every listed file present with its size), or None: pass it to ``trainer.train(resume_from_checkpoint=)``.
+    """The newest ``checkpoint-N`` under ``output_dir`` that this run marked complete and whose files
+    all match the marker (sizes and digests), or None: pass it to ``trainer.train(resume_from_checkpoint=)``.
 
     A checkpoint from another run in the same ``output_dir`` (an earlier job) is never taken: a new
     run starts from scratch, as Transformers does, while a requeue or ``orchestrator resume`` of this
-    run continues. Every rank computes the same answer from the shared file system."""
-    root = Path(output_dir)
-    try:
-        names = [
-            (int(m.group(1)), entry) for entry in os.scandir(root) if (m := _CHECKPOINT_RE.match(entry.name))
-        ]
-    except OSError:
-        return None
-    say = warn or (lambda line: print(f"[orchestrator.hf] {line}", file=sys.stderr, flush=True))
-    run = _run_id()
-    for _, entry in sorted(names, key=lambda item: item[0], reverse=True):
-        marker, why = check_checkpoint(Path(entry.path))
-        if marker is None:
-            say(f"skipping {entry.path}: {why}")
-            continue
-        if run is not None and marker.get("run") != run:
-            say(f"skipping {entry.path}: written by another run ({marker.get('run')})")
-            continue
-        return entry.path
-    return None
+    run continues. Rank 0 decides (reading the files once) and every rank gets its answer, so all of
+    them restore the same checkpoint; call it on every rank."""
+    choice = None
+    if os.environ.get("RANK", "0") == "0":
+        say = warn or _say_on_rank0
+        root, run = Path(output_dir), _run_id()
+        try:
+            found = [
+                (int(m.group(1)), Path(e.path))
+                for e in os.scandir(root)
+                if (m := _CHECKPOINT_RE.match(e.name))
+            ]
+        except OSError:
+            found = []
+
+        def ours() -> Any:
+            for _, folder in sorted(found, reverse=True):
+                marker = read_json(folder / COMPLETE_MARKER)
+                if run is not None and marker is not None and marker.get("run") != run:
+                    say(f"skipping {folder}: written by another run ({marker.get('run')})")
+                    continue
+                yield folder
+
+        newest = newest_complete(ours(), lambda line: say(line.replace("warning: ", "")))
+        choice = str(newest[0]) if newest else None
+    return broadcast_from_main(choice)
 
 
 def _trainer_callback_base() -> type:
@@ -137,6 +149,11 @@ class _Callback:
         if any_rank(self.stop.signum != 0):
             self.stopping = True
             control.should_save = True
+        if control.should_save and state.is_world_process_zero:
+            # Transformers rewrites checkpoint-<step> in place when it exists (a step trained again after
+            # a resume from an older checkpoint): the old marker must not vouch for half-new files.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE_MARKER)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any

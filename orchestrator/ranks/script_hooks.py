@@ -77,7 +77,7 @@ def patch_accelerator(module: ModuleType) -> None:
             for arg in args
         ]
         result = original_prepare(self, *args, **kwargs)
-        prepared = result if isinstance(result, tuple) else (result,)
+        prepared = result if isinstance(result, (tuple, list)) and len(args) > 1 else (result,)
         from orchestrator.ranks import selfcheck
 
         for size, obj in zip(sizes, prepared):

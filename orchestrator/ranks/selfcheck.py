@@ -288,9 +288,14 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
     if placements != want_placements:
         problems.append(f"expected parameter placements {want_placements}, found {placements}")
     local = sum(p.to_local().numel() for p in params)
-    if local > _ceil_div(num_params, shard) + len(params) * shard:
+    # fully_shard splits each parameter along dim 0: a rank holds at most ceil(rows / shard) rows of it
+    # (more than num_params / shard when the rows do not divide, e.g. a 10-class output layer on 4 ranks).
+    most = sum(
+        _ceil_div(p.shape[0], shard) * (p.numel() // max(1, p.shape[0])) if p.dim() else 1 for p in params
+    )
+    if local > most:
         problems.append(
-            f"expected about {_ceil_div(num_params, shard)} local parameters ({num_params} / {shard}), found {local}"
+            f"expected at most {most} local parameters (about {num_params} / {shard}), found {local}"
         )
     reshard = _fsdp2_reshard_after_forward(model)
     want = FSDP2_RESHARD.get(strategy)
