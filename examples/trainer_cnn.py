@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments, set_seed
 
 
 class RandomMNIST(Dataset):
@@ -43,7 +43,9 @@ class Net(nn.Module):
         self.fc1 = nn.Linear(16 * 12 * 12, 64)
         self.fc2 = nn.Linear(64, 10)
 
-    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         x = F.relu(self.conv1(pixel_values))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         logits = self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
@@ -74,6 +76,7 @@ def main() -> None:
         seed=0,
         use_cpu=not torch.cuda.is_available(),
     )
+    set_seed(0)  # before the model is built: Trainer seeds only when it starts, after Net() drew its weights
     trainer = Trainer(model=Net(), args=training_args, train_dataset=RandomMNIST(args.samples, seed=1))
     trainer.train()
 

@@ -1,0 +1,78 @@
+"""What an attempt started from (orchestrator.attempt_start) and how Trainer checkpoints are chosen
+(orchestrator.hf.last_complete_checkpoint): real files, no cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.attempt_start import NO_HOOK, describe_newest_start, describe_start, write_attempt_start
+from orchestrator.checkpoint_files import mark_complete_in_place
+from orchestrator.hf import last_complete_checkpoint
+from orchestrator.run_dir import attempt_dir
+
+
+def _attempt(run_dir: Path, attempt: int, ended: bool = True) -> Path:
+    folder = attempt_dir(run_dir, attempt)
+    folder.mkdir(parents=True, exist_ok=True)
+    if ended:
+        (folder / "node_0.exit").write_text("0")
+    return folder
+
+
+def test_a_requeued_attempt_without_a_start_record_is_a_restart_not_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _attempt(tmp_path, 0)
+    _attempt(tmp_path, 1)
+    assert describe_start(tmp_path, 0, first_attempt=0) is None
+    assert describe_start(tmp_path, 1, first_attempt=0) == NO_HOOK
+    assert describe_newest_start(tmp_path) == NO_HOOK
+    # an attempt still starting (no exit file, no record yet) is not judged
+    _attempt(tmp_path, 2, ended=False)
+    assert describe_newest_start(tmp_path) == NO_HOOK  # still attempt 1's words
+    monkeypatch.setenv("ORCHESTRATOR_ATTEMPT", "2")
+    monkeypatch.setenv("ORCHESTRATOR_RUN_DIR", str(tmp_path))
+    write_attempt_start(40, str(tmp_path / "checkpoints" / "step_00000040"), "accelerate")
+    assert describe_newest_start(tmp_path) == "resumed at step 40 from step_00000040 (accelerate hook)"
+    write_attempt_start(0, None, "trainer")
+    assert describe_newest_start(tmp_path) == (
+        "restarted from step 0: no complete checkpoint to resume from (trainer hook)"
+    )
+
+
+def _hf_checkpoint(out: Path, step: int, run: str | None) -> Path:
+    folder = out / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    (folder / "trainer_state.json").write_text('{"global_step": %d}' % step)
+    mark_complete_in_place(folder, {"step": step, "hook": "trainer", "run": run})
+    return folder
+
+
+def test_the_newest_intact_checkpoint_of_this_run_is_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setenv("ORCHESTRATOR_RUN_DIR", str(run))
+    monkeypatch.delenv("RANK", raising=False)
+    out = tmp_path / "out"
+    said: list[str] = []
+    assert last_complete_checkpoint(out, said.append) is None  # no folder yet
+    _hf_checkpoint(out, 10, str(run.resolve()))
+    c20 = _hf_checkpoint(out, 20, str(run.resolve()))
+    c30 = _hf_checkpoint(out, 30, str(run.resolve()))
+    _hf_checkpoint(out, 40, "/elsewhere/an-earlier-run")
+    (out / "checkpoint-50").mkdir()  # killed before anything was written: no marker
+    (c30 / "model.safetensors").write_bytes(b"torn")  # truncated
+    same_size = bytearray((c20 / "model.safetensors").read_bytes())
+    same_size[0] ^= 0xFF
+    (c20 / "model.safetensors").write_bytes(bytes(same_size))  # right size, wrong bytes
+    assert last_complete_checkpoint(out, said.append) == str(out / "checkpoint-10")
+    text = "\n".join(said)
+    assert "checkpoint-50" in text and "no COMPLETE.json" in text
+    assert "checkpoint-40: written by another run" in text
+    assert "checkpoint-30" in text and "truncated or torn" in text
+    assert "checkpoint-20" in text and (c20 / "CORRUPT.json").exists()
