@@ -46,7 +46,7 @@ def _hf_checkpoint(out: Path, step: int, run: str | None) -> Path:
     folder = out / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(bytes(range(256)) * 4)
-    (folder / "trainer_state.json").write_text('{"global_step": %d}' % step)
+    (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
     mark_complete_in_place(folder, {"step": step, "hook": "trainer", "run": run})
     return folder
 
