@@ -220,11 +220,12 @@ def collect_status(
         for j in jobs
     ]
     cache.save()
-    for row in rows:
-        # A run that trained again from step 0 says so where it ends, too (`list`, `wait`, the registry).
-        ended = row.state.is_terminal() and row.started_from == NO_HOOK
-        if ended and not any(j.end_reason for j in jobs if j.job_id == row.job_id):
+    # A run that trained again from step 0 says so where it ends, too (`list`, `wait`, the registry).
+    explained_now = {j.job_id for j in jobs if not j.end_reason}
+    for i, row in enumerate(rows):
+        if row.job_id in explained_now and row.state.is_terminal() and row.started_from == NO_HOOK:
             registry.set_end_reason(row.job_id, NO_HOOK)
+            rows[i] = replace(row, reason=NO_HOOK)
     return rows, result
 
 
