@@ -59,7 +59,16 @@ def test_node_environment_for_deepspeed_on_cpu(tmp_path: Path, monkeypatch: pyte
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["ORCHESTRATOR_STRATEGY"] == "deepspeed_zero3"
     ddp = training_environment(_plan("ddp"), node, tmp_path, 0)  # type: ignore[arg-type]
-    assert ddp["ACCELERATE_USE_CPU"] == "1" and NODE_SITE_DIR not in ddp.get("PYTHONPATH", "")
+    assert ddp["ACCELERATE_USE_CPU"] == "1"
+    # Every launch gets the node site (the script hooks), and the switch says whether they act.
+    assert ddp["PYTHONPATH"].split(os.pathsep)[0] == NODE_SITE_DIR and ddp["ORCHESTRATOR_SCRIPT_HOOKS"] == "1"
+    off = training_environment(_plan("ddp", script_hooks=False), node, tmp_path, 1)  # type: ignore[arg-type]
+    assert off["ORCHESTRATOR_SCRIPT_HOOKS"] == "0"
+    # Trackers: one run id for every attempt of a run, another for another run.
+    assert off["WANDB_RUN_ID"] == ddp["WANDB_RUN_ID"] and off["WANDB_RESUME"] == "allow"
+    other = training_environment(_plan("ddp"), node, tmp_path / "other", 0)  # type: ignore[arg-type]
+    assert other["WANDB_RUN_ID"] != ddp["WANDB_RUN_ID"]
+    assert ddp["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "tensorboard")
 
 
 def test_node_site_supplies_gloo_and_skips_the_jit_shm_op() -> None:

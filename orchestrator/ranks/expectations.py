@@ -161,14 +161,19 @@ def _parent_launch_request() -> tuple[int | None, str | None, str | None]:
     return None, None, None
 
 
+#: What the node entry tells every rank the job asked for; any of them present: the launcher's word.
+LAUNCHER_VARIABLES = (
+    "ORCHESTRATOR_EXPECTED_WORLD_SIZE",
+    "ORCHESTRATOR_EXPECTED_NUM_NODES",
+    "ORCHESTRATOR_PROCS_PER_NODE",
+    "ORCHESTRATOR_STRATEGY",
+    "ORCHESTRATOR_FSDP_VERSION",
+)
+
+
 def expectations_from_env(env: dict[str, str] | None = None, look_at_parent: bool = True) -> Expectation:
     env = dict(os.environ if env is None else env)
-    if any(
-        k.startswith("ORCHESTRATOR_")
-        and k != "ORCHESTRATOR_RUN_DIR"
-        and k != "ORCHESTRATOR_DISABLE_WORKAROUNDS"
-        for k in env
-    ):
+    if any(k in env for k in LAUNCHER_VARIABLES):
         exp = Expectation(source="the launcher (ORCHESTRATOR_* environment)")
         exp.world_size = _int_env(env, "ORCHESTRATOR_EXPECTED_WORLD_SIZE")
         exp.num_nodes = _int_env(env, "ORCHESTRATOR_EXPECTED_NUM_NODES")
