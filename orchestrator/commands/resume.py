@@ -104,10 +104,34 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator import api
+
+    job, lines = api.resume(
+        args.job_id,
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        strategy=args.strategy,
+        profile=args.profile,
+        profiles_dir=args.profiles_dir,
+    )
+    for line in lines:
+        print(line)
+    sys.stdout.flush()
+    if not args.wait:
+        return 0
+    from orchestrator.progress import wait_for_job
     from orchestrator.registry import Registry
+
+    with Registry.open() as registry:
+        state = wait_for_job(registry, job.job_id, poll_s=args.poll)
+    return 0 if state.is_success() else 1
+
+
+def resume_job(registry: Any, args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The resume itself (``api.resume``): checks and submission under the run's lock; the new job's
+    id and the lines to print."""
     from orchestrator.run_lock import RunLocked, run_lock
 
-    registry = Registry.open()
     for line in registry.reconcile_submissions():
         print(line, file=sys.stderr)
     job = registry.get(args.job_id)
@@ -117,18 +141,14 @@ def run(args: argparse.Namespace) -> int:
     # The check and the submission under one lock: two resumes of one job started together submit once.
     try:
         with run_lock(run_dir, what=f"resume {args.job_id}"):
-            new_job_id = _resume_locked(args, registry, job.job_id, run_dir)
+            return _resume_locked(args, registry, job.job_id, run_dir)
     except RunLocked as exc:
         raise UserError(f"job {args.job_id}: {exc}; try again when it is done") from None
-    if not args.wait:
-        return 0
-    from orchestrator.progress import wait_for_job
-
-    state = wait_for_job(registry, new_job_id, poll_s=args.poll)
-    return 0 if state.is_success() else 1
 
 
-def _resume_locked(args: argparse.Namespace, registry: Any, job_id: str, run_dir: Path) -> str:
+def _resume_locked(
+    args: argparse.Namespace, registry: Any, job_id: str, run_dir: Path
+) -> tuple[str, list[str]]:
     from orchestrator.run_dir import JOB_FILE, last_complete_checkpoint, read_current_plan_json
     from orchestrator.submission import submit
 
@@ -145,10 +165,11 @@ def _resume_locked(args: argparse.Namespace, registry: Any, job_id: str, run_dir
     plan = resume_plan(previous, args)
     check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
     submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))
-    print(f"resuming job {args.job_id} from step {checkpoint.step} ({checkpoint.path.name})")
-    print(f"submitted job {submitted.job_id}")
-    print(f"run directory {run_dir}")
+    lines = [
+        f"resuming job {args.job_id} from step {checkpoint.step} ({checkpoint.path.name})",
+        f"submitted job {submitted.job_id}",
+        f"run directory {run_dir}",
+    ]
     if checkpoint.world_size and checkpoint.world_size != plan.world_size:
-        print(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
-    sys.stdout.flush()
-    return submitted.job_id
+        lines.append(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
+    return submitted.job_id, lines

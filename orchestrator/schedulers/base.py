@@ -105,6 +105,24 @@ class Scheduler(ABC):
     def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
         """Submit ``request`` exactly as materialized."""
 
+    # ---------------------------------------------------------------- sweeps (job arrays)
+    def dryrun_array(
+        self, plans: Sequence[LaunchPlan], sweep_dir: Path, max_parallel: int, python: str | None = None
+    ) -> Request | None:
+        """The one request that runs every plan of a sweep (a job array), or None where the scheduler
+        has no arrays: the sweep then submits each task as a job of its own, ``max_parallel`` at a
+        time. Pure, like :meth:`dryrun`; the plans differ only in their script arguments."""
+        return None
+
+    def check_array(self, tasks: int) -> None:  # noqa: B027
+        """Refuse (UserError) a sweep of ``tasks`` tasks the cluster cannot hold as one array."""
+
+    def schedule_array(
+        self, request: Request, task_dirs: Sequence[Path], registry: Registry | None
+    ) -> list[Scheduled]:
+        """Submit a :meth:`dryrun_array` request exactly as materialized; one Scheduled per task."""
+        raise NotImplementedError(f"{self.name} has no job arrays")
+
     def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
         """``{token: job id}`` of the scheduler's jobs (submitted since ``since``) that carry one of
         ``tokens``; None when the scheduler did not answer. A scheduler whose submission cannot

@@ -1,0 +1,128 @@
+"""Sweeps and dependencies on the real Slurm cluster (issue 15), through the CLI and the Python API.
+
+One sweep is one job array: ``--max-parallel`` is Slurm's ``%K`` throttle (asserted from sacct's start
+and end times), each task has its own run directory, and a requeue is one task's alone. ``--after``
+is Slurm's ``afterok``/``afterany`` with ``--kill-on-invalid-dep``: a job whose dependency failed is
+cancelled and says why. The scale case holds 100 tasks pending behind a dependency, so it costs no
+training: the registry must equal squeue and sacct, in one scheduler query.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.run_summary import iter_metrics
+from tests.helpers.cli import REPO, poll, run_cli, sacct_state
+from tests.helpers.slurm_cluster import slurm
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SCRIPT = str(REPO / "tests" / "scripts" / "sweep_task.py")
+ONE_NODE = ["--profile", "slurm_test", "--nodes", "1"]
+
+
+def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in iter_metrics(run_dir) if e.get("event") == kind]
+
+
+def cli_json(args: list[str], env: dict[str, str]) -> Any:
+    res = run_cli(args, env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)
+
+
+def sacct_rows(job_id: str) -> list[dict[str, str]]:
+    """Every incarnation (--duplicates: a requeued task's earlier run too) of a job or array."""
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "JobID,State,Start,End"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    keys = ("job_id", "state", "start", "end")
+    return [dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line.count("|") == 3]
+
+
+def most_at_once(rows: list[dict[str, str]]) -> int:
+    """Largest number of [start, end) intervals that overlap."""
+    spans = [
+        (datetime.fromisoformat(r["start"]), datetime.fromisoformat(r["end"]))
+        for r in rows
+        if r["start"][:1].isdigit() and r["end"][:1].isdigit()
+    ]
+    return max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[str]]:
+    ids: list[str] = []
+    yield ids
+    for job_id in ids:
+        slurm("scancel", job_id, check=False)
+
+
+def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
+    slurm_cluster: dict, orch_env: dict, cleanup: list[str]
+) -> None:
+    res = run_cli(
+        ["sweep", *ONE_NODE, "--max-parallel", "2", "--grid", "lr=0.3,0.1,0.2", "--"]
+        + [SCRIPT, "--lr", "{lr}", "--steps", "4", "--step-s", "0.3", "--hold-lr", "0.1"],
+        orch_env,
+        timeout=90,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    sweep_id = res.stdout.split("submitted sweep ")[1].split()[0]
+    cleanup.append(sweep_id)
+    sweep_dir = Path(res.stdout.split("sweep directory ")[1].split()[0])
+    tasks = [sweep_dir / f"task_{i}" for i in range(3)]
+    jobs = [f"{sweep_id}_{i}" for i in range(3)]
+    assert [f"task {i}: job {j}" in res.stdout for i, j in enumerate(jobs)] == [True] * 3
+    assert "#SBATCH --array=0-2%2" in (sweep_dir / "sbatch.sh").read_text()
+
+    # Task 1 (lr 0.1) holds after 2 steps of its first attempt: requeue it alone, by the profile's signal.
+    poll(lambda: len(events(tasks[1], "train")) >= 2, 240, "task 1's first two steps")
+    sent = run_cli(["cancel", jobs[1], "--signal", "USR2"], orch_env, timeout=60)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    states = [sacct_state(j, timeout=300) for j in jobs]
+    assert states == ["COMPLETED"] * 3, states
+
+    # Throttle: never more than 2 tasks (any incarnation) running at once, by sacct's own times.
+    rows = sacct_rows(sweep_id)
+    assert {r["job_id"] for r in rows} == set(jobs), rows
+    assert most_at_once(rows) == 2, rows
+
+    # Each task's run directory holds its own arguments and metrics.
+    for task, lr in zip(tasks, ("0.3", "0.1", "0.2"), strict=True):
+        plan = json.loads((task / "job.json").read_text())
+        assert plan["script_args"][:2] == ["--lr", lr]
+        assert {e["lr"] for e in events(task, "train")} == {float(lr)}
+        assert max(e["step"] for e in events(task, "train")) == 4
+
+    # Only task 1 was requeued, and it resumed from its own checkpoint (step 2), losing no step.
+    resumes = [events(t, "resume") for t in tasks]
+    assert [len(r) for r in resumes] == [0, 1, 0]
+    assert resumes[1][0]["step"] == 2 and resumes[1][0]["attempt"] == 1
+    assert [e["step"] for e in events(tasks[1], "train")] == [1, 2, 3, 4]
+    assert [sorted(p.name for p in (t / "logs").glob("attempt_*")) for t in tasks] == [
+        ["attempt_0"],
+        ["attempt_0", "attempt_1"],
+        ["attempt_0"],
+    ]
+
+    # The rollup: a line per task, the best by loss, requeue counts per task, one scheduler query.
+    data = cli_json(["status", sweep_id, "--json"], orch_env)
+    assert [t["job_id"] for t in data["tasks"]] == jobs
+    assert [t["state"] for t in data["tasks"]] == ["COMPLETED"] * 3
+    assert [t["requeues"] for t in data["tasks"]] == [0, 1, 0]
+    assert [t["params"] for t in data["tasks"]] == [{"lr": "0.3"}, {"lr": "0.1"}, {"lr": "0.2"}]
+    assert data["best_task"] == 1 and data["scheduler_calls"]["squeue"] == 1
+    text = run_cli(["status", sweep_id], orch_env, timeout=60).stdout
+    assert f"best loss 0.3500: task 1 (job {jobs[1]}, lr=0.1)" in text, text
+    listed = run_cli(["list", "--sweeps"], orch_env, timeout=60).stdout
+    assert sweep_id in listed and "lr=0.3,0.1,0.2" in listed, listed
