@@ -13,6 +13,8 @@ from pathlib import Path
 
 WAITING = "Dependency"
 NEVER = "DependencyNeverSatisfied"
+#: How :func:`explain`'s sentences start (``status`` shows them under its table).
+PREFIXES = ("waiting for job", "dependency never satisfied")
 _KIND = {"afterok": "to complete", "afterany": "to end"}
 
 
@@ -27,14 +29,16 @@ def dependencies(run_dir: Path) -> list[tuple[str, str]]:
     return [tuple(str(a).split(":", 1)) for a in after if ":" in str(a)]  # type: ignore[misc]
 
 
-def explain(run_dir: Path, reason: str | None) -> str | None:
-    """The scheduler's ``reason`` with the dependency spelled out; any other reason unchanged."""
+def explain(run_dir: Path, reason: str | None, ended: bool = False) -> str | None:
+    """The scheduler's ``reason`` with the dependency spelled out; any other reason unchanged.
+    ``ended``: the job is over, so it never ran (Slurm keeps the reason ``Dependency`` on a job it
+    cancelled for ``--kill-on-invalid-dep``)."""
     if reason not in (WAITING, NEVER):
         return reason
     deps = dependencies(run_dir)
     if not deps:
         return reason
     named = ", ".join(f"job {job} {_KIND.get(kind, kind)}" for kind, job in deps)
-    if reason == WAITING:
+    if reason == WAITING and not ended:
         return f"waiting for {named}"
     return f"dependency never satisfied: waited for {named}, which ended otherwise; cancelled ({NEVER})"

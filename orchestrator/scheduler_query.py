@@ -289,7 +289,11 @@ def query_states(
     remaining = deadline - time.monotonic()
     if missing and remaining > 0.05:
         calls["sacct"] += 1
-        res = run_bounded(["sacct", "-n", "-P", "-X", "-j", ",".join(missing), "-o", SACCT_FIELDS], remaining)
+        # An array's tasks that never started are one accounting record, found only by the array's id.
+        arrays = sorted({j.split("_", 1)[0] for j in missing if "_" in j})
+        res = run_bounded(
+            ["sacct", "-n", "-P", "-X", "-j", ",".join([*missing, *arrays]), "-o", SACCT_FIELDS], remaining
+        )
         if res.error is None:
             found = parse_sacct(res.stdout)
             asked = set(missing)

@@ -46,7 +46,9 @@ def sacct_rows(job_id: str) -> list[dict[str, str]]:
         timeout=30,
     ).stdout
     keys = ("job_id", "state", "start", "end")
-    return [dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line.count("|") == 3]
+    return [
+        dict(zip(keys, line.split("|"), strict=True)) for line in out.splitlines() if line.count("|") == 3
+    ]
 
 
 def most_at_once(rows: list[dict[str, str]]) -> int:
@@ -126,3 +128,78 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     assert f"best loss 0.3500: task 1 (job {jobs[1]}, lr=0.1)" in text, text
     listed = run_cli(["list", "--sweeps"], orch_env, timeout=60).stdout
     assert sweep_id in listed and "lr=0.3,0.1,0.2" in listed, listed
+
+
+def test_dependencies_and_a_100_task_sweep_through_the_api(
+    slurm_cluster: dict, orch_env: dict, monkeypatch: pytest.MonkeyPatch, cleanup: list[str]
+) -> None:
+    import orchestrator
+    from orchestrator.job_states import JobState
+    from orchestrator.scheduler_query import parse_sacct
+
+    monkeypatch.setenv("PYTHONPATH", orch_env["PYTHONPATH"])  # the jobs run this checkout
+    quick = ["--steps", "2", "--step-s", "0.1"]
+    common: dict[str, Any] = {"profile": "slurm_test", "nodes": 1, "script": SCRIPT}
+    ok = orchestrator.submit(**common, args=quick)
+    bad = orchestrator.submit(**common, args=["--fail"])
+    hold = orchestrator.submit(**common, args=["--hold-lr", "0.1", "--hold-at", "0"])  # runs until cancelled
+    cleanup += [ok.job_id, bad.job_id, hold.job_id]
+    after_ok = orchestrator.submit(**common, args=quick, after=[f"{ok.job_id}:ok"])
+    res = run_cli(["submit", *ONE_NODE, "--after", f"{bad.job_id}:ok", "--", SCRIPT, *quick], orch_env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    after_bad = res.stdout.split("submitted job ")[1].split()[0]
+    big = orchestrator.sweep(
+        **common, grid={"seed": range(100)}, args=["--seed", "{seed}"], after=[hold.job_id], max_parallel=4
+    )
+    cleanup += [after_ok.job_id, after_bad, big.sweep_id]
+    task_ids = [j.job_id for j in big.jobs]
+    assert task_ids == [f"{big.sweep_id}_{i}" for i in range(100)]
+
+    # 100 tasks waiting for `hold`: each says so, the registry equals squeue, one scheduler query.
+    waiting = f"waiting for job {hold.job_id} to complete"
+
+    def all_waiting() -> dict[str, Any] | None:
+        data = cli_json(["status", big.sweep_id, "--json"], orch_env)
+        return data if {t["reason"] for t in data["tasks"]} == {waiting} else None
+
+    data = poll(all_waiting, 60, "every task waiting for the hold job")
+    assert len(data["tasks"]) == 100 and {t["state"] for t in data["tasks"]} == {"PENDING"}
+    assert data["scheduler_calls"] == {"squeue": 1, "sacct": 0}
+    queued = slurm("squeue", "-h", "-r", "-j", big.sweep_id, "-o", "%i").stdout.split()
+    assert sorted(queued) == sorted(task_ids)
+    rolled = big.status()  # the API's rollup is the CLI's
+    assert [r.job_id for r in rolled.rows] == task_ids and rolled.result.calls["squeue"] == 1
+    text = run_cli(["status", task_ids[7]], orch_env, timeout=60).stdout
+    assert f"{task_ids[7]} PENDING: {waiting}" in text, text
+
+    # afterok on a job that COMPLETED: runs, and only after it ended.
+    assert after_ok.wait(timeout=240) is JobState.COMPLETED
+    (first,) = sacct_rows(ok.job_id)
+    (then,) = sacct_rows(after_ok.job_id)
+    assert first["state"] == "COMPLETED" and then["start"] >= first["end"], (first, then)
+    assert [e["step"] for e in after_ok.metrics() if e.get("event") == "train"] == [1, 2]
+    assert "[orchestrator node]" in after_ok.logs()
+
+    # afterok on a job that FAILED: cancelled by Slurm, and status says why.
+    assert orchestrator.get_job(after_bad).wait(timeout=240) is JobState.CANCELLED
+    assert sacct_state(bad.job_id) == "FAILED"
+    reason = cli_json(["status", after_bad, "--json"], orch_env)["jobs"][0]["reason"]
+    assert reason.startswith(f"dependency never satisfied: waited for job {bad.job_id} to complete"), reason
+
+    # The sweep's dependency fails too (hold cancelled): all 100 cancelled; registry == sacct.
+    assert "cancel requested" in hold.cancel()
+    data = poll(
+        lambda: (
+            (d := cli_json(["status", big.sweep_id, "--json"], orch_env))["counts"] == {"CANCELLED": 100}
+            and d
+        ),
+        120,
+        "the sweep cancelled",
+    )
+    never = f"dependency never satisfied: waited for job {hold.job_id} to complete"
+    assert all(t["reason"].startswith(never) for t in data["tasks"]), data["tasks"][0]
+    acct = parse_sacct(
+        slurm("sacct", "-X", "-n", "-P", "-j", big.sweep_id, "-o", "JobID,State,ExitCode,Reason").stdout
+    )
+    assert {t["job_id"]: t["state"] for t in data["tasks"]} == {j: acct[j].state.value for j in task_ids}
+    assert data["scheduler_calls"]["squeue"] == 1

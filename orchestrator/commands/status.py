@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from orchestrator.dependencies import PREFIXES as DEPENDENCY_PREFIXES
 from orchestrator.dependencies import explain as explain_dependency
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
@@ -151,6 +152,7 @@ def _row(
             job.end_reason
             if job.end_reason and own_state.is_terminal()
             else (st.reason if st and st.reason else job.reason or job.end_reason),
+            own_state.is_terminal(),
         ),
         node_list=(st.node_list if st and st.node_list else job.node_list),
         exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
@@ -292,6 +294,11 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
         for row in rows
         if row.reason and row.state.value in EXPLAINED_STATES and row.state.is_terminal()
     ]
+    lines.extend(
+        f"{row.job_id} {row.state.value}: {row.reason}"
+        for row in rows
+        if row.reason and row.reason.startswith(DEPENDENCY_PREFIXES)
+    )
     for row in rows:
         if row.corrupt_checkpoints:
             steps = ", ".join(str(s) for s in row.corrupt_checkpoints)
