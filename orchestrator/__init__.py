@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 #: Names of orchestrator.api reachable as orchestrator.<name>.
 _API = frozenset(
-    {"Job", "Sweep", "cancel", "dry_run", "get_job", "get_sweep", "plan", "resume", "submit", "sweep"}
+    {"Job", "Sweep", "cancel", "dry_run", "get_job", "get_sweep", "make_plan", "resume", "submit", "sweep"}
 )
 
 

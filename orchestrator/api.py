@@ -44,7 +44,7 @@ __all__ = [
     "get_job",
     "get_sweep",
     "parse_after",
-    "plan",
+    "make_plan",
     "resume",
     "submit",
     "submit_plan",
@@ -69,7 +69,7 @@ def _registry(registry: Registry | None) -> Registry:
 
 
 # ---------------------------------------------------------------------------- planning
-def plan(
+def make_plan(
     *,
     script: str,
     args: Sequence[str] = (),
@@ -208,8 +208,8 @@ def dry_run(plan: LaunchPlan) -> Request:
 
 
 def submit(*, script: str, args: Sequence[str] = (), snapshot: bool = False, **kwargs: Any) -> Job:
-    """Submit a job; the keywords are :func:`plan`'s (``profile``, ``strategy``, ``nodes``, ``after``...)."""
-    return submit_plan(plan(script=script, args=args, **kwargs), snapshot=snapshot)
+    """Submit a job; the keywords are :func:`make_plan`'s (``profile``, ``strategy``, ``nodes``, ``after``...)."""
+    return submit_plan(make_plan(script=script, args=args, **kwargs), snapshot=snapshot)
 
 
 def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | None = None) -> str:
@@ -254,7 +254,7 @@ def resume(job_id: str, home: Path | None = None, **overrides: Any) -> tuple[Job
 # ---------------------------------------------------------------------------- sweeps
 @dataclass(frozen=True)
 class SweepStatus:
-    """``status SWEEP``: a row per task, and the best task by ``metric``."""
+    """``status SWEEP``: a row per started task, and the best task by ``metric``."""
 
     sweep_id: str
     rows: list[StatusRow]
@@ -263,11 +263,17 @@ class SweepStatus:
     metric: str
     best: int | None
     """Index into ``rows`` of the best task (None when no task has the metric yet)."""
+    tasks: list[int] = field(default_factory=list)
+    """The task number of each row."""
+    queued: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    """Tasks of a local sweep not started yet (waiting for a free slot), with their parameters."""
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for row in self.rows:
             out[row.state.value] = out.get(row.state.value, 0) + 1
+        if self.queued:
+            out["QUEUED"] = len(self.queued)
         return out
 
 
@@ -279,8 +285,17 @@ SWEEP_METRICS = {"loss": False, "val_loss": False, "tokens_per_s": True}
 class Sweep:
     sweep_id: str
     sweep_dir: Path
-    jobs: list[Job]
     _home: Path | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def jobs(self) -> list[Job]:
+        """The tasks' jobs in task order (a local sweep's tasks appear as they start)."""
+        from orchestrator.registry import Registry
+
+        with Registry.open(self._home) as registry:
+            record = registry.get_sweep(self.sweep_id)
+            by_id = {j.job_id: j for j in registry.get_many(record.job_ids)}
+        return [Job(t.job_id, Path(by_id[t.job_id].run_dir), self._home) for t in record.tasks]
 
     def status(self, metric: str = "loss", timeout_s: float = 5.0) -> SweepStatus:
         """Every task's row (one scheduler query for the whole sweep) and the best by ``metric``."""
@@ -290,18 +305,56 @@ class Sweep:
             return sweep_status(registry, self.sweep_id, metric, timeout_s)
 
     def wait(self, timeout: float | None = None, poll: float = 2.0) -> dict[str, JobState]:
-        """Every task's final state, by job id."""
+        """Every task's final state, by job id (a local sweep's later tasks are waited for as they start)."""
         import time
 
         deadline = None if timeout is None else time.monotonic() + timeout
         states: dict[str, JobState] = {}
-        for job in self.jobs:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-            states[job.job_id] = job.wait(timeout=left, poll=poll)
-        return states
+        while True:
+            jobs = [j for j in self.jobs if j.job_id not in states]
+            if not jobs and len(states) >= self._task_count():
+                return states
+            if not jobs:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"sweep {self.sweep_id}: tasks not started after {timeout} s")
+                time.sleep(poll)
+                continue
+            for job in jobs:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                states[job.job_id] = job.wait(timeout=left, poll=poll)
+
+    def _task_count(self) -> int:
+        from orchestrator.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
+
+        if (self.sweep_dir / CANCEL_MARKER).exists():
+            return len(self.jobs)
+        return len((read_json(self.sweep_dir / SWEEP_FILE) or {}).get("tasks", []))
+
+    def resume_failed(self, **overrides: Any) -> list[tuple[int, Job | None, list[str]]]:
+        """``resume SWEEP --failed``: each task whose run ended other than COMPLETED resumed from its
+        own last complete checkpoint, as a job of its own (``(task, new job or None, lines)``; a task
+        that cannot be resumed, e.g. no checkpoint, gets None and the reason)."""
+        done: list[tuple[int, Job | None, list[str]]] = []
+        status = self.status()
+        for i, row in zip(status.tasks, status.rows, strict=True):
+            state = row.run_state or row.state
+            if not state.is_terminal() or state.is_success():
+                continue
+            try:
+                job, lines = resume(row.continued_as or row.job_id, home=self._home, **overrides)
+            except UserError as exc:
+                done.append((i, None, [f"task {i}: not resumed: {exc}"]))
+                continue
+            done.append((i, job, [f"task {i}: {line}" for line in lines]))
+        return done
 
     def cancel(self) -> list[str]:
-        """Cancel every task still going."""
+        """Cancel every task still going (and start no more of a local sweep's)."""
+        import getpass
+
+        from orchestrator.run_dir import write_cancel_marker
+
+        write_cancel_marker(self.sweep_dir, "CANCEL", getpass.getuser())
         lines = []
         for job in self.jobs:
             try:
@@ -323,7 +376,23 @@ def sweep_status(
     higher = SWEEP_METRICS[metric]
     scored = [(getattr(r, metric), i) for i, r in enumerate(rows) if getattr(r, metric) is not None]
     best = (max(scored) if higher else min(scored))[1] if scored else None
-    return SweepStatus(sweep_id, rows, [t.params for t in record.tasks], result, metric, best)
+    started = {t.task for t in record.tasks}
+    from orchestrator.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
+
+    planned = (read_json(record.sweep_dir / SWEEP_FILE) or {}).get("tasks", [])
+    queued = [(int(t["task"]), dict(t["params"])) for t in planned if int(t["task"]) not in started]
+    if (record.sweep_dir / CANCEL_MARKER).exists():
+        queued = []  # a cancelled local sweep starts no more tasks
+    return SweepStatus(
+        sweep_id,
+        rows,
+        [t.params for t in record.tasks],
+        result,
+        metric,
+        best,
+        [t.task for t in record.tasks],
+        queued,
+    )
 
 
 def get_sweep(sweep_id: str, home: Path | None = None) -> Sweep:
@@ -331,8 +400,7 @@ def get_sweep(sweep_id: str, home: Path | None = None) -> Sweep:
 
     with Registry.open(home) as registry:
         record = registry.get_sweep(sweep_id)
-        jobs = [Job(j.job_id, Path(j.run_dir), home) for j in registry.get_many(record.job_ids)]
-    return Sweep(record.sweep_id, record.sweep_dir, jobs, home)
+        return Sweep(record.sweep_id, record.sweep_dir, home)
 
 
 def sweep_plan_points(
@@ -342,7 +410,7 @@ def sweep_plan_points(
     from orchestrator.sweep_plan import parse_grid
 
     specs = [f"{k}=" + ",".join(str(v) for v in values) for k, values in grid.items()]
-    return plan(script=script, args=args, **kwargs), parse_grid(specs)
+    return make_plan(script=script, args=args, **kwargs), parse_grid(specs)
 
 
 def submit_sweep_plan(
@@ -358,9 +426,7 @@ def submit_sweep_plan(
     for values in grid.values():
         tasks *= len(values)
     done = submit_sweep(base, grid, max_parallel or tasks, reg)
-    home = reg.path.parent
-    jobs = [Job(j, done.sweep_dir / f"task_{i}", home) for i, j in enumerate(done.job_ids)]
-    return Sweep(done.sweep_id, done.sweep_dir, jobs, home)
+    return Sweep(done.sweep_id, done.sweep_dir, reg.path.parent)
 
 
 def sweep(
@@ -372,6 +438,6 @@ def sweep(
     **kwargs: Any,
 ) -> Sweep:
     """A grid of runs as one job array: ``args`` name grid values as ``{lr}``; at most
-    ``max_parallel`` tasks run at once (default: all). The keywords are :func:`plan`'s."""
+    ``max_parallel`` tasks run at once (default: all). The keywords are :func:`make_plan`'s."""
     base, text_grid = sweep_plan_points(grid, script=script, args=args, **kwargs)
     return submit_sweep_plan(base, text_grid, max_parallel)

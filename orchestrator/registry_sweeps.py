@@ -95,6 +95,14 @@ class SweepsMixin:
                 [(sweep_id, task, job_id, json.dumps(dict(params))) for task, job_id, params in tasks],
             )
 
+    def add_sweep_task(self, sweep_id: str, task: int, job_id: str, params: Mapping[str, str]) -> None:
+        """A task started later than its sweep was recorded (a local sweep starts K at a time)."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO sweep_tasks (sweep_id, task, job_id, params) VALUES (?,?,?,?)",
+                (sweep_id, task, job_id, json.dumps(dict(params))),
+            )
+
     def find_sweep(self, sweep_id: str) -> SweepRecord | None:
         row = self._conn.execute(
             "SELECT sweep_id, name, scheduler, sweep_dir, grid, max_parallel, created_at FROM sweeps "

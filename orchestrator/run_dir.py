@@ -44,7 +44,10 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
 
 A sweep (``orchestrator sweep``) is a directory of run directories: ``<sweep_dir>/sweep.json`` (the grid,
 each task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) and one run
-directory ``<sweep_dir>/task_<i>/`` per grid point, laid out as above.
+directory ``<sweep_dir>/task_<i>/`` per grid point, laid out as above. A local sweep (no job arrays)
+also has ``<sweep_dir>/sweep.log``, the output of the process that starts its tasks K at a time,
+``<sweep_dir>/local_pids.json`` (that process's pid) and ``<sweep_dir>/cancel_requested.json`` once
+the sweep was cancelled.
 
 Attempts are numbered across every job that used the run directory: a submission starts at
 :func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`). A
@@ -77,6 +80,7 @@ SBATCH_FILE = "sbatch.sh"
 SUBMITIT_DIR = "submitit"
 ARRAY_TASK_FILE = "array_task.pkl"
 SWEEP_FILE = "sweep.json"
+SWEEP_LOG = "sweep.log"
 SNAPSHOT_DIR = "snapshot"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"

@@ -37,8 +37,19 @@ def render_sweep_status(status: SweepStatus) -> str:
             "requeues": row.requeues,
             "reason": row.reason or "",
         }
-        for i, (row, params) in enumerate(zip(status.rows, status.params, strict=True))
+        for i, row, params in zip(status.tasks, status.rows, status.params, strict=True)
     ]
+    table += [
+        {"task": i, "job": "-", "params": " ".join(f"{k}={v}" for k, v in params.items()), "state": "QUEUED"}
+        | {
+            "step": "-",
+            status.metric: "-",
+            "requeues": 0,
+            "reason": "waiting for a free slot (--max-parallel)",
+        }
+        for i, params in status.queued
+    ]
+    table.sort(key=lambda r: int(str(r["task"])))
     columns = ["task", "job", "params", "state", "step", status.metric, "requeues", "reason"]
     lines = [format_table(table, columns)]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(status.counts().items()))
@@ -46,7 +57,10 @@ def render_sweep_status(status: SweepStatus) -> str:
     if status.best is not None:
         row = status.rows[status.best]
         params = " ".join(f"{k}={v}" for k, v in status.params[status.best].items())
-        summary += f"; best {status.metric} {_value(row, status.metric)}: task {status.best} (job {row.job_id}, {params})"
+        task = status.tasks[status.best]
+        summary += (
+            f"; best {status.metric} {_value(row, status.metric)}: task {task} (job {row.job_id}, {params})"
+        )
     else:
         summary += f"; no task has reported {status.metric} yet"
     lines.append(summary)
@@ -62,12 +76,13 @@ def sweep_status_json(status: SweepStatus) -> dict[str, Any]:
         "errors": list(result.errors),
         "scheduler_calls": dict(result.calls),
         "metric": status.metric,
-        "best_task": status.best,
+        "best_task": None if status.best is None else status.tasks[status.best],
         "counts": status.counts(),
         "tasks": [
             {"task": i, "params": params, **row.to_json()}
-            for i, (row, params) in enumerate(zip(status.rows, status.params, strict=True))
+            for i, row, params in zip(status.tasks, status.rows, status.params, strict=True)
         ],
+        "queued": [{"task": i, "params": params} for i, params in status.queued],
     }
 
 

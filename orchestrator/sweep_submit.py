@@ -68,8 +68,9 @@ def _checked(
     if max_parallel < 1:
         raise UserError(f"--max-parallel: expected an integer >= 1, got {max_parallel}")
     points = sweep_plans(base, grid)
+    scheduler = get_scheduler(base.profile.scheduler)
     check_submittable(points[0][1])
-    get_scheduler(base.profile.scheduler).check_array(len(points))
+    scheduler.check_array(len(points))
     check_runs_root()
     return points
 
@@ -93,6 +94,8 @@ def submit_sweep(
     scheduler = get_scheduler(base.profile.scheduler)
     share = base.profile.share_with_group
     sweep_dir = planned_run_dir(base)
+    if not scheduler.has_arrays:
+        return _start_without_array(base, grid, points, max_parallel, registry, sweep_dir)
     with umask(run_umask(share)):
         _make_run_dir(sweep_dir, share)
         try:
@@ -106,10 +109,7 @@ def submit_sweep(
                 plans.append(plan)
                 dirs.append(path)
             request = scheduler.dryrun_array(plans, sweep_dir, max_parallel, sys.executable)
-            if request is None:
-                raise UserError(
-                    f"profile '{base.profile_name}': its scheduler ({base.profile.scheduler}) runs no job arrays"
-                )
+            assert request is not None  # _checked: the scheduler has arrays
             write_json_atomic(
                 sweep_dir / SWEEP_FILE,
                 {
@@ -145,3 +145,54 @@ def submit_sweep(
     data = json.loads((sweep_dir / SWEEP_FILE).read_text())
     write_json_atomic(sweep_dir / SWEEP_FILE, {**data, "sweep_id": sweep_id, "job_ids": job_ids})
     return SubmittedSweep(sweep_id, sweep_dir, job_ids, [p for p, _ in points])
+
+
+def _start_without_array(
+    base: LaunchPlan,
+    grid: Mapping[str, Sequence[str]],
+    points: list[tuple[dict[str, str], LaunchPlan]],
+    max_parallel: int,
+    registry: Registry,
+    sweep_dir: Path,
+) -> SubmittedSweep:
+    """A scheduler without arrays (local): the tasks' run directories and plans now, and a detached
+    :mod:`orchestrator.local_sweep` that submits them ``max_parallel`` at a time."""
+    import subprocess
+
+    from orchestrator.run_dir import LOCAL_PIDS_FILE, SWEEP_LOG
+
+    share = base.profile.share_with_group
+    with umask(run_umask(share)):
+        _make_run_dir(sweep_dir, share)
+        tasks = []
+        for i, (params, plan) in enumerate(points):
+            path = task_dir(sweep_dir, i)
+            path.mkdir(mode=0o750 if share else 0o700)
+            tasks.append(
+                {"task": i, "params": params, "run_dir": str(path), "plan": absolute_script(plan).to_json()}
+            )
+        sweep_id = f"sweep-{sweep_dir.name.rsplit('-', 1)[-1]}"
+        grid_lists = {k: list(v) for k, v in grid.items()}
+        write_json_atomic(
+            sweep_dir / SWEEP_FILE,
+            {"sweep_id": sweep_id, "grid": grid_lists, "max_parallel": max_parallel, "tasks": tasks},
+        )
+        registry.add_sweep(
+            sweep_id=sweep_id,
+            name=base.job_name,
+            scheduler=base.profile.scheduler,
+            sweep_dir=sweep_dir,
+            grid=grid,
+            max_parallel=max_parallel,
+            tasks=[],
+        )
+        with open(sweep_dir / SWEEP_LOG, "ab") as log:
+            driver = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.local_sweep", str(sweep_dir), sweep_id],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        write_json_atomic(sweep_dir / LOCAL_PIDS_FILE, {"controller": driver.pid})
+    return SubmittedSweep(sweep_id, sweep_dir, [], [p for p, _ in points])

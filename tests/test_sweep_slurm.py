@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from orchestrator.run_summary import iter_metrics
+from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm
 
@@ -72,12 +73,22 @@ def cleanup() -> Iterator[list[str]]:
 def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     slurm_cluster: dict, orch_env: dict, cleanup: list[str]
 ) -> None:
-    res = run_cli(
-        ["sweep", *ONE_NODE, "--max-parallel", "2", "--grid", "lr=0.3,0.1,0.2", "--"]
-        + [SCRIPT, "--lr", "{lr}", "--steps", "4", "--step-s", "0.3", "--hold-lr", "0.1"],
+    # A grid larger than the cluster's MaxArraySize is refused with the reason, nothing made.
+    huge = run_cli(
+        ["sweep", *ONE_NODE, "--grid", f"seed={','.join(map(str, range(1002)))}", "--", SCRIPT, "{seed}"],
         orch_env,
-        timeout=90,
     )
+    assert huge.returncode == 2 and "1002 tasks, but this cluster's MaxArraySize is 1001" in huge.stderr, (
+        huge.stderr
+    )
+    args = ["--max-parallel", "2", "--grid", "lr=0.3,0.1,0.2", "--"]
+    args += [SCRIPT, "--lr", "{lr}", "--steps", "4", "--step-s", "0.3", "--hold-lr", "0.1"]
+    dry = run_cli(["sweep", *ONE_NODE, "--dry-run", *args], orch_env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    planned = dry.stdout.split("sweep directory would be ")[1].split(")")[0]
+    shown = dry.stdout.split("==> sbatch.sh <==\n")[1].split("\ntask 0: ")[0].rstrip("\n") + "\n"
+    assert not Path(planned).exists() and not (Path(orch_env["ORCHESTRATOR_RUNS"])).exists()
+    res = run_cli(["sweep", *ONE_NODE, *args], orch_env, timeout=90)
     assert res.returncode == 0, res.stdout + res.stderr
     sweep_id = res.stdout.split("submitted sweep ")[1].split()[0]
     cleanup.append(sweep_id)
@@ -85,7 +96,14 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     tasks = [sweep_dir / f"task_{i}" for i in range(3)]
     jobs = [f"{sweep_id}_{i}" for i in range(3)]
     assert [f"task {i}: job {j}" in res.stdout for i, j in enumerate(jobs)] == [True] * 3
-    assert "#SBATCH --array=0-2%2" in (sweep_dir / "sbatch.sh").read_text()
+    # The dry run is the array's script byte for byte (but for the directory's name and the token
+    # derived from it), and that is what Slurm holds.
+    submitted = (sweep_dir / "sbatch.sh").read_text()
+    same = shown.replace(planned, str(sweep_dir)).replace(
+        submission_token(planned, 0), submission_token(sweep_dir, 0)
+    )
+    assert same == submitted and "#SBATCH --array=0-2%2" in submitted
+    assert slurm("scontrol", "write", "batch_script", sweep_id, "-").stdout == submitted
 
     # Task 1 (lr 0.1) holds after 2 steps of its first attempt: requeue it alone, by the profile's signal.
     poll(lambda: len(events(tasks[1], "train")) >= 2, 240, "task 1's first two steps")
@@ -151,7 +169,14 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     big = orchestrator.sweep(
         **common, grid={"seed": range(100)}, args=["--seed", "{seed}"], after=[hold.job_id], max_parallel=4
     )
-    cleanup += [after_ok.job_id, after_bad, big.sweep_id]
+    # A sweep whose task 0 stops at step 2 without a requeue (max_requeues 0) to be resumed later.
+    small = orchestrator.sweep(
+        **common,
+        grid={"lr": [0.1, 0.2]},
+        args=["--lr", "{lr}", "--steps", "3", "--step-s", "0.1", "--hold-lr", "0.1"],
+        max_requeues=0,
+    )
+    cleanup += [after_ok.job_id, after_bad, big.sweep_id, small.sweep_id]
     task_ids = [j.job_id for j in big.jobs]
     assert task_ids == [f"{big.sweep_id}_{i}" for i in range(100)]
 
@@ -203,3 +228,21 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     )
     assert {t["job_id"]: t["state"] for t in data["tasks"]} == {j: acct[j].state.value for j in task_ids}
     assert data["scheduler_calls"]["squeue"] == 1
+
+    # resume SWEEP --failed: only the task that FAILED is resumed, from its own checkpoint.
+    poll(lambda: len(events(small.jobs[0].run_dir, "train")) >= 2, 120, "small task 0 holding")
+    assert "sent SIGUSR2" in small.jobs[0].cancel("USR2")
+    assert small.jobs[0].wait(timeout=120) is JobState.FAILED
+    assert small.jobs[1].wait(timeout=120) is JobState.COMPLETED
+    res = run_cli(["resume", small.sweep_id, "--failed"], orch_env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("task 0: resuming job") and "task 1" not in res.stdout, res.stdout
+    resumed = orchestrator.get_job(res.stdout.split("submitted job ")[1].split()[0])
+    assert resumed.run_dir == small.jobs[0].run_dir and resumed.wait(timeout=180) is JobState.COMPLETED
+    (resume,) = events(resumed.run_dir, "resume")
+    assert resume["step"] == 2 and [e["step"] for e in events(resumed.run_dir, "train")] == [1, 2, 3]
+    rows = small.status().rows
+    assert [(r.continued_as, (r.run_state or r.state).value) for r in rows] == [
+        (resumed.job_id, "COMPLETED"),
+        (None, "COMPLETED"),
+    ]

@@ -25,7 +25,10 @@ from orchestrator.strategies import STRATEGIES
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan_args import positive_float, positive_int
 
-    parser.add_argument("job_id", metavar="JOB")
+    parser.add_argument("job_id", metavar="JOB", help="a job id, or a sweep id with --failed")
+    parser.add_argument(
+        "--failed", action="store_true", help="JOB is a sweep: resume each task that did not complete"
+    )
     parser.add_argument("--nodes", type=positive_int, default=None, help="default: as before")
     parser.add_argument("--procs-per-node", type=positive_int, default=None, help="default: as before")
     parser.add_argument("--strategy", choices=list(STRATEGIES), default=None, help="default: as before")
@@ -106,6 +109,8 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from orchestrator import api
 
+    if args.failed:
+        return _resume_failed_tasks(args)
     job, lines = api.resume(
         args.job_id,
         nodes=args.nodes,
@@ -125,6 +130,26 @@ def run(args: argparse.Namespace) -> int:
     with Registry.open() as registry:
         state = wait_for_job(registry, job.job_id, poll_s=args.poll)
     return 0 if state.is_success() else 1
+
+
+def _resume_failed_tasks(args: argparse.Namespace) -> int:
+    """Exit 0 when every failed task was resumed (or none had failed), 1 when one could not be."""
+    from orchestrator import api
+
+    sweep = api.get_sweep(args.job_id)
+    done = sweep.resume_failed(
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        strategy=args.strategy,
+        profile=args.profile,
+        profiles_dir=args.profiles_dir,
+    )
+    for _task, _job, lines in done:
+        for line in lines:
+            print(line)
+    if not done:
+        print(f"sweep {sweep.sweep_id}: no task ended other than COMPLETED; nothing to resume")
+    return 0 if all(job is not None for _, job, _ in done) else 1
 
 
 def resume_job(registry: Any, args: argparse.Namespace) -> tuple[str, list[str]]:

@@ -66,18 +66,26 @@ def run(args: argparse.Namespace) -> int:
             print()
         for i, (_params, plan) in enumerate(points):
             print(f"task {i}: {' '.join([plan.script, *plan.script_args])}")
-        print(f"# dry run: nothing submitted ({len(points)} tasks)")
+        where = f"; sweep directory would be {request.run_dir}" if request is not None else ""
+        print(f"# dry run: nothing submitted ({len(points)} tasks{where})")
         return EXIT_OK
     done = api.submit_sweep_plan(base, grid, max_parallel)
-    print(f"submitted sweep {done.sweep_id} ({len(done.jobs)} tasks)")
+    count = 1
+    for values in grid.values():
+        count *= len(values)
+    print(f"submitted sweep {done.sweep_id} ({count} tasks)")
     print(f"sweep directory {done.sweep_dir}")
     from orchestrator.registry import Registry
 
     with Registry.open() as registry:
         record = registry.get_sweep(done.sweep_id)
-    for task, job in zip(record.tasks, done.jobs, strict=True):
+    for task in record.tasks:
         point = " ".join(f"{k}={v}" for k, v in task.params.items())
-        print(f"task {task.task}: job {job.job_id}  {point}")
+        print(f"task {task.task}: job {task.job_id}  {point}")
+    if not record.tasks:
+        print(
+            f"tasks start {max_parallel or 'all'} at a time on this machine (see `orchestrator status {done.sweep_id}`)"
+        )
     print(f"next: `orchestrator status {done.sweep_id}` (a line per task and the best one)")
     sys.stdout.flush()
     return EXIT_OK

@@ -76,6 +76,8 @@ class Scheduler(ABC):
     """Whether a profile must name a partition (a profile check, before anything is rendered)."""
     writes_batch_script: ClassVar[bool]
     """Whether :meth:`dryrun`'s text is a batch script worth showing in ``render``."""
+    has_arrays: ClassVar[bool] = False
+    """Whether a sweep's tasks can be one job array (:meth:`dryrun_array`)."""
 
     # ---------------------------------------------------------------- planning (pure)
     @abstractmethod
@@ -110,8 +112,8 @@ class Scheduler(ABC):
         self, plans: Sequence[LaunchPlan], sweep_dir: Path, max_parallel: int, python: str | None = None
     ) -> Request | None:
         """The one request that runs every plan of a sweep (a job array), or None where the scheduler
-        has no arrays: the sweep then submits each task as a job of its own, ``max_parallel`` at a
-        time. Pure, like :meth:`dryrun`; the plans differ only in their script arguments."""
+        has no arrays (:attr:`has_arrays`). Pure, like :meth:`dryrun`; the plans differ only in their
+        script arguments."""
         return None
 
     def check_array(self, tasks: int) -> None:  # noqa: B027

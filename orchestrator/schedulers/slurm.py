@@ -263,6 +263,7 @@ class SlurmScheduler(Scheduler):
     needs_partition = True
     can_lose_nodes = True
     writes_batch_script = True
+    has_arrays = True
 
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
@@ -347,82 +348,21 @@ class SlurmScheduler(Scheduler):
     def dryrun_array(
         self, plans: Sequence[LaunchPlan], sweep_dir: Path, max_parallel: int, python: str | None = None
     ) -> Request | None:
-        from orchestrator.render import render_sbatch
+        from orchestrator.schedulers.slurm_array import array_request
 
-        plan = plans[0]
-        node_python = plan.profile.python or python or sys.executable
-        spec = f"0-{len(plans) - 1}%{max_parallel}"
-        folder = str(Path(sweep_dir) / SUBMITIT_DIR)
-        text = render_sbatch(plan, str(sweep_dir), folder, node_python, 0, array=spec)
-        token = submission_token(sweep_dir, 0)
-        text = text.replace("#SBATCH ", f"#SBATCH --comment={token}\n#SBATCH ", 1)
-        return Request(
-            plan=plan,
-            run_dir=Path(sweep_dir),
-            text=text,
-            file_name=SBATCH_FILE,
-            attempt_base=0,
-            extra={"token": token, "array": spec},
-        )
+        return array_request(plans, sweep_dir, max_parallel, python)
 
     def check_array(self, tasks: int) -> None:
-        """Slurm refuses an array index >= ``MaxArraySize``; say so before anything is made."""
-        from orchestrator.scheduler_query import run_bounded
+        from orchestrator.schedulers.slurm_array import check_array_size
 
-        res = run_bounded(["scontrol", "show", "config"], SINFO_TIMEOUT_S)
-        if res.error is not None:
-            raise RunFailure(f"scontrol show config failed: {res.error}")
-        limit = next(
-            (
-                int(line.split("=", 1)[1])
-                for line in res.stdout.splitlines()
-                if line.split("=", 1)[0].strip() == "MaxArraySize" and line.split("=", 1)[1].strip().isdigit()
-            ),
-            1001,  # Slurm's default
-        )
-        if tasks > limit:
-            raise UserError(
-                f"--grid: {tasks} tasks, but this cluster's MaxArraySize is {limit} (scontrol show config), "
-                f"so one job array holds at most {limit}; split the grid into sweeps of at most {limit}"
-            )
+        check_array_size(tasks)
 
     def schedule_array(
         self, request: Request, task_dirs: Sequence[Path], registry: Registry | None
     ) -> list[Scheduled]:
-        """sbatch the array's script; each task's node task is written first (``array_task.pkl``,
-        linked by the script to the name submitit looks up), so no task can start before it exists."""
-        import subprocess
+        from orchestrator.schedulers.slurm_array import submit_array
 
-        from submitit.core.utils import DelayedSubmission
-
-        from orchestrator.node_entry import NodeTask
-        from orchestrator.run_dir import ARRAY_TASK_FILE
-
-        script = request.run_dir / request.file_name
-        script.write_text(request.materialize())
-        for task_dir in task_dirs:
-            (task_dir / SUBMITIT_DIR).mkdir(parents=True, exist_ok=True)
-            task = NodeTask(run_dir=str(task_dir), scheduler=self.name, attempt_base=0)
-            DelayedSubmission(task).dump(task_dir / SUBMITIT_DIR / ARRAY_TASK_FILE)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
-        try:
-            proc = subprocess.run(
-                ["sbatch", "--parsable", str(script)],
-                capture_output=True,
-                text=True,
-                timeout=SCANCEL_TIMEOUT_S,
-                env=env,
-                cwd=request.run_dir,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RunFailure(f"sbatch of the job array failed: {exc}") from None
-        array_id = proc.stdout.strip().split(";")[0]
-        if proc.returncode != 0 or not array_id.isdigit():
-            raise RunFailure(f"sbatch refused the job array: {proc.stderr.strip() or proc.stdout.strip()}")
-        return [
-            Scheduled(job_id=f"{array_id}_{i}", scheduler_job_id=f"{array_id}_{i}")
-            for i in range(len(task_dirs))
-        ]
+        return submit_array(self.name, request, task_dirs)
 
     def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
         """squeue for queued and running jobs (``%k``: the comment), then sacct for ended ones
