@@ -210,6 +210,7 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     assert sacct_state(bad.job_id) == "FAILED"
     reason = cli_json(["status", after_bad, "--json"], orch_env)["jobs"][0]["reason"]
     assert reason.startswith(f"dependency never satisfied: waited for job {bad.job_id} to complete"), reason
+    assert f"job {bad.job_id} ended FAILED" in reason, reason
 
     # The sweep's dependency fails too (hold cancelled): all 100 cancelled; registry == sacct.
     assert "cancel requested" in hold.cancel()

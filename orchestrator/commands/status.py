@@ -153,6 +153,7 @@ def _row(
             if job.end_reason and own_state.is_terminal()
             else (st.reason if st and st.reason else job.reason or job.end_reason),
             own_state.is_terminal(),
+            own_state is JobState.CANCELLED,
         ),
         node_list=(st.node_list if st and st.node_list else job.node_list),
         exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
