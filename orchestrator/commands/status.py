@@ -363,12 +363,15 @@ def run(args: argparse.Namespace) -> int:
     with Registry.open() as registry:
         for line in registry.reconcile_submissions():  # a submit killed mid-way: adopt or clean up
             print(line, file=sys.stderr)
-        if len(args.jobs) == 1 and registry.find_sweep(args.jobs[0]) is not None and not args.watch:
+        sweep = registry.find_sweep(args.jobs[0]) if len(args.jobs) == 1 else None
+        if sweep is not None and not args.watch:
             from orchestrator.api import sweep_status
             from orchestrator.sweep_status import print_sweep_status
 
             print_sweep_status(sweep_status(registry, args.jobs[0], args.metric, args.timeout), args.json)
             return 0
+        if sweep is not None:  # --watch SWEEP: its tasks' rows until every one has ended
+            args.jobs = sweep.job_ids
         while True:
             jobs = _select(registry, args.jobs)
             if not jobs:
