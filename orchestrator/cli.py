@@ -22,6 +22,7 @@ from orchestrator.errors import EXIT_USAGE, OrchestratorError
 #: name -> one-line help. Order is the order shown in --help.
 COMMANDS: dict[str, str] = {
     "submit": "submit a training job (Slurm or local) and print its id and run directory",
+    "sweep": "submit a grid of runs as one job array (--grid lr=1e-3,3e-4 -- script.py --lr {lr})",
     "render": "print or write the sbatch script and each node's Accelerate config, submitting nothing",
     "status": "scheduler state and training progress of jobs (one batched scheduler query)",
     "list": "jobs in the registry",

@@ -49,6 +49,9 @@ class LaunchPlan:
     last complete checkpoint. Bounded by ``max_requeues`` like the scheduler's own requeues."""
     exclude_nodes: tuple[str, ...] = ()
     """Nodes this job must not run on (``--exclude``): the ones earlier attempts lost."""
+    after: tuple[str, ...] = ()
+    """Scheduler dependencies (``--after JOB[:ok|any]``), e.g. ``("afterok:123",)``. Not carried by
+    ``resume``: a new attempt of a run has no reason to wait again."""
 
     @property
     def strategy(self) -> Strategy:
@@ -78,6 +81,7 @@ class LaunchPlan:
             "max_requeues": self.max_requeues,
             "auto_resume": self.auto_resume,
             "exclude_nodes": list(self.exclude_nodes),
+            **({"after": list(self.after)} if self.after else {}),
         }
 
     @classmethod
@@ -95,6 +99,7 @@ class LaunchPlan:
             max_requeues=int(data["max_requeues"]),
             auto_resume=bool(data.get("auto_resume", False)),
             exclude_nodes=tuple(data.get("exclude_nodes", ())),
+            after=tuple(data.get("after", ())),
         )
 
 
@@ -232,6 +237,7 @@ def build_plan(
     max_requeues: int | None = None,
     auto_resume: bool = False,
     exclude_nodes: tuple[str, ...] = (),
+    after: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """Check everything and return the plan; raises UserError with the reason."""
     node_count = profile.nodes.default if nodes is None else nodes
@@ -266,4 +272,5 @@ def build_plan(
         max_requeues=profile.max_requeues if max_requeues is None else max_requeues,
         auto_resume=auto_resume,
         exclude_nodes=tuple(sorted(set(exclude_nodes))),
+        after=tuple(after),
     )

@@ -47,6 +47,7 @@ from orchestrator.registry_schema import (
     schema_version,
 )
 from orchestrator.registry_submissions import SubmissionsMixin
+from orchestrator.registry_sweeps import SweepsMixin
 from orchestrator.schedulers import SCHEDULER_NAMES
 
 __all__ = [
@@ -72,7 +73,7 @@ def default_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".orchestrator"
 
 
-class Registry(SubmissionsMixin):
+class Registry(SubmissionsMixin, SweepsMixin):
     """Handle on the registry database. Cheap to open; use as a context manager or call close()."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:

@@ -142,6 +142,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE INDEX submissions_state ON submissions (state)",
     ),
+    (
+        # Sweeps (issue 15): one grid of runs submitted together (a Slurm job array). Each task is an
+        # ordinary job with its own run directory; sweep_tasks says which job is which grid point.
+        """
+        CREATE TABLE sweeps (
+            sweep_id      TEXT PRIMARY KEY,
+            name          TEXT NOT NULL,
+            scheduler     TEXT NOT NULL,
+            sweep_dir     TEXT NOT NULL,
+            grid          TEXT NOT NULL,
+            max_parallel  INTEGER NOT NULL CHECK (max_parallel >= 1),
+            created_at    REAL NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE sweep_tasks (
+            sweep_id  TEXT NOT NULL REFERENCES sweeps (sweep_id) ON DELETE CASCADE,
+            task      INTEGER NOT NULL CHECK (task >= 0),
+            job_id    TEXT NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
+            params    TEXT NOT NULL,
+            PRIMARY KEY (sweep_id, task)
+        )
+        """,
+        "CREATE INDEX sweep_tasks_job ON sweep_tasks (job_id)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -185,13 +185,27 @@ def gres_for(plan: LaunchPlan) -> str:
 
 
 def render_sbatch(
-    plan: LaunchPlan, run_dir: str, submitit_folder: str, python: str, attempt_base: int = 0
+    plan: LaunchPlan,
+    run_dir: str,
+    submitit_folder: str,
+    python: str,
+    attempt_base: int = 0,
+    array: str | None = None,
 ) -> str:
     """The batch script. ``python`` (the profile's ``python`` key, or the submitting interpreter) is
     looked up on the batch host after the profile's set-up lines, and runs both the supervisor and
-    submitit's per-task entry point on every node."""
+    submitit's per-task entry point on every node.
+
+    ``array`` (a sweep): Slurm's ``--array`` value; ``run_dir`` is then the sweep's directory and each
+    task runs in ``task_<i>`` under it, with its logs in that task's own submitit folder."""
+    from orchestrator.run_dir import ARRAY_TASK_FILE, SUBMITIT_DIR
+
     template = _environment().get_template("sbatch.sh.j2")
     folder = submitit_folder.rstrip("/")
+    task_folder = f'"$ORCHESTRATOR_RUN_DIR"/{SUBMITIT_DIR}'
+    if array is not None:
+        folder = f"{run_dir.rstrip('/')}/task_%a/{SUBMITIT_DIR}"
+    job = "%A_%a" if array is not None else "%j"
     return template.render(
         profile_name=plan.profile_name,
         profile=plan.profile,
@@ -203,14 +217,23 @@ def render_sbatch(
         time_limit=plan.time_limit,
         gres=gres_for(plan),
         run_dir=run_dir,
-        stdout=f"{folder}/%j_0_log.out",
-        stderr=f"{folder}/%j_0_log.err",
-        task_stdout=f"{folder}/%j_%t_log.out",
-        task_stderr=f"{folder}/%j_%t_log.err",
-        command=submitit_command(f'"${PYTHON_VAR}"', folder),
+        stdout=f"{folder}/{job}_0_log.out",
+        stderr=f"{folder}/{job}_0_log.err",
+        # Already shell words: an array task's folder is known only at run time.
+        task_stdout=f"{task_folder}/%A_%a_%t_log.out" if array else shlex.quote(f"{folder}/%j_%t_log.out"),
+        task_stderr=f"{task_folder}/%A_%a_%t_log.err" if array else shlex.quote(f"{folder}/%j_%t_log.err"),
+        command=(
+            f'"${PYTHON_VAR}" -u -m submitit.core._submit {task_folder}'
+            if array
+            else submitit_command(f'"${PYTHON_VAR}"', folder)
+        ),
+        array=array,
+        submitit_dir=SUBMITIT_DIR,
+        array_task_file=ARRAY_TASK_FILE,
         python_var=PYTHON_VAR,
         auto_resume=plan.auto_resume,
         exclude_nodes=",".join(plan.exclude_nodes),
+        dependency=",".join(plan.after),
         python=python,
         attempt_base=attempt_base,
     )

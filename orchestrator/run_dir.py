@@ -12,6 +12,8 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       job_id                        the newest job's id (local jobs: which job owns the run now)
       sbatch.sh                     the batch script exactly as submitted (Slurm)
       submitit/                     submitit's pickles and the batch/task stdout+stderr
+        array_task.pkl              a sweep task's node task, linked by its batch script to the name
+                                    submitit looks up for that array task (Slurm arrays)
       snapshot/                     the script's folder copied at submit time (--snapshot)
       metrics.jsonl                 JSON lines from rank 0 (train / eval / resume events); the last
                                     line may be torn mid-write
@@ -43,6 +45,13 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         deepspeed_config.node<N>.json   DeepSpeed with gradient clipping off: the config file that yaml names
         main_ip                     node 0's address, when the profile names an interface
 
+A sweep (``orchestrator sweep``) is a directory of run directories: ``<sweep_dir>/sweep.json`` (the grid,
+each task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) and one run
+directory ``<sweep_dir>/task_<i>/`` per grid point, laid out as above. A local sweep (no job arrays)
+also has ``<sweep_dir>/sweep.log``, the output of the process that starts its tasks K at a time,
+``<sweep_dir>/local_pids.json`` (that process's pid) and ``<sweep_dir>/cancel_requested.json`` once
+the sweep was cancelled.
+
 Attempts are numbered across every job that used the run directory: a submission starts at
 :func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`). A
 submission reserves its number by creating ``job.attempt_<A>.json`` exclusively
@@ -72,6 +81,9 @@ JOB_FILE = "job.json"
 JOB_ID_FILE = "job_id"
 SBATCH_FILE = "sbatch.sh"
 SUBMITIT_DIR = "submitit"
+ARRAY_TASK_FILE = "array_task.pkl"
+SWEEP_FILE = "sweep.json"
+SWEEP_LOG = "sweep.log"
 SNAPSHOT_DIR = "snapshot"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"

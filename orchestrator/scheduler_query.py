@@ -186,6 +186,22 @@ def parse_squeue(output: str) -> dict[str, SchedulerState]:
     return states
 
 
+_ARRAY_RANGE_RE = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
+
+
+def _array_task_ids(job_id: str) -> list[str]:
+    """``123_[0-3,7%2]`` (sacct's line for array tasks that never started) -> ``123_0`` ... ``123_7``."""
+    m = _ARRAY_RANGE_RE.match(job_id)
+    if not m:
+        return []
+    ids: list[str] = []
+    for part in m.group(2).split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            ids.extend(f"{m.group(1)}_{i}" for i in range(int(first), int(last or first) + 1))
+    return ids
+
+
 def parse_sacct(output: str) -> dict[str, SchedulerState]:
     """Parse ``sacct -n -P -X -o JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed`` output.
 
@@ -201,6 +217,19 @@ def parse_sacct(output: str) -> dict[str, SchedulerState]:
         job_id, raw, exit_code, reason, nodes, start, end, elapsed = (p.strip() for p in parts[:8])
         if "." in job_id:  # a step (batch/extern/0) slipped through: the allocation line counts
             continue
+        for task_id in _array_task_ids(job_id):  # a job array's tasks not yet split: one line
+            states[task_id] = SchedulerState(
+                job_id=task_id,
+                state=from_slurm(raw),
+                raw_state=raw.strip(),
+                source="sacct",
+                reason=_opt(reason),
+                node_list=None,
+                exit_code=_opt(exit_code),
+                start=_opt(start),
+                end=_opt(end),
+                elapsed=_opt(elapsed),
+            )
         states[job_id] = SchedulerState(
             job_id=job_id,
             state=from_slurm(raw),
@@ -244,7 +273,10 @@ def query_states(
         calls["squeue"] += 1
         # squeue gets 60% of the budget so a hung slurmctld still leaves sacct (slurmdbd) a chance.
         res = run_bounded(
-            ["squeue", "-h", "-j", ",".join(queryable), "-o", SQUEUE_FORMAT], timeout_s * SQUEUE_SHARE
+            # -r: one line per array task (a sweep's pending tasks are otherwise one "123_[2-9%2]").
+            ["squeue", "-h", *(["-r"] if any("_" in j for j in queryable) else []), "-j", ",".join(queryable)]
+            + ["-o", SQUEUE_FORMAT],
+            timeout_s * SQUEUE_SHARE,
         )
         if res.error is None:
             found = parse_squeue(res.stdout)
@@ -257,7 +289,11 @@ def query_states(
     remaining = deadline - time.monotonic()
     if missing and remaining > 0.05:
         calls["sacct"] += 1
-        res = run_bounded(["sacct", "-n", "-P", "-X", "-j", ",".join(missing), "-o", SACCT_FIELDS], remaining)
+        # An array's tasks that never started are one accounting record, found only by the array's id.
+        arrays = sorted({j.split("_", 1)[0] for j in missing if "_" in j})
+        res = run_bounded(
+            ["sacct", "-n", "-P", "-X", "-j", ",".join([*missing, *arrays]), "-o", SACCT_FIELDS], remaining
+        )
         if res.error is None:
             found = parse_sacct(res.stdout)
             asked = set(missing)

@@ -282,6 +282,51 @@ CASES: list[Case] = [
         profile="scheduler: local\nnodes: {max: two}\n",
         expect=("{file}: nodes.max: expected an integer",),
     ),
+    # Sweeps and dependencies (issue 15): refused before anything is made.
+    cli_case("sweep_no_grid", ["sweep", "--", "afile"], "no grid", "--grid NAME=V1,V2"),
+    cli_case("sweep_grid_no_equals", ["sweep", "--grid", "lr", "--", "afile"], "--grid 'lr'", "NAME=V1,V2"),
+    cli_case(
+        "sweep_grid_empty_value",
+        ["sweep", "--grid", "lr=1,", "--", "afile"],
+        "--grid 'lr=1,'",
+        "no empty value",
+    ),
+    cli_case(
+        "sweep_grid_twice",
+        ["sweep", "--grid", "lr=1", "--grid", "lr=2", "--", "afile", "{lr}"],
+        "--grid lr",
+        "given twice",
+    ),
+    cli_case(
+        "sweep_grid_unused",
+        ["sweep", "--grid", "lr=1,2", "--", "afile", "--seed", "1"],
+        "--grid lr",
+        "no script argument uses {lr}",
+    ),
+    cli_case(
+        "sweep_placeholder_unfilled",
+        ["sweep", "--grid", "lr=1,2", "--", "afile", "--lr", "{lr}", "--seed", "{seed}"],
+        "placeholder {seed} has no --grid seed=",
+    ),
+    cli_case(
+        "sweep_yaml_missing",
+        ["sweep", "--file", "nowhere.yaml", "--", "afile"],
+        "--file nowhere.yaml",
+        "cannot read",
+    ),
+    cli_case(
+        "sweep_max_parallel_zero",
+        ["sweep", "--max-parallel", "0", "--grid", "lr=1", "--", "afile", "{lr}"],
+        "--max-parallel",
+        "'0'",
+    ),
+    cli_case(
+        "after_bad_syntax",
+        ["submit", "--after", "12:sometimes", "--", "afile"],
+        "--after '12:sometimes'",
+        "JOB:ok or JOB:any",
+    ),
+    cli_case("after_local", ["submit", "--after", "12", "--", "afile"], "--after", "runs locally"),
     cli_case(
         "show_unknown_profile",
         ["profiles", "show", "locl"],

@@ -235,7 +235,7 @@ def test_migrates_old_schema_keeping_rows(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with Registry.open(tmp_path) as reg:
-        assert reg.schema_version == SCHEMA_VERSION == 4
+        assert reg.schema_version == SCHEMA_VERSION == 5
         job = reg.get("77")
         assert job.last_state is JobState.RUNNING and job.node_list is None
         reg.set_scheduler_info({"77": ("n1", "0:0", None)})
@@ -441,7 +441,7 @@ def test_migration_from_v2_puts_linked_jobs_in_one_run(tmp_path: Path) -> None:
     _v2_registry(tmp_path)
     ids = ["100", "101", "102", "200", "300", "local-9", "local-10"]
     with Registry.open(tmp_path) as reg:
-        assert reg.schema_version == SCHEMA_VERSION == 4
+        assert reg.schema_version == SCHEMA_VERSION == 5
         # what version 2 answered for the resumed run, plus the run it could not see (no link rows)
         assert reg.successors(ids) == {"100": "102", "101": "102", "local-9": "local-10"}
         assert reg.run_of("101").job_ids == ("100", "101", "102")

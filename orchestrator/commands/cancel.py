@@ -16,11 +16,9 @@ import getpass
 import os
 import signal
 import time
-from contextlib import AbstractContextManager, nullcontext
 
 from orchestrator.errors import UserError
 from orchestrator.registry import JobRecord, Registry
-from orchestrator.run_lock import RunLocked, run_lock
 from orchestrator.schedulers import get_scheduler
 
 
@@ -48,26 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator import api
+
     sig = parse_signal(args.signal) if args.signal else None
-    with Registry.open() as registry:
-        job = registry.get(args.job)
-        # Under the run's lock: a resume submitting into the run right now is waited for, so the
-        # checks below see its job.
-        guard: AbstractContextManager[None] = (
-            run_lock(job.run_dir, timeout_s=60.0, what=f"cancel {job.job_id}")
-            if job.run_dir.is_dir()
-            else nullcontext()
-        )
-        try:
-            with guard:
-                message = _cancel(registry, job, sig)
-        except RunLocked as exc:
-            raise UserError(f"job {job.job_id}: {exc}; try again when it is done") from None
-    print(message)
+    print(api.cancel(args.job, sig))
     return 0
 
 
-def _cancel(registry: Registry, job: JobRecord, sig: signal.Signals | None) -> str:
+def cancel_job(registry: Registry, job: JobRecord, sig: signal.Signals | None) -> str:
     from orchestrator.scheduler_query import refresh_states
 
     successor = registry.run_of(job.job_id).newest_job_id

@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--since", metavar="T", help="only jobs submitted since T (30m, 2h, 3d, 1w or ISO date)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--sweeps", action="store_true", help="list sweeps instead of jobs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +85,14 @@ def run(args: argparse.Namespace) -> int:
     with Registry.open() as registry:
         for line in registry.reconcile_submissions():  # a submit killed mid-way: adopt or clean up
             print(line, file=sys.stderr)
+        if args.sweeps:
+            from orchestrator.sweep_status import render_sweep_list, sweep_list_json
+
+            sweeps = registry.list_sweeps()
+            print(
+                sweep_list_json(sweeps) if args.json else render_sweep_list(sweeps) if sweeps else "no sweeps"
+            )
+            return 0
         jobs = registry.list_jobs(state=state, since=since)
     if args.json:
         print(dumps_indented([j.to_json() for j in jobs]))

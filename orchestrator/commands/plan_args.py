@@ -74,12 +74,25 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
         help="nodes not to run on (Slurm host list, comma-separated)",
     )
     parser.add_argument(
+        "--after",
+        action="append",
+        default=[],
+        metavar="JOB[:ok|any]",
+        help="start only after JOB (a job or sweep id) COMPLETED (:ok, the default) or ended at all (:any); repeatable",
+    )
+    parser.add_argument(
         "script_and_args",
         nargs=argparse.REMAINDER,
         metavar="-- SCRIPT [ARGS...]",
         help="training script and its arguments, after --",
     )
     parser.set_defaults(script_required=script_required)
+
+
+def parse_after(text: str) -> str:
+    from orchestrator.api import parse_after as parse
+
+    return parse(text)
 
 
 def parse_exclude(text: str | None) -> tuple[str, ...]:
@@ -128,6 +141,7 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
             max_requeues=args.max_requeues,
             auto_resume=args.auto_resume,
             exclude_nodes=parse_exclude(args.exclude),
+            after=tuple(parse_after(a) for a in getattr(args, "after", None) or ()),
         )
     except UserError as exc:
         raise UserError(blame_profile(str(exc), args, display_path(_path))) from None

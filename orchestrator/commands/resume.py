@@ -25,7 +25,10 @@ from orchestrator.strategies import STRATEGIES
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from orchestrator.commands.plan_args import positive_float, positive_int
 
-    parser.add_argument("job_id", metavar="JOB")
+    parser.add_argument("job_id", metavar="JOB", help="a job id, or a sweep id with --failed")
+    parser.add_argument(
+        "--failed", action="store_true", help="JOB is a sweep: resume each task that did not complete"
+    )
     parser.add_argument("--nodes", type=positive_int, default=None, help="default: as before")
     parser.add_argument("--procs-per-node", type=positive_int, default=None, help="default: as before")
     parser.add_argument("--strategy", choices=list(STRATEGIES), default=None, help="default: as before")
@@ -104,10 +107,56 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator import api
+
+    if args.failed:
+        return _resume_failed_tasks(args)
+    job, lines = api.resume(
+        args.job_id,
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        strategy=args.strategy,
+        profile=args.profile,
+        profiles_dir=args.profiles_dir,
+    )
+    for line in lines:
+        print(line)
+    sys.stdout.flush()
+    if not args.wait:
+        return 0
+    from orchestrator.progress import wait_for_job
     from orchestrator.registry import Registry
+
+    with Registry.open() as registry:
+        state = wait_for_job(registry, job.job_id, poll_s=args.poll)
+    return 0 if state.is_success() else 1
+
+
+def _resume_failed_tasks(args: argparse.Namespace) -> int:
+    """Exit 0 when every failed task was resumed (or none had failed), 1 when one could not be."""
+    from orchestrator import api
+
+    sweep = api.get_sweep(args.job_id)
+    done = sweep.resume_failed(
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        strategy=args.strategy,
+        profile=args.profile,
+        profiles_dir=args.profiles_dir,
+    )
+    for _task, _job, lines in done:
+        for line in lines:
+            print(line)
+    if not done:
+        print(f"sweep {sweep.sweep_id}: no task ended other than COMPLETED; nothing to resume")
+    return 0 if all(job is not None for _, job, _ in done) else 1
+
+
+def resume_job(registry: Any, args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The resume itself (``api.resume``): checks and submission under the run's lock; the new job's
+    id and the lines to print."""
     from orchestrator.run_lock import RunLocked, run_lock
 
-    registry = Registry.open()
     for line in registry.reconcile_submissions():
         print(line, file=sys.stderr)
     job = registry.get(args.job_id)
@@ -117,18 +166,14 @@ def run(args: argparse.Namespace) -> int:
     # The check and the submission under one lock: two resumes of one job started together submit once.
     try:
         with run_lock(run_dir, what=f"resume {args.job_id}"):
-            new_job_id = _resume_locked(args, registry, job.job_id, run_dir)
+            return _resume_locked(args, registry, job.job_id, run_dir)
     except RunLocked as exc:
         raise UserError(f"job {args.job_id}: {exc}; try again when it is done") from None
-    if not args.wait:
-        return 0
-    from orchestrator.progress import wait_for_job
-
-    state = wait_for_job(registry, new_job_id, poll_s=args.poll)
-    return 0 if state.is_success() else 1
 
 
-def _resume_locked(args: argparse.Namespace, registry: Any, job_id: str, run_dir: Path) -> str:
+def _resume_locked(
+    args: argparse.Namespace, registry: Any, job_id: str, run_dir: Path
+) -> tuple[str, list[str]]:
     from orchestrator.run_dir import JOB_FILE, last_complete_checkpoint, read_current_plan_json
     from orchestrator.submission import submit
 
@@ -145,10 +190,11 @@ def _resume_locked(args: argparse.Namespace, registry: Any, job_id: str, run_dir
     plan = resume_plan(previous, args)
     check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
     submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))
-    print(f"resuming job {args.job_id} from step {checkpoint.step} ({checkpoint.path.name})")
-    print(f"submitted job {submitted.job_id}")
-    print(f"run directory {run_dir}")
+    lines = [
+        f"resuming job {args.job_id} from step {checkpoint.step} ({checkpoint.path.name})",
+        f"submitted job {submitted.job_id}",
+        f"run directory {run_dir}",
+    ]
     if checkpoint.world_size and checkpoint.world_size != plan.world_size:
-        print(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
-    sys.stdout.flush()
-    return submitted.job_id
+        lines.append(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
+    return submitted.job_id, lines

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.attempt_start import NO_HOOK, describe_newest_start
+from orchestrator.dependencies import PREFIXES as DEPENDENCY_PREFIXES
+from orchestrator.dependencies import explain as explain_dependency
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
 from orchestrator.registry import JobRecord, Registry
@@ -151,10 +153,13 @@ def _row(
         resumes=summary.resumes,
         # Our own account of how a job ended ("node(s) n2 lost; auto-resumed as job 4") says more than
         # Slurm's ("NonZeroExitCode"), so it wins once the job is over.
-        reason=(
+        reason=explain_dependency(
+            job.run_dir,
             job.end_reason
             if job.end_reason and own_state.is_terminal()
-            else (st.reason if st and st.reason else job.reason or job.end_reason)
+            else (st.reason if st and st.reason else job.reason or job.end_reason),
+            own_state.is_terminal(),
+            own_state is JobState.CANCELLED,
         ),
         node_list=(st.node_list if st and st.node_list else job.node_list),
         exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
@@ -303,6 +308,11 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
         for row in rows
         if row.reason and row.state.value in EXPLAINED_STATES and row.state.is_terminal()
     ]
+    lines.extend(
+        f"{row.job_id} {row.state.value}: {row.reason}"
+        for row in rows
+        if row.reason and row.reason.startswith(DEPENDENCY_PREFIXES)
+    )
     for row in rows:
         if row.started_from:
             lines.append(f"{row.job_id}: newest attempt {row.started_from}")
@@ -346,6 +356,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=5.0, metavar="S", help="bound on the scheduler query (default 5)"
     )
+    parser.add_argument(
+        "--metric",
+        default="loss",
+        choices=["loss", "val_loss", "tokens_per_s"],
+        help="status SWEEP: the metric its best task is chosen by (default loss, lowest)",
+    )
 
 
 def _select(registry: Registry, ids: Sequence[str]) -> list[JobRecord]:
@@ -362,6 +378,15 @@ def run(args: argparse.Namespace) -> int:
     with Registry.open() as registry:
         for line in registry.reconcile_submissions():  # a submit killed mid-way: adopt or clean up
             print(line, file=sys.stderr)
+        sweep = registry.find_sweep(args.jobs[0]) if len(args.jobs) == 1 else None
+        if sweep is not None and not args.watch:
+            from orchestrator.api import sweep_status
+            from orchestrator.sweep_status import print_sweep_status
+
+            print_sweep_status(sweep_status(registry, args.jobs[0], args.metric, args.timeout), args.json)
+            return 0
+        if sweep is not None:  # --watch SWEEP: its tasks' rows until every one has ended
+            args.jobs = sweep.job_ids
         while True:
             jobs = _select(registry, args.jobs)
             if not jobs:

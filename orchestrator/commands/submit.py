@@ -28,11 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.submission import dry_run, submit
+    from orchestrator import api
 
     plan = plan_from_args(args)
     if args.dry_run:
-        request = dry_run(plan)
+        request = api.dry_run(plan)
         files = render_files(request.plan, None, sys.executable)
         if request.file_name:
             # The request itself, byte for byte what `submit` hands to the scheduler for this run directory.
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.registry import Registry
 
     registry = Registry.open()
-    submitted = submit(plan, snapshot=args.snapshot, registry=registry)
+    submitted = api.submit_plan(plan, snapshot=args.snapshot, registry=registry)
     print(f"submitted job {submitted.job_id}")
     print(f"run directory {submitted.run_dir}")
     from orchestrator.progress import follow_hint, wait_for_job

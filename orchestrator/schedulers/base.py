@@ -76,6 +76,8 @@ class Scheduler(ABC):
     """Whether a profile must name a partition (a profile check, before anything is rendered)."""
     writes_batch_script: ClassVar[bool]
     """Whether :meth:`dryrun`'s text is a batch script worth showing in ``render``."""
+    has_arrays: ClassVar[bool] = False
+    """Whether a sweep's tasks can be one job array (:meth:`dryrun_array`)."""
 
     # ---------------------------------------------------------------- planning (pure)
     @abstractmethod
@@ -104,6 +106,24 @@ class Scheduler(ABC):
     @abstractmethod
     def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
         """Submit ``request`` exactly as materialized."""
+
+    # ---------------------------------------------------------------- sweeps (job arrays)
+    def dryrun_array(
+        self, plans: Sequence[LaunchPlan], sweep_dir: Path, max_parallel: int, python: str | None = None
+    ) -> Request | None:
+        """The one request that runs every plan of a sweep (a job array), or None where the scheduler
+        has no arrays (:attr:`has_arrays`). Pure, like :meth:`dryrun`; the plans differ only in their
+        script arguments."""
+        return None
+
+    def check_array(self, tasks: int) -> None:  # noqa: B027
+        """Refuse (UserError) a sweep of ``tasks`` tasks the cluster cannot hold as one array."""
+
+    def schedule_array(
+        self, request: Request, task_dirs: Sequence[Path], registry: Registry | None
+    ) -> list[Scheduled]:
+        """Submit a :meth:`dryrun_array` request exactly as materialized; one Scheduled per task."""
+        raise NotImplementedError(f"{self.name} has no job arrays")
 
     def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
         """``{token: job id}`` of the scheduler's jobs (submitted since ``since``) that carry one of

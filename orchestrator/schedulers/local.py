@@ -233,7 +233,12 @@ class LocalScheduler(Scheduler):
         return "static"
 
     def check(self, plan: LaunchPlan) -> None:
-        """This machine runs whatever the plan allows."""
+        """This machine runs whatever the plan allows, but waits for no other job."""
+        if plan.after:
+            raise UserError(
+                f"--after: profile '{plan.profile_name}' runs locally, where a job cannot wait for another; "
+                "use a Slurm profile (or wait for the job first: orchestrator wait JOB)"
+            )
 
     def prepare_run_dir(self, registry: Registry | None, run_dir: Path) -> None:
         """Before a resumed local job takes over ``run_dir``, write the previous job's outcome (read

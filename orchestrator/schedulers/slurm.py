@@ -47,6 +47,11 @@ _INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
 
 # ---------------------------------------------------------------------------- the job's environment
 def batch_job_id() -> str:
+    """This job's id as the registry and Slurm's commands name it: ``<array>_<task>`` for a task of
+    a job array (a sweep; ``scontrol requeue`` of that id requeues the task alone)."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
     return os.environ.get("SLURM_JOB_ID", "")
 
 
@@ -258,6 +263,7 @@ class SlurmScheduler(Scheduler):
     needs_partition = True
     can_lose_nodes = True
     writes_batch_script = True
+    has_arrays = True
 
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
@@ -338,6 +344,25 @@ class SlurmScheduler(Scheduler):
             output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output
             raise RunFailure(f"sbatch refused the job: {(output or '').strip() or exc}") from None
         return Scheduled(job_id=str(job.job_id), scheduler_job_id=str(job.job_id), handle=job)
+
+    def dryrun_array(
+        self, plans: Sequence[LaunchPlan], sweep_dir: Path, max_parallel: int, python: str | None = None
+    ) -> Request | None:
+        from orchestrator.schedulers.slurm_array import array_request
+
+        return array_request(plans, sweep_dir, max_parallel, python)
+
+    def check_array(self, tasks: int) -> None:
+        from orchestrator.schedulers.slurm_array import check_array_size
+
+        check_array_size(tasks)
+
+    def schedule_array(
+        self, request: Request, task_dirs: Sequence[Path], registry: Registry | None
+    ) -> list[Scheduled]:
+        from orchestrator.schedulers.slurm_array import submit_array
+
+        return submit_array(self.name, request, task_dirs)
 
     def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
         """squeue for queued and running jobs (``%k``: the comment), then sacct for ended ones
