@@ -6,7 +6,8 @@ from other work on the machine hits both sides alike. Writes bench/results.md an
 
 1. CLI latency: ``python -m orchestrator --help`` / ``render`` / ``status --json`` (1,000 registered
    jobs, registry built like bench/bench_status.py) against ``accelerate --help``; ``python -c pass``
-   is the interpreter floor.
+   is the interpreter floor. ``status10k`` (bench_status_scale.py): ``status`` and ``list`` over
+   registries of 10,000 jobs, wall time and callgrind instructions.
 2. Launch overhead: ``orchestrator submit --profile local ... --wait`` against ``accelerate launch
    --config_file <rendered config>``, from command start to the first ``train`` event in metrics.jsonl.
 3. Hot path: median step_time_s (first steps excluded) under submit vs plain accelerate launch.
@@ -507,6 +508,10 @@ def report(R: dict, quick: bool, wall: float) -> str:
                 "met": met,
             }
         )
+    if "status10k" in R:
+        from bench_status_scale import goal_rows as status_scale_goals
+
+        goals += status_scale_goals(R["status10k"])
     if "launch" in R:
         a, b = R["launch"]["orchestrator submit"]["median_s"], R["launch"]["accelerate launch"]["median_s"]
         goals.append(
@@ -689,7 +694,7 @@ def report(R: dict, quick: bool, wall: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-ITEMS = ["cli", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
+ITEMS = ["cli", "status10k", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
 
 
 def _gpu_results(R: dict) -> dict | None:
@@ -798,6 +803,10 @@ def main() -> int:
         tmp = Path(tmp_s)
         if "cli" in parts:
             item("cli", lambda: bench_cli(tmp / "cli", reps=5 if q else 10, warmup=1, jobs=1000))
+        if "status10k" in parts:
+            from bench_status_scale import bench_status_scale
+
+            item("status10k", lambda: bench_status_scale(tmp / "status10k", reps=3 if q else 7, log=log))
         if "launch" in parts:
             item("launch", lambda: bench_launch(tmp, reps=2 if q else 4, warmup=1 if not q else 0))
         if "hot" in parts:
