@@ -564,28 +564,30 @@ def report(R: dict, quick: bool, wall: float) -> str:
     if "mem" in R:
         goals += mem_goals(R["mem"])
     if "requeue" in R:
-        q = R["requeue"]
-        if q.get("skipped") or not q.get("round_trip_median_s"):
-            goals.append(
-                {
-                    "item": "requeue round trip (USR2 -> first resumed step, Slurm test cluster)",
-                    "goal": "<= 60 s",
-                    "measured": f"not measured: {q.get('skipped') or q.get('error')}",
-                    "ratio": "n/a",
-                    "met": None,
-                }
-            )
-        else:
+        for setting, q, mode in _requeue_results(R["requeue"]):
+            label = f"requeue round trip, requeue_as: {mode} (USR2 -> first resumed step, Slurm test cluster {setting})"
+            if q.get("skipped") or not q.get("round_trip_median_s"):
+                goals.append(
+                    {
+                        "item": label,
+                        "goal": "<= 30 s",
+                        "measured": f"not measured: {q.get('skipped') or q.get('error')}",
+                        "ratio": "n/a",
+                        "met": None,
+                    }
+                )
+                continue
             ph = q["phases_median_s"]
             goals.append(
                 {
-                    "item": f"requeue round trip (USR2 -> first resumed step, Slurm test cluster, {q['reps']} reps)",
-                    "goal": "<= 60 s",
-                    "measured": f"{q['round_trip_median_s']:.1f} s ("
+                    "item": f"{label}, {q['reps']} reps",
+                    "goal": "<= 30 s",
+                    "measured": f"{q['round_trip_median_s']:.1f} s (range {min(q['round_trip_all_s']):.1f}-"
+                    f"{max(q['round_trip_all_s']):.1f}; "
                     + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in ph.items() if v is not None)
-                    + ")",
-                    "ratio": f"{q['round_trip_median_s'] / 60:.2f}x of goal",
-                    "met": q["round_trip_median_s"] <= 60,
+                    + f"; pending reasons {', '.join(q.get('pending_reasons') or ['-'])})",
+                    "ratio": f"{q['round_trip_median_s'] / 30:.2f}x of goal",
+                    "met": q["round_trip_median_s"] <= 30,
                 }
             )
     gpu = _gpu_results(R)
@@ -657,20 +659,21 @@ def report(R: dict, quick: bool, wall: float) -> str:
             "",
         ]
         lines += mem_table(m)
-    if "requeue" in R and R["requeue"].get("records"):
-        q = R["requeue"]
+    requeue_runs = [(s, q, m) for s, q, m in _requeue_results(R.get("requeue", {})) if q.get("records")]
+    if requeue_runs:
         lines += [
             "",
             "## Requeue round trip (seconds per phase; see bench_requeue.py for the timestamps used)",
             "",
-            "| rep | round trip | checkpoint | exit | scheduler requeue | start-up | load | first step | start-up split | pending reasons |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| cluster | requeue_as | rep | round trip | checkpoint | exit | scheduler requeue | start-up | load | first step | start-up split | pending reasons |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+    for setting, q, mode in requeue_runs:
         for i, r in enumerate(q["records"], 1):
             ph = r["phases_s"]
             split = ", ".join(f"{k} {v}" for k, v in (r.get("startup_split_s") or {}).items())
             lines.append(
-                f"| {i} | {r['round_trip_s']} | "
+                f"| {setting} | {mode} | {i} | {r['round_trip_s']} | "
                 + " | ".join(
                     str(ph[k])
                     for k in ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")
@@ -695,6 +698,19 @@ def report(R: dict, quick: bool, wall: float) -> str:
 
 
 ITEMS = ["cli", "status10k", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
+
+
+def _requeue_results(q: dict) -> list[tuple[str, dict, str]]:
+    """(cluster setting, result, requeue_as) per measured run; results of before the profile key
+    (one run, no setting: the test cluster's cred_expire=10, scontrol requeue) read as such."""
+    if "records" in q or "skipped" in q or "round_trip_median_s" in q:
+        return [("cred_expire=10", q, "same_job")]
+    return [
+        (setting, r, mode)
+        for setting, by_mode in sorted(q.items())
+        if isinstance(by_mode, dict)
+        for mode, r in by_mode.items()
+    ]
 
 
 def _gpu_results(R: dict) -> dict | None:
@@ -845,7 +861,22 @@ def main() -> int:
         if "requeue" in parts:
             from bench_requeue import bench_requeue
 
-            item("requeue", lambda: bench_requeue(tmp / "requeue", 2 if q else 3, log))
+            def requeue_both() -> dict:
+                # Both ways back (profile key requeue_as) on the cluster that is up; its cred_expire
+                # (tests/cluster/start_cluster.sh CRED_EXPIRE) keys the figures, so an invocation on
+                # a cluster with the other setting adds its rows instead of replacing these.
+                setting = f"cred_expire={os.environ.get('ORCHESTRATOR_TEST_CLUSTER_CRED_EXPIRE', '10')}"
+                got = {
+                    mode: bench_requeue(tmp / f"requeue_{mode}", 2 if q else 3, log, requeue_as=mode)
+                    for mode in ("same_job", "new_job")
+                }
+                if any(g.get("skipped") for g in got.values()):
+                    return next(g for g in got.values() if g.get("skipped"))
+                before = R.get("requeue", {})
+                kept = {k: v for k, v in before.items() if k.startswith("cred_expire=")}
+                return {**kept, setting: got}
+
+            item("requeue", requeue_both)
         if "gpu" in parts:
             item("gpu", gpu_row)
     wall = time.perf_counter() - t0
