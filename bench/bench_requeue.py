@@ -78,13 +78,20 @@ class StatePoller(threading.Thread):
         last: dict[str, tuple[str, str]] = {}
         while not self.stop.is_set():
             t = time.time()
-            out = soak.run("squeue", "-h", "-o", "%i|%T|%r", timeout=15).stdout
-            for line in out.splitlines():
+            res = soak.run("squeue", "-h", "-o", "%i|%T|%r", timeout=15)
+            seen = set()
+            for line in res.stdout.splitlines():
                 job, _, rest = line.strip().partition("|")
                 state, _, reason = rest.partition("|")
+                seen.add(job)
                 if job and state and last.get(job) != (state, reason):
                     self.changes.append((t, job, state, reason))
                     last[job] = (state, reason)
+            for job in set(last) - seen if res.returncode == 0 else ():
+                # squeue lists pending, running and completing jobs only: an ended job just vanishes.
+                if last[job][0] != "GONE":
+                    self.changes.append((t, job, "GONE", ""))
+                    last[job] = ("GONE", "")
             self.stop.wait(self.interval)
 
     def first(self, after: float, job: str, pred) -> float | None:
