@@ -64,28 +64,39 @@ def cluster_up() -> str | None:
 
 
 class StatePoller(threading.Thread):
-    """squeue every ``interval`` s; records (time, state, reason) on every change."""
+    """squeue (every job: the test cluster runs only the bench's) every ``interval`` s; records
+    (time, job, state, reason) on every change, so a successor job (``requeue_as: new_job``) is
+    followed from its submission on."""
 
-    def __init__(self, job_id: str, interval: float = 0.2):
+    def __init__(self, interval: float = 0.2):
         super().__init__(daemon=True)
-        self.job_id, self.interval = job_id, interval
-        self.changes: list[tuple[float, str, str]] = []
+        self.interval = interval
+        self.changes: list[tuple[float, str, str, str]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
-        last = None
+        last: dict[str, tuple[str, str]] = {}
         while not self.stop.is_set():
             t = time.time()
-            out = soak.run("squeue", "-h", "-j", self.job_id, "-o", "%T|%r", timeout=15).stdout.strip()
-            state, _, reason = out.partition("|")
-            if (state, reason) != last and state:
-                self.changes.append((t, state, reason))
-                last = (state, reason)
+            res = soak.run("squeue", "-h", "-o", "%i|%T|%r", timeout=15)
+            seen = set()
+            for line in res.stdout.splitlines():
+                job, _, rest = line.strip().partition("|")
+                state, _, reason = rest.partition("|")
+                seen.add(job)
+                if job and state and last.get(job) != (state, reason):
+                    self.changes.append((t, job, state, reason))
+                    last[job] = (state, reason)
+            for job in set(last) - seen if res.returncode == 0 else ():
+                # squeue lists pending, running and completing jobs only: an ended job just vanishes.
+                if last[job][0] != "GONE":
+                    self.changes.append((t, job, "GONE", ""))
+                    last[job] = ("GONE", "")
             self.stop.wait(self.interval)
 
-    def first(self, after: float, pred) -> float | None:
-        for t, s, _ in self.changes:
-            if t >= after and pred(s):
+    def first(self, after: float, job: str, pred) -> float | None:
+        for t, j, s, _ in self.changes:
+            if t >= after and j == job and pred(s):
                 return t
         return None
 
@@ -201,15 +212,20 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
         first_step_s=float(first["step_time_s"]),
         launcher_start_time=pid_file.stat().st_mtime if pid_file and pid_file.exists() else None,
     )
-    rec["left_running"] = poller.first(rec["marker_time"], lambda s: s != "RUNNING")
-    rec["running_again"] = poller.first(rec["left_running"] or t_signal, lambda s: s == "RUNNING")
-    rec["states"] = [(round(t - t_signal, 2), s, r) for t, s, r in poller.changes if t >= t_signal - 1]
-    # Why the job waited while PENDING (BeginTime = the requeue hold; Resources/Priority = other jobs).
+    # The job that trains now: the same one (requeued) or its successor (requeue_as: new_job).
+    successor = (run_dir / "job_id").read_text().strip()
+    rec["job"], rec["successor"] = job_id, successor
+    rec["left_running"] = poller.first(rec["marker_time"], job_id, lambda s: s != "RUNNING")
+    rec["running_again"] = poller.first(rec["left_running"] or t_signal, successor, lambda s: s == "RUNNING")
+    rec["states"] = [(round(t - t_signal, 2), j, s, r) for t, j, s, r in poller.changes if t >= t_signal - 1]
+    # Why the job waited while PENDING (BeginTime = the requeue hold; Dependency = a successor waiting
+    # for its predecessor to end; Resources/Priority = other jobs).
     rec["pending_reasons"] = sorted(
         {
             r
-            for t, s, r in poller.changes
+            for t, j, s, r in poller.changes
             if s == "PENDING"
+            and j == successor
             and rec["left_running"]
             and t >= rec["left_running"]
             and (rec["running_again"] is None or t <= rec["running_again"])
@@ -260,11 +276,16 @@ def last_attempt_logs(run_dir: Path, lines: int = 20) -> dict:
     return out
 
 
-def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
+def bench_requeue(tmp: Path, reps: int, log=print, requeue_as: str = "same_job") -> dict:
+    """``requeue_as``: the profile key (``same_job``: scontrol requeue; ``new_job``: a successor)."""
     why = cluster_up()
     if why:
         return {"skipped": f"Slurm test cluster not reachable: {why}"}
     tmp.mkdir(parents=True, exist_ok=True)
+    profiles = tmp / "profiles"
+    profiles.mkdir(exist_ok=True)
+    base_profile = (soak.REPO / "cluster_profiles" / "slurm_test.yaml").read_text()
+    (profiles / "slurm_test.yaml").write_text(base_profile + f"requeue_as: {requeue_as}\n")
     env = dict(os.environ, ORCHESTRATOR_HOME=str(tmp / "home"), ORCHESTRATOR_RUNS=str(tmp / "runs"))
     env["PYTHONPATH"] = str(soak.REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("ORCHESTRATOR_RUN_DIR", None)
@@ -291,6 +312,8 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
         "submit",
         "--profile",
         "slurm_test",
+        "--profiles-dir",
+        str(profiles),
         "--strategy",
         "full_shard",
         "--nodes",
@@ -307,13 +330,15 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
         raise RuntimeError(f"submit failed: {res.stdout}{res.stderr}")
     job_id = res.stdout.split("submitted job ")[1].split()[0]
     run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
-    log(f"requeue: job {job_id}, {run_dir}")
-    poller = StatePoller(job_id)
+    log(f"requeue ({requeue_as}): job {job_id}, {run_dir}")
+    poller = StatePoller()
     poller.start()
     records, error, error_logs = [], None, {}
+    first_job = job_id
     try:
         for i in range(reps):
             rec = one_preemption(job_id, run_dir, poller)
+            job_id = rec["successor"]
             log(
                 f"requeue {i + 1}/{reps}: round trip {rec['round_trip_s']} s; "
                 + ", ".join(f"{k} {v}" for k, v in rec["phases_s"].items())
@@ -326,7 +351,7 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     finally:
         poller.stop.set()
         poller.join(timeout=5)
-        attempts = sacct_attempts(job_id)
+        attempts = sacct_attempts(first_job) + (sacct_attempts(job_id) if job_id != first_job else [])
         # `orchestrator cancel` leaves the marker node 0 checks: a plain scancel sends SIGTERM, which
         # training handles like a preemption, and the job may be requeued once more.
         soak.cli(env, "cancel", job_id, timeout=60)
@@ -337,6 +362,8 @@ def bench_requeue(tmp: Path, reps: int, log=print) -> dict:
     trips = [r["round_trip_s"] for r in records]
     splits = [r["startup_split_s"] for r in records if "startup_split_s" in r]
     return {
+        "requeue_as": requeue_as,
+        "cred_expire": os.environ.get("ORCHESTRATOR_TEST_CLUSTER_CRED_EXPIRE", "10"),
         "job": {
             "profile": "slurm_test",
             "strategy": "full_shard",

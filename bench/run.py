@@ -6,7 +6,8 @@ from other work on the machine hits both sides alike. Writes bench/results.md an
 
 1. CLI latency: ``python -m orchestrator --help`` / ``render`` / ``status --json`` (1,000 registered
    jobs, registry built like bench/bench_status.py) against ``accelerate --help``; ``python -c pass``
-   is the interpreter floor.
+   is the interpreter floor. ``status10k`` (bench_status_scale.py): ``status`` and ``list`` over
+   registries of 10,000 jobs, wall time and callgrind instructions.
 2. Launch overhead: ``orchestrator submit --profile local ... --wait`` against ``accelerate launch
    --config_file <rendered config>``, from command start to the first ``train`` event in metrics.jsonl.
 3. Hot path: median step_time_s (first steps excluded) under submit vs plain accelerate launch.
@@ -507,6 +508,10 @@ def report(R: dict, quick: bool, wall: float) -> str:
                 "met": met,
             }
         )
+    if "status10k" in R:
+        from bench_status_scale import goal_rows as status_scale_goals
+
+        goals += status_scale_goals(R["status10k"])
     if "launch" in R:
         a, b = R["launch"]["orchestrator submit"]["median_s"], R["launch"]["accelerate launch"]["median_s"]
         goals.append(
@@ -559,28 +564,30 @@ def report(R: dict, quick: bool, wall: float) -> str:
     if "mem" in R:
         goals += mem_goals(R["mem"])
     if "requeue" in R:
-        q = R["requeue"]
-        if q.get("skipped") or not q.get("round_trip_median_s"):
-            goals.append(
-                {
-                    "item": "requeue round trip (USR2 -> first resumed step, Slurm test cluster)",
-                    "goal": "<= 60 s",
-                    "measured": f"not measured: {q.get('skipped') or q.get('error')}",
-                    "ratio": "n/a",
-                    "met": None,
-                }
-            )
-        else:
+        for setting, q, mode in _requeue_results(R["requeue"]):
+            label = f"requeue round trip, requeue_as: {mode} (USR2 -> first resumed step, Slurm test cluster {setting})"
+            if q.get("skipped") or not q.get("round_trip_median_s"):
+                goals.append(
+                    {
+                        "item": label,
+                        "goal": "<= 30 s",
+                        "measured": f"not measured: {q.get('skipped') or q.get('error')}",
+                        "ratio": "n/a",
+                        "met": None,
+                    }
+                )
+                continue
             ph = q["phases_median_s"]
             goals.append(
                 {
-                    "item": f"requeue round trip (USR2 -> first resumed step, Slurm test cluster, {q['reps']} reps)",
-                    "goal": "<= 60 s",
-                    "measured": f"{q['round_trip_median_s']:.1f} s ("
+                    "item": f"{label}, {q['reps']} reps",
+                    "goal": "<= 30 s",
+                    "measured": f"{q['round_trip_median_s']:.1f} s (range {min(q['round_trip_all_s']):.1f}-"
+                    f"{max(q['round_trip_all_s']):.1f}; "
                     + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in ph.items() if v is not None)
-                    + ")",
-                    "ratio": f"{q['round_trip_median_s'] / 60:.2f}x of goal",
-                    "met": q["round_trip_median_s"] <= 60,
+                    + f"; pending reasons {', '.join(q.get('pending_reasons') or ['-'])})",
+                    "ratio": f"{q['round_trip_median_s'] / 30:.2f}x of goal",
+                    "met": q["round_trip_median_s"] <= 30,
                 }
             )
     gpu = _gpu_results(R)
@@ -652,20 +659,21 @@ def report(R: dict, quick: bool, wall: float) -> str:
             "",
         ]
         lines += mem_table(m)
-    if "requeue" in R and R["requeue"].get("records"):
-        q = R["requeue"]
+    requeue_runs = [(s, q, m) for s, q, m in _requeue_results(R.get("requeue", {})) if q.get("records")]
+    if requeue_runs:
         lines += [
             "",
             "## Requeue round trip (seconds per phase; see bench_requeue.py for the timestamps used)",
             "",
-            "| rep | round trip | checkpoint | exit | scheduler requeue | start-up | load | first step | start-up split | pending reasons |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| cluster | requeue_as | rep | round trip | checkpoint | exit | scheduler requeue | start-up | load | first step | start-up split | pending reasons |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+    for setting, q, mode in requeue_runs:
         for i, r in enumerate(q["records"], 1):
             ph = r["phases_s"]
             split = ", ".join(f"{k} {v}" for k, v in (r.get("startup_split_s") or {}).items())
             lines.append(
-                f"| {i} | {r['round_trip_s']} | "
+                f"| {setting} | {mode} | {i} | {r['round_trip_s']} | "
                 + " | ".join(
                     str(ph[k])
                     for k in ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")
@@ -689,7 +697,20 @@ def report(R: dict, quick: bool, wall: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-ITEMS = ["cli", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
+ITEMS = ["cli", "status10k", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
+
+
+def _requeue_results(q: dict) -> list[tuple[str, dict, str]]:
+    """(cluster setting, result, requeue_as) per measured run; results of before the profile key
+    (one run, no setting: the test cluster's cred_expire=10, scontrol requeue) read as such."""
+    if "records" in q or "skipped" in q or "round_trip_median_s" in q:
+        return [("cred_expire=10", q, "same_job")]
+    return [
+        (setting, r, mode)
+        for setting, by_mode in sorted(q.items())
+        if isinstance(by_mode, dict)
+        for mode, r in by_mode.items()
+    ]
 
 
 def _gpu_results(R: dict) -> dict | None:
@@ -798,6 +819,10 @@ def main() -> int:
         tmp = Path(tmp_s)
         if "cli" in parts:
             item("cli", lambda: bench_cli(tmp / "cli", reps=5 if q else 10, warmup=1, jobs=1000))
+        if "status10k" in parts:
+            from bench_status_scale import bench_status_scale
+
+            item("status10k", lambda: bench_status_scale(tmp / "status10k", reps=3 if q else 7, log=log))
         if "launch" in parts:
             item("launch", lambda: bench_launch(tmp, reps=2 if q else 4, warmup=1 if not q else 0))
         if "hot" in parts:
@@ -836,7 +861,22 @@ def main() -> int:
         if "requeue" in parts:
             from bench_requeue import bench_requeue
 
-            item("requeue", lambda: bench_requeue(tmp / "requeue", 2 if q else 3, log))
+            def requeue_both() -> dict:
+                # Both ways back (profile key requeue_as) on the cluster that is up; its cred_expire
+                # (tests/cluster/start_cluster.sh CRED_EXPIRE) keys the figures, so an invocation on
+                # a cluster with the other setting adds its rows instead of replacing these.
+                setting = f"cred_expire={os.environ.get('ORCHESTRATOR_TEST_CLUSTER_CRED_EXPIRE', '10')}"
+                got = {
+                    mode: bench_requeue(tmp / f"requeue_{mode}", 2 if q else 3, log, requeue_as=mode)
+                    for mode in ("same_job", "new_job")
+                }
+                if any(g.get("skipped") for g in got.values()):
+                    return next(g for g in got.values() if g.get("skipped"))
+                before = R.get("requeue", {})
+                kept = {k: v for k, v in before.items() if k.startswith("cred_expire=")}
+                return {**kept, setting: got}
+
+            item("requeue", requeue_both)
         if "gpu" in parts:
             item("gpu", gpu_row)
     wall = time.perf_counter() - t0

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.plan import LaunchPlan
-from orchestrator.run_dir import DECISIONS_FILE, read_current_plan_json, requeue_recorded_since
+from orchestrator.run_dir import DECISIONS_FILE, EXIT_REQUEUE, read_current_plan_json, requeue_recorded_since
 from orchestrator.schedulers.slurm import allocation_nodes, cancelled_by_user, clean_submit_environment
 
 #: Bound on one node probe. A live node runs ``true`` in well under a second; a dead one makes
@@ -168,8 +168,15 @@ def current_plan(run_dir: Path) -> LaunchPlan:
     return LaunchPlan.from_json(read_current_plan_json(run_dir))
 
 
-def resubmit(run_dir: Path, plan: LaunchPlan, decision: Decision) -> None:
-    """A new attempt without the lost nodes, from the last complete checkpoint (or from the start)."""
+def resubmit(
+    run_dir: Path,
+    plan: LaunchPlan,
+    decision: Decision,
+    after_job: str | None = None,
+    how: str = "auto-resumed",
+) -> None:
+    """A new attempt without the lost nodes, from the last complete checkpoint (or from the start);
+    ``after_job``: it starts once that job has ended."""
     from orchestrator.registry import Registry
     from orchestrator.run_dir import last_complete_checkpoint
     from orchestrator.submission import submit
@@ -180,10 +187,57 @@ def resubmit(run_dir: Path, plan: LaunchPlan, decision: Decision) -> None:
     registry = Registry.open()
     clean_submit_environment()
     submitted = submit(
-        new_plan, registry=registry, existing_run_dir=run_dir, resumed_from=decision.checkpoint
+        new_plan,
+        registry=registry,
+        existing_run_dir=run_dir,
+        resumed_from=decision.checkpoint,
+        after_job=after_job,
     )
     decision.new_job_id = submitted.job_id
-    registry.set_end_reason(decision.job_id, f"{decision.reason}; auto-resumed as job {submitted.job_id}")
+    registry.set_end_reason(decision.job_id, f"{decision.reason}; {how} as job {submitted.job_id}")
+
+
+def continue_in_new_job(run_dir: Path, job_id: str, plan: LaunchPlan, restarts: int) -> bool:
+    """``requeue_as: new_job``: training checkpointed on a stop signal; instead of ``scontrol
+    requeue`` (which Slurm holds for cred_expire + 1 s, 121 s by default), submit a successor into the
+    same run, depending on this job (``afterany``), so it starts as soon as this one has ended.
+
+    Bounded by ``max_requeues`` together with this job's own requeues and the run's earlier
+    resubmissions (auto-resume's too); recorded in ``auto_resume.jsonl``. True when handed over."""
+    previous = [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
+    used = len(previous) + restarts
+    cancelled = cancelled_by_user(run_dir, job_id)
+    if cancelled:
+        decision = Decision(job_id, EXIT_REQUEUE, "none", f"not requeued: {cancelled}")
+    elif used >= plan.max_requeues:
+        decision = Decision(
+            job_id, EXIT_REQUEUE, "refused", f"not requeued: {used} requeues reached max_requeues"
+        )
+    else:
+        decision = Decision(
+            job_id,
+            EXIT_REQUEUE,
+            "resubmitted",
+            f"stopped by a signal; requeue {used + 1}/{plan.max_requeues} as a new job (requeue_as: new_job)",
+            exclude_nodes=list(plan.exclude_nodes),
+        )
+        try:
+            resubmit(run_dir, plan, decision, after_job=job_id, how="continued")
+        except Exception as exc:  # noqa: BLE001 (a failed submission must leave the job FAILED, explained)
+            decision.action, decision.reason = "refused", f"{decision.reason}; submission failed: {exc}"
+    print(
+        f"[orchestrator node] {decision.reason}"
+        + (f" -> job {decision.new_job_id}" if decision.new_job_id else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    if decision.action != "resubmitted":
+        with contextlib.suppress(Exception):
+            from orchestrator.registry import Registry
+
+            Registry.open().set_end_reason(job_id, decision.reason)
+    append_decision(run_dir, decision)
+    return decision.action == "resubmitted"
 
 
 def superseded_by(run_dir: Path, job_id: str) -> str | None:

@@ -311,8 +311,8 @@ class NodeTask:
             code = run_node(plan, run_dir, node, attempt, prewarmed)
         finally:
             prewarmed.discard()
-        node.finish(plan, run_dir, attempt, code)
-        if code not in (0, EXIT_REQUEUE) or (code == EXIT_REQUEUE and node.is_first_node):
+        handed_over = node.finish(plan, run_dir, attempt, code)
+        if code not in (0, EXIT_REQUEUE) or (code == EXIT_REQUEUE and node.is_first_node and not handed_over):
             # A raised error makes the task exit non-zero, so the scheduler says FAILED. Nodes other
             # than node 0 return quietly on a requeue: node 0 decides it.
             raise RunFailure(f"training exited with code {code} on node {socket.gethostname()}")

@@ -291,6 +291,11 @@ class ClusterProfile(_Record):
     """Pre-timeout signal: the job checkpoints and requeues itself when it arrives."""
     max_requeues: int = 3
     """How many times a job may requeue itself after preemption or time-out (0..100)."""
+    requeue_as: Literal["same_job", "new_job"] = "same_job"
+    """How a stopped job comes back: ``same_job`` (``scontrol requeue``: same job id and queue
+    priority, but Slurm holds it for ``cred_expire`` + 1 s, 121 s by default) or ``new_job`` (a
+    successor job submitted when the stop signal arrives, starting as soon as this one ends: a new
+    job id and a fresh place in the queue; ``status`` follows the run). Both count to max_requeues."""
     defaults: TrainingDefaults = TrainingDefaults()
     """Strategy options used unless the command line says otherwise."""
 

@@ -417,11 +417,22 @@ class Registry(SubmissionsMixin, SweepsMixin):
 
     def attempt_counts(self, job_ids: Iterable[str] | None = None) -> dict[str, int]:
         """``{job_id: number of attempts}`` in one query (``status`` needs it for every row)."""
-        rows = self._conn.execute("SELECT job_id, COUNT(*) FROM attempts GROUP BY job_id").fetchall()
-        counts = {r[0]: int(r[1]) for r in rows}
         if job_ids is None:
-            return counts
-        return {j: counts.get(j, 0) for j in job_ids}
+            rows = self._conn.execute("SELECT job_id, COUNT(*) FROM attempts GROUP BY job_id").fetchall()
+            return {r[0]: int(r[1]) for r in rows}
+        # Only the ids asked (primary-key lookups, 500 per query): a registry of 10,000 finished
+        # jobs must not cost `status` a row per finished job's attempt.
+        asked = list(dict.fromkeys(job_ids))
+        counts: dict[str, int] = {}
+        for i in range(0, len(asked), 500):
+            chunk = asked[i : i + 500]
+            rows = self._conn.execute(
+                f"SELECT job_id, COUNT(*) FROM attempts WHERE job_id IN ({','.join('?' * len(chunk))}) "
+                "GROUP BY job_id",
+                chunk,
+            ).fetchall()
+            counts.update((r[0], int(r[1])) for r in rows)
+        return {j: counts.get(j, 0) for j in asked}
 
     def successors(self, job_ids: Iterable[str]) -> dict[str, str]:
         """``{job_id: the job its run continues in}``: the run's newest job, for each job that is not

@@ -66,7 +66,6 @@ the model. A profile's ``share_with_group: true`` opens them to the group (0750 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -436,40 +435,6 @@ def last_complete_checkpoint(run_dir: Path) -> CheckpointInfo | None:
         if info is not None:
             return info
     return None
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, read in 4 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(4 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check_checkpoint_content(ckpt_dir: Path, marker: dict[str, Any]) -> str:
-    """ "" when every file's bytes match the marker's ``sha256`` digests, else why not. Reads every
-    byte, so it is for a restore (once per start), never for ``status``. Checkpoints written before
-    digests existed pass."""
-    digests = marker.get("sha256")
-    if not isinstance(digests, dict):
-        return ""
-    for rel in marker.get("files", {}):
-        want = digests.get(rel)
-        if want is None:
-            return f"{COMPLETE_MARKER} has no sha256 of {rel}"
-        try:
-            got = file_digest(Path(ckpt_dir) / str(rel))
-        except OSError as exc:
-            return f"cannot read {rel}: {exc.strerror or exc}"
-        if got != want:
-            return f"file {rel}: sha256 {got[:12]}..., {COMPLETE_MARKER} says {str(want)[:12]}..."
-    return ""
-
-
-def mark_checkpoint_corrupt(ckpt_dir: Path, reason: str) -> None:
-    """Record that a checkpoint's content is bad, so no later resume or ``status`` picks it."""
-    write_json_atomic(Path(ckpt_dir) / CORRUPT_MARKER, {"reason": reason, "time": time.time()})
 
 
 def corrupt_checkpoints(run_dir: Path) -> list[tuple[int, str]]:

@@ -31,7 +31,7 @@ from orchestrator.job_states import JobState, from_slurm, normalize_slurm_state
 if TYPE_CHECKING:
     from orchestrator.registry import JobRecord, Registry
 
-Source = Literal["squeue", "sacct", "registry", "run_dir"]
+Source = Literal["squeue", "sacct", "registry", "run_dir", "final"]
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%S|%M"
 SACCT_FIELDS = "JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed"
@@ -39,7 +39,12 @@ SACCT_FIELDS = "JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed"
 _SLURM_ID_RE = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
 #: Fraction of ``timeout_s`` squeue may use; sacct gets the rest.
 SQUEUE_SHARE = 0.6
-_SOURCE_RANK: dict[str, int] = {"squeue": 0, "run_dir": 0, "sacct": 1, "registry": 2}
+_SOURCE_RANK: dict[str, int] = {"squeue": 0, "run_dir": 0, "final": 0, "sacct": 1, "registry": 2}
+#: A job recorded in a terminal state at least this long ago is over for good and is not asked
+#: about again (source ``final``): Slurm forgets an ended job after MinJobAge (300 s by default),
+#: after which nothing -- not even ``scontrol requeue`` -- can bring it back. ``status`` over a
+#: registry of thousands of finished jobs thus asks the scheduler only about the live ones.
+FINAL_AFTER_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -325,6 +330,25 @@ def _result(states: dict[str, SchedulerState], errors: list[str], calls: dict[st
     return QueryResult(states=states, source=worst, stale=stale, errors=tuple(errors), calls=calls)
 
 
+def _final(job: JobRecord) -> SchedulerState:
+    """The recorded end of a job that ended over :data:`FINAL_AFTER_S` ago (built without the frozen
+    ``__init__``, as in :func:`parse_squeue`: thousands of finished jobs per ``status`` call)."""
+    state = SchedulerState.__new__(SchedulerState)
+    state.__dict__.update(
+        _STATE_DEFAULTS,
+        job_id=job.job_id,
+        state=job.last_state,
+        raw_state=job.last_state.value,
+        source="final",
+        reason=job.reason,
+        node_list=job.node_list,
+        exit_code=job.exit_code,
+        start=None,
+        elapsed=None,
+    )
+    return state
+
+
 def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0) -> QueryResult:
     """Current state of ``jobs`` (one batched query per scheduler), written back to the registry
     (history grows only on change, plus node list / exit code / reason).
@@ -334,10 +358,14 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
     from orchestrator.schedulers import get_scheduler
 
     by_scheduler: dict[str, list[JobRecord]] = {}
-    for job in jobs:
-        by_scheduler.setdefault(job.scheduler, []).append(job)
-    fallback = {j.job_id: j.last_state for j in jobs}
     states: dict[str, SchedulerState] = {}
+    settled = time.time() - FINAL_AFTER_S
+    for job in jobs:
+        if job.last_state_at <= settled and job.last_state.is_terminal():
+            states[job.job_id] = _final(job)
+        else:
+            by_scheduler.setdefault(job.scheduler, []).append(job)
+    fallback = {j.job_id: j.last_state for j in jobs}
     errors: list[str] = []
     calls = {"squeue": 0, "sacct": 0}
     for name, group in by_scheduler.items():
@@ -348,7 +376,7 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
             calls[key] = calls.get(key, 0) + count
     by_source: dict[str, dict[str, JobState]] = {}
     for job_id, st in states.items():
-        if not st.stale:  # a stale answer is the registry's own value: nothing new to record
+        if not st.stale and st.source != "final":  # the registry's own values: nothing new to record
             by_source.setdefault(st.source, {})[job_id] = st.state
     for source, batch in by_source.items():
         registry.record_states(batch, source=source)
@@ -356,7 +384,7 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
         {
             j: (s.node_list, s.exit_code, s.reason)
             for j, s in states.items()
-            if not s.stale and (s.node_list or s.exit_code or s.reason)
+            if not s.stale and s.source != "final" and (s.node_list or s.exit_code or s.reason)
         }
     )
     return _result(states, errors, calls)

@@ -154,13 +154,14 @@ def submit(
     existing_run_dir: Path | None = None,
     resumed_from: str | None = None,
     request: Request | None = None,
+    after_job: str | None = None,
 ) -> Submitted:
     """Validate, create the run directory, submit, record the job.
 
     ``existing_run_dir`` (resume) reuses a run directory: checkpoints and metrics continue there,
     attempt numbers go on from the last one; its lock is held throughout (re-entrant: a caller that
     checked the run under the lock keeps it). ``request``: one made by :func:`dry_run` for this very
-    plan, submitted as it is.
+    plan, submitted as it is. ``after_job``: the job may start only once that one has ended (a successor).
     """
     check_submittable(plan)
     share = plan.profile.share_with_group
@@ -169,7 +170,7 @@ def submit(
             try:
                 with run_lock(existing_run_dir, what="submit"):
                     return _submit_into(
-                        plan, existing_run_dir, False, snapshot, registry, resumed_from, request
+                        plan, existing_run_dir, False, snapshot, registry, resumed_from, request, after_job
                     )
             except RunLocked as exc:
                 raise UserError(f"{exc}; try again when it is done") from None
@@ -233,6 +234,7 @@ def _submit_into(
     registry: Registry | None,
     resumed_from: str | None,
     request: Request | None,
+    after_job: str | None = None,
 ) -> Submitted:
     scheduler = get_scheduler(plan.profile.scheduler)
     attempt_base: int | None = None
@@ -252,6 +254,8 @@ def _submit_into(
             or request.attempt_base != attempt_base
         ):
             request = scheduler.dryrun(plan, run_dir, attempt_base, sys.executable)
+        if after_job is not None:
+            request = replace(request, extra={**request.extra, "after_job": after_job})
         job = _job_fields(plan, run_dir, resumed_from)
         token = str(request.extra.get("token") or submission_token(run_dir, attempt_base))
         if registry is not None:

@@ -62,6 +62,17 @@ def _flat_encoder(level: int) -> Callable[[Any], str]:
 
 _STR = frozenset({str})
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_SCALARS_OR_LIST = _SCALARS | {list}
+
+
+def _flat(obj: dict[str, Any]) -> bool:
+    """Values all scalars or empty lists (``corrupt_checkpoints: []`` in every status row): the C
+    encoder writes ``[]`` exactly as ``indent=2`` does, so such a mapping is still one C call. The
+    type checks run at C speed; only a row holding a list looks at the lists themselves."""
+    types = set(map(type, obj.values()))
+    if types <= _SCALARS:
+        return True
+    return types <= _SCALARS_OR_LIST and not any(v for v in obj.values() if type(v) is list)
 
 
 def _flat_rows(rows: Sequence[dict[str, Any]], level: int) -> str:
@@ -79,19 +90,20 @@ def _flat_rows(rows: Sequence[dict[str, Any]], level: int) -> str:
 
 
 def _dumps(obj: Any, level: int) -> str:
+    if type(obj) in _SCALARS:  # exact types: a str/int subclass (an Enum) takes the json route below
+        return _flat_encoder(0)(obj)
     pad = "\n" + "  " * level
+    if type(obj) is list and obj and _SCALARS.issuperset(map(type, obj)):  # a command line
+        return "[" + pad + "  " + _flat_encoder(level + 1)(obj)[1:-1] + pad + "]"
     if isinstance(obj, dict) and obj and _STR.issuperset(map(type, obj)):
-        if _SCALARS.issuperset(map(type, obj.values())):  # C-speed checks: one row is ~25 values
+        if _flat(obj):  # C-speed checks: one row is ~25 values
             return "{" + pad + "  " + _flat_encoder(level + 1)(obj)[1:-1] + pad + "}"
         items = (
             pad + "  " + encode_basestring_ascii(k) + ": " + _dumps(v, level + 1) for k, v in obj.items()
         )
         return "{" + ",".join(items) + pad + "}"
     if isinstance(obj, (list, tuple)) and obj:
-        if all(
-            type(v) is dict and v and _STR.issuperset(v) and _SCALARS.issuperset(map(type, v.values()))
-            for v in obj
-        ):
+        if all(type(v) is dict and v and _STR.issuperset(v) and _flat(v) for v in obj):
             return _flat_rows(obj, level)
         return "[" + ",".join(pad + "  " + _dumps(v, level + 1) for v in obj) + pad + "]"
     # Scalars, empty containers and anything unusual (non-str keys): the json module itself.

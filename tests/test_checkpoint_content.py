@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator import checkpoint_files
+from orchestrator.checkpoint_files import check_checkpoint_content
 from orchestrator.run_dir import (
     CORRUPT_MARKER,
     check_checkpoint,
-    check_checkpoint_content,
     corrupt_checkpoints,
     last_complete_checkpoint,
 )

@@ -59,3 +59,7 @@ def test_lists_of_flat_rows_in_one_piece() -> None:
         assert dumps_indented(doc) == json.dumps(doc, indent=2)
     mixed = [*rows, {}]  # an empty row sends the list down the general path
     assert dumps_indented(mixed) == json.dumps(mixed, indent=2)
+    # status rows carry corrupt_checkpoints: [] (still the one-call path) or a non-empty list (not)
+    with_lists = [{**r, "corrupt": []} for r in rows]
+    for doc in (with_lists, {"jobs": with_lists}, [*with_lists, {**rows[0], "corrupt": [3, 5]}]):
+        assert dumps_indented(doc) == json.dumps(doc, indent=2)

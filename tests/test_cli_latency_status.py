@@ -171,7 +171,7 @@ def test_a_checkpoint_marked_corrupt_after_caching_is_seen(tmp_path: Path) -> No
     """A restore that finds the newest checkpoint's bytes bad writes CORRUPT.json inside its folder:
     no folder or marker stat the cache keys on shows that, yet the next status must not call it the
     last checkpoint, and must say it was skipped."""
-    from orchestrator.run_dir import mark_checkpoint_corrupt
+    from orchestrator.checkpoint_files import mark_checkpoint_corrupt
 
     run = tmp_path / "run"
     make_run(run)

@@ -99,3 +99,52 @@ def test_the_node_entry_relays_a_stop_signal_to_every_worker(slurm_cluster: dict
     assert heard == {"0", "1"}
     status = json.loads((run_dir / "exit_status.json").read_text())
     assert status["code"] == 75
+
+
+def test_requeue_as_new_job_continues_the_run_in_a_successor(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    """``requeue_as: new_job``: a stop signal hands the run to a successor job (new id, no
+    ``scontrol requeue``, so no cred_expire hold) that resumes at the step the first one stopped at;
+    the run stays one run in the registry and status; ``max_requeues`` bounds the successors."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    text = (REPO / "cluster_profiles" / "slurm_test.yaml").read_text()
+    (profiles / "slurm_test.yaml").write_text(text + "requeue_as: new_job\n")
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2",
+         "--max-requeues", "1", "--", TRAIN, *LONG],
+        orch_env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id = res.stdout.split("submitted job ")[1].split()[0]
+    run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
+    successor = ""
+    try:
+        poll(lambda: len(events(run_dir, "train")) >= 3, 240, "3 train steps")
+        sent = run_cli(["cancel", job_id, "--signal", "USR2"], orch_env, timeout=60)
+        assert sent.returncode == 0, sent.stdout + sent.stderr
+        first = poll(lambda: events(run_dir, "resume"), 180, "the successor's resume")[0]
+        successor = (run_dir / "job_id").read_text().strip()
+        stopped_at = max(e["step"] for e in events(run_dir, "train") if e["time"] < first["time"])
+        assert first["step"] == stopped_at  # checkpointed the step it stopped at: no step lost
+        assert sacct_state(job_id, timeout=120) == "COMPLETED" and restarts(job_id) == 0  # handed over
+        status = run_cli(["status", job_id, "--json"], orch_env, timeout=60)
+        row = json.loads(status.stdout)["jobs"][0]
+        assert (row["continued_as"], row["run_state"]) == (successor, "RUNNING"), row
+        assert f"continued as job {successor}" in (row["reason"] or ""), row
+        # The bound: a second stop checkpoints but hands over to no third job.
+        again = run_cli(["cancel", successor, "--signal", "USR2"], orch_env, timeout=60)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert sacct_state(successor, timeout=180) == "FAILED"
+    finally:
+        slurm("scancel", job_id, check=False)
+        if successor:
+            slurm("scancel", successor, check=False)
+    assert successor not in ("", job_id)
+    listed = json.loads(run_cli(["list", "--json"], orch_env, timeout=60).stdout)
+    assert sorted(j["job_id"] for j in listed if j["run_dir"] == str(run_dir)) == sorted([job_id, successor])
+    decisions = [json.loads(line) for line in (run_dir / "auto_resume.jsonl").read_text().splitlines()]
+    assert [d["action"] for d in decisions] == ["resubmitted", "refused"], decisions
+    assert "1 requeues reached max_requeues" in decisions[1]["reason"]
+    assert sorted(p.name for p in (run_dir / "logs").glob("attempt_*")) == ["attempt_0", "attempt_1"]

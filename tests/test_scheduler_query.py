@@ -178,6 +178,40 @@ def test_squeue_then_sacct_then_registry(path_with: Path, tmp_path: Path) -> Non
     assert res.stale and res.source == "registry" and res.calls == {"squeue": 1, "sacct": 1}
 
 
+def test_jobs_ended_long_ago_are_not_asked_again(path_with: Path, tmp_path: Path) -> None:
+    """A job recorded as ended over FINAL_AFTER_S ago keeps its recorded end (source "final", not
+    stale) without squeue or sacct being asked about it; a job that ended minutes ago is still asked
+    (Slurm could still requeue it), as is a running one."""
+    from orchestrator.scheduler_query import FINAL_AFTER_S
+
+    calls = tmp_path / "calls.log"
+    script(path_with, "squeue", f'echo "squeue $*" >> {calls}\necho "3|RUNNING|None|n3|t|1:00"\n')
+    script(path_with, "sacct", f'echo "sacct $*" >> {calls}\necho "2|PENDING|0:0|None||s|e|00:00:01"\n')
+    home = tmp_path / "home"
+    _add_jobs(home, ["1", "2", "3"])
+    now = time.time()
+    with Registry.open(home) as reg:
+        reg.record_states({"1": JobState.COMPLETED}, source="sacct", at=now - FINAL_AFTER_S - 60)
+        reg.set_scheduler_info({"1": ("n[1-2]", "0:0", None)})
+        reg.record_states({"2": JobState.PREEMPTED}, source="squeue", at=now - 120)
+        res = refresh_states(reg, reg.get_many(["1", "2", "3"]))
+        assert reg.get("2").last_state is JobState.PENDING  # requeued after all: recorded
+    assert calls.read_text().splitlines() == [
+        "squeue -h -j 2,3 -o %i|%T|%r|%N|%S|%M",
+        "sacct -n -P -X -j 2 -o JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed",
+    ]
+    one = res.states["1"]
+    assert (one.state, one.source, one.stale, one.node_list, one.exit_code) == (
+        JobState.COMPLETED,
+        "final",
+        False,
+        "n[1-2]",
+        "0:0",
+    )
+    assert res.states["2"].state is JobState.PENDING and res.states["3"].source == "squeue"
+    assert not res.stale and res.calls == {"squeue": 1, "sacct": 1}
+
+
 def test_all_answered_by_squeue_is_fresh(path_with: Path) -> None:
     script(path_with, "squeue", 'echo "5|PENDING|Priority|||0:00"\n')
     script(path_with, "sacct", "echo sacct must not run >&2; exit 3\n")

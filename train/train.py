@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             marker.update(checksums(model, optimizer, num_params))
             result = checkpointing.save(accelerator, run_dir, step, marker, args.keep_last)
             if accelerator.is_main_process:
-                metrics.say(f"checkpoint step {step} saved in {result.seconds:.2f}s: {result.path}")
+                split = ", ".join(f"{k} {v:.2f}s" for k, v in result.phases.items())
+                metrics.say(f"checkpoint step {step} saved in {result.seconds:.2f}s: {result.path} ({split})")
         last_saved_step = step
         return time.monotonic() - t0
 

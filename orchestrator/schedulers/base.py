@@ -187,5 +187,6 @@ class NodeEnvironment(ABC):
         return None
 
     @abstractmethod
-    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
-        """After this node's training ended with ``code``: record or requeue, as the scheduler needs."""
+    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
+        """After this node's training ended with ``code``: record or requeue, as the scheduler needs.
+        True when the run went on in a successor job: this job's part ended as it should."""

@@ -78,9 +78,10 @@ class LocalNodeEnvironment(NodeEnvironment):
                 return node, code
         return None
 
-    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
+    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
         if self.is_first_node:
             write_local_final_state(plan, run_dir, attempt, self.job_id)
+        return False
 
 
 def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_id: str = "") -> None:

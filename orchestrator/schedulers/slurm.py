@@ -157,23 +157,28 @@ class SlurmNodeEnvironment(NodeEnvironment):
             f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
         )
 
-    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> None:
-
+    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
+        """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
+        first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``.
+        With ``requeue_as: new_job`` node 0 submits a successor instead (True: handed over)."""
         import subprocess
 
-        """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
-        first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``."""
         from orchestrator.requeue import decide_requeue
         from orchestrator.run_dir import EXIT_REQUEUE
 
         if code != EXIT_REQUEUE or not self.is_first_node:
-            return
+            return False
+        if plan.profile.requeue_as == "new_job":
+            from orchestrator.auto_resume import continue_in_new_job
+
+            return continue_in_new_job(run_dir, self.job_id, plan, self.restarts)
         decision = decide_requeue(self.restarts, plan.max_requeues, cancelled_by_user(run_dir, self.job_id))
         if not decision.requeue:
             print(f"[orchestrator node] {decision.reason}", file=sys.stderr, flush=True)
-            return
+            return False
         print(f"[orchestrator node] requeueing job {self.job_id} ({decision.reason})", flush=True)
         subprocess.run(["scontrol", "requeue", self.job_id], check=False, timeout=60)
+        return False
 
 
 # ---------------------------------------------------------------------------- submission side
@@ -251,9 +256,18 @@ def _template_executor(request: Request) -> Any:
     """A submitit SlurmExecutor that submits the request's text, not a script of its own."""
     import submitit
 
+    after_job = request.extra.get("after_job")
+
     class RequestExecutor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return request.materialize()
+
+        def _make_submission_command(self, submission_file_path: Any) -> list[str]:
+            # A successor (profile key requeue_as: new_job) starts once its predecessor has ended.
+            command = list(super()._make_submission_command(submission_file_path))
+            if after_job:
+                command.insert(1, f"--dependency=afterany:{after_job}")
+            return command
 
     return RequestExecutor
 

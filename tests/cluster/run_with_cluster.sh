@@ -7,7 +7,7 @@
 # The command sees ORCHESTRATOR_TEST_CLUSTER=1 plus every line of $BASE/cluster.env
 # (ORCHESTRATOR_TEST_CLUSTER_MODE, _NODES, _BASE, ..., SLURM_CONF). The exit status is the
 # command's (128+N if it was killed by signal N), or 1 if the cluster did not start.
-# BASE, NODES, MODE, ACCOUNTING are passed on to start_cluster.sh.
+# BASE, NODES, MODE, ACCOUNTING, CRED_EXPIRE are passed on to start_cluster.sh.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -22,6 +22,8 @@
 #   FRESH=0        1: stop the cluster and wipe its state first (job ids restart at 1)
 #   NODE_CPUS      CPUs declared per node (default max(8, 2 x real cores), see "CPUs" below)
 #   NODE_MEM_MB=4096  RealMemory declared per node
+#   CRED_EXPIRE=10 AuthInfo cred_expire in seconds; "default" leaves AuthInfo out (Slurm's 120 s,
+#                  what a production cluster has: bench/bench_requeue.py measures both)
 #
 # Idempotent: running it again leaves running daemons alone and (re)starts what is missing, e.g. a
 # slurmd a test killed. If the generated slurm.conf changed (other NODES/MODE), the cluster is
@@ -37,6 +39,7 @@ MODE=${MODE:-auto}
 ACCOUNTING=${ACCOUNTING:-1}
 FRESH=${FRESH:-0}
 NODE_MEM_MB=${NODE_MEM_MB:-4096}
+CRED_EXPIRE=${CRED_EXPIRE:-10}
 NET=10.77.0            # netns mode: bridge slbr0 = $NET.1, node nI = $NET.(10+I)
 DB_PORT=16033          # our MariaDB; never the system's 3306
 CLUSTER_NAME=orchestrator
@@ -121,6 +124,9 @@ wait_daemon() {   # wait_daemon SECONDS NAME PIDFILE LOGFILE CONDITION...
 [ "$(id -u)" = 0 ] || die "must run as root (it creates namespaces, edits /etc/hosts, starts daemons)"
 [[ "$NODES" =~ ^[0-9]+$ ]] && [ "$NODES" -ge 1 ] && [ "$NODES" -le 40 ] || die "NODES must be 1..40"
 case "$MODE" in auto|netns|multislurmd) ;; *) die "MODE must be auto, netns or multislurmd";; esac
+[[ "$CRED_EXPIRE" =~ ^([0-9]+|default)$ ]] || die "CRED_EXPIRE must be a number of seconds or 'default'"
+if [ "$CRED_EXPIRE" = default ]; then AUTH_LINE="# AuthInfo left at Slurm's default (cred_expire=120)"
+else AUTH_LINE="AuthInfo=cred_expire=$CRED_EXPIRE"; fi
 
 # BASE is deleted by `stop_cluster.sh --purge` (FRESH=1): only ever use a folder that is new,
 # empty, or already ours (it has the marker file), never e.g. BASE=/tmp.
@@ -264,7 +270,8 @@ SlurmdParameters=config_overrides
 SchedulerParameters=sched_interval=2,bf_interval=2
 # Trap: a requeued job cannot start again until its old job credential expires (default 120 s);
 # with cred_expire=10 and KillWait=10 a requeue round trip takes tens of seconds, not minutes.
-AuthInfo=cred_expire=10
+# CRED_EXPIRE=default measures what a production cluster (120 s) does.
+$AUTH_LINE
 KillWait=10
 # Batch jobs of a node that fails are requeued; a DOWN node returns as soon as its slurmd registers.
 JobRequeue=1
@@ -506,6 +513,7 @@ ORCHESTRATOR_TEST_CLUSTER_NODE_NAMES=$node_list
 ORCHESTRATOR_TEST_CLUSTER_NODE_ADDRS=$addr_list
 ORCHESTRATOR_TEST_CLUSTER_CONTROLLER_ADDR=$CTL_ADDR
 ORCHESTRATOR_TEST_CLUSTER_ACCOUNTING=$ACCOUNTING
+ORCHESTRATOR_TEST_CLUSTER_CRED_EXPIRE=$CRED_EXPIRE
 ORCHESTRATOR_TEST_CLUSTER_NODE_CPUS=$NODE_CPUS
 ORCHESTRATOR_TEST_CLUSTER_NODE_MEM_MB=$NODE_MEM_MB
 SLURM_CONF=$BASE/etc/slurm.conf

@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.checkpoint_files import file_digest
 from orchestrator.run_dir import (
     EXIT_REQUEUE,
     METRICS_FILE,
-    file_digest,
     last_complete_checkpoint,
     write_json_atomic,
 )
