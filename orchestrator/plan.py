@@ -49,6 +49,9 @@ class LaunchPlan:
     last complete checkpoint. Bounded by ``max_requeues`` like the scheduler's own requeues."""
     exclude_nodes: tuple[str, ...] = ()
     """Nodes this job must not run on (``--exclude``): the ones earlier attempts lost."""
+    hang_timeout: int | None = None
+    """Seconds without progress of any rank before the hang watchdog ends the step (None: derived
+    from the step times the ranks report; see orchestrator.watchdog)."""
 
     @property
     def strategy(self) -> Strategy:
@@ -78,6 +81,7 @@ class LaunchPlan:
             "max_requeues": self.max_requeues,
             "auto_resume": self.auto_resume,
             "exclude_nodes": list(self.exclude_nodes),
+            "hang_timeout": self.hang_timeout,
         }
 
     @classmethod
@@ -95,6 +99,7 @@ class LaunchPlan:
             max_requeues=int(data["max_requeues"]),
             auto_resume=bool(data.get("auto_resume", False)),
             exclude_nodes=tuple(data.get("exclude_nodes", ())),
+            hang_timeout=data.get("hang_timeout"),
         )
 
 
@@ -232,6 +237,7 @@ def build_plan(
     max_requeues: int | None = None,
     auto_resume: bool = False,
     exclude_nodes: tuple[str, ...] = (),
+    hang_timeout: int | None = None,
 ) -> LaunchPlan:
     """Check everything and return the plan; raises UserError with the reason."""
     node_count = profile.nodes.default if nodes is None else nodes
@@ -244,6 +250,8 @@ def build_plan(
             f"--auto-resume: profile '{profile_name}' runs locally, where there is no node to lose or exclude; "
             "use `orchestrator resume JOB` after a failure"
         )
+    if hang_timeout is not None and not 1 <= hang_timeout <= 86400:
+        raise UserError(f"--hang-timeout: expected seconds from 1 to 86400, got {hang_timeout}")
     if max_requeues is not None and max_requeues < 0:
         raise UserError(f"--max-requeues: expected an integer >= 0, got {max_requeues}")
     if time_limit is not None:
@@ -266,4 +274,5 @@ def build_plan(
         max_requeues=profile.max_requeues if max_requeues is None else max_requeues,
         auto_resume=auto_resume,
         exclude_nodes=tuple(sorted(set(exclude_nodes))),
+        hang_timeout=profile.hang_timeout if hang_timeout is None else hang_timeout,
     )

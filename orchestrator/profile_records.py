@@ -291,6 +291,10 @@ class ClusterProfile(_Record):
     """Pre-timeout signal: the job checkpoints and requeues itself when it arrives."""
     max_requeues: int = 3
     """How many times a job may requeue itself after preemption or time-out (0..100)."""
+    hang_timeout: int | None = None
+    """Seconds without progress of any rank (heartbeats) before the hang watchdog saves every rank's
+    stacks and ends the job (1..86400). Longer during the first step and while checkpointing. None:
+    20 median step times, at least 300 s. ``--hang-timeout`` overrides it."""
     defaults: TrainingDefaults = TrainingDefaults()
     """Strategy options used unless the command line says otherwise."""
 

@@ -173,6 +173,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "network_interface": _line,
         "rdzv_backend": _choice("c10d", "static"),
         "max_requeues": _int_range(0, 100),
+        "hang_timeout": _optional(_int_range(1, 86400)),
     },
 }
 
@@ -310,6 +311,7 @@ def schema() -> dict[str, type[BaseModel]]:
         port_range: PortRange = PortRange()
         signal: PreTimeoutSignal = PreTimeoutSignal()
         max_requeues: int = Field(3, ge=0, le=100)
+        hang_timeout: int | None = Field(None, ge=1, le=86400)
         defaults: TrainingDefaults = TrainingDefaults()
 
         @field_validator("time_limit")

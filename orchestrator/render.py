@@ -210,6 +210,7 @@ def render_sbatch(
         command=submitit_command(f'"${PYTHON_VAR}"', folder),
         python_var=PYTHON_VAR,
         auto_resume=plan.auto_resume,
+        hang_timeout=plan.hang_timeout,
         exclude_nodes=",".join(plan.exclude_nodes),
         python=python,
         attempt_base=attempt_base,

@@ -1,0 +1,205 @@
+"""The hang watchdog on the real Slurm test cluster: a stopped rank ends the job with every rank's
+stack saved and its node named, ``--auto-resume`` finishes the run without that node from the last
+checkpoint with the uninterrupted run's result, and a checkpoint slower than ``hang_timeout`` does
+not trip it. One 2-node ``train/`` job carries all of it (suite time).
+
+The rank is stopped for real (SIGSTOP: its process cannot run, exactly as a rank stuck in a
+driver or a swapped-out host looks to its peers). ``--hang-timeout 20`` instead of the issue's 60:
+the same code path, 80 s less of the suite's budget (the watchdog's clock is the only difference).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from orchestrator.heartbeat import read_heartbeats
+from orchestrator.run_dir import attempt_dir, hang_dir, last_complete_checkpoint, read_json
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, sacct_state
+from tests.helpers.slurm_cluster import slurm, slurm_node_pids
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TRAIN = str(REPO / "train" / "train.py")
+STEPS = 120
+CKPT_EVERY = 20
+ARGS = [
+    *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"),
+    *("--max-steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY)),
+]
+TWO_NODES = ["--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1"]
+HANG_TIMEOUT = 20
+
+
+@pytest.fixture()
+def env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e["ORCHESTRATOR_HOME"] = str(tmp_path / "home")
+    e["ORCHESTRATOR_RUNS"] = str(tmp_path / "runs")
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def job_nodes(job_id: str) -> list[str]:
+    out = slurm("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
+    return slurm("scontrol", "show", "hostnames", out).stdout.split() if out else []
+
+
+def rank_record(run_dir: Path, rank: int) -> dict[str, Any]:
+    return read_heartbeats(attempt_dir(run_dir, 0)).get(rank, {})
+
+
+def stop_rank_in_phase(
+    run_dir: Path, rank: int, node: str, job_id: str, want: set[str], min_step: int
+) -> tuple[int, int]:
+    """SIGSTOP ``rank`` while its heartbeat says one of ``want`` at ``min_step`` or later; retried
+    until the stopped process's record still says so (the phase it is really stopped in)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rec = rank_record(run_dir, rank)
+        if rec.get("phase") not in want or int(rec.get("step", 0)) < min_step:
+            time.sleep(0.002)
+            continue
+        pid = int(rec["pid"])
+        assert pid in slurm_node_pids(node, job_id=job_id), (pid, node)
+        os.kill(pid, signal.SIGSTOP)
+        poll(lambda p=pid: psutil.Process(p).status() == psutil.STATUS_STOPPED, 10, "the rank stopped")
+        again = rank_record(run_dir, rank)
+        if again.get("phase") in want:
+            return pid, int(again["step"])
+        os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"rank {rank} never seen in {want} from step {min_step}")
+
+
+def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(env: dict[str, str]) -> None:
+    reference = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "submit",
+            "--profile",
+            "local",
+            *TWO_NODES,
+            "--wait",
+            "--poll",
+            "1",
+        ]
+        + ["--", TRAIN, *ARGS],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    stopped: list[int] = []
+    try:
+        res = run_cli(
+            [
+                "submit",
+                "--profile",
+                "slurm_test",
+                *TWO_NODES,
+                "--auto-resume",
+                "--hang-timeout",
+                str(HANG_TIMEOUT),
+            ]
+            + ["--", TRAIN, *ARGS],
+            env,
+            timeout=90,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        job_id, run_dir = job_and_run_dir(res.stdout)
+        poll(lambda: len(rank_record(run_dir, 1)) and len(job_nodes(job_id)) == 2, 120, "rank 1's heartbeat")
+        nodes = job_nodes(job_id)
+        victim = nodes[rank_record(run_dir, 1)["node"]]
+
+        # No false positive: rank 1 held inside a checkpoint for longer than hang_timeout.
+        pid, _ = stop_rank_in_phase(run_dir, 1, victim, job_id, {"checkpoint"}, CKPT_EVERY)
+        stopped.append(pid)
+        held_until = time.monotonic() + HANG_TIMEOUT + 8
+        while time.monotonic() < held_until:
+            assert not hang_dir(run_dir, 0).exists(), "the watchdog fired during a slow checkpoint"
+            assert slurm("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() == "RUNNING"
+            time.sleep(0.5)
+        os.kill(pid, signal.SIGCONT)
+
+        # A stopped rank outside a checkpoint: FAILED within hang_timeout + 30 s.
+        pid, at_step = stop_rank_in_phase(
+            run_dir, 1, victim, job_id, {"forward", "backward", "data"}, 2 * CKPT_EVERY + 2
+        )
+        last_ckpt = (at_step - 1) // CKPT_EVERY * CKPT_EVERY
+        stopped.append(pid)
+        t_stop = time.monotonic()
+        assert sacct_state(job_id, timeout=HANG_TIMEOUT + 60) == "FAILED"
+        failed_after = time.monotonic() - t_stop
+        print(f"[watchdog] FAILED {failed_after:.1f} s after SIGSTOP (hang_timeout {HANG_TIMEOUT})")
+        assert failed_after <= HANG_TIMEOUT + 30
+
+        evidence = hang_dir(run_dir, 0)
+        report = read_json(evidence / "hang.json")
+        assert report is not None
+        assert report["bad_node"] == victim and report["culprit_rank"] == 1, report
+        assert {r["rank"] for r in report["ranks"]} == {0, 1}
+        for rank in (0, 1):
+            text = (evidence / f"rank_{rank}.txt").read_text()
+            assert "py-spy" in text and "train.py" in text, text  # a real Python stack of train.py
+        assert "state stopped" in (evidence / "rank_1.txt").read_text()
+        # squeue says COMPLETING for a while after sacct's FAILED: poll status until it agrees.
+        status = poll(
+            lambda: next(
+                (
+                    j
+                    for j in json.loads(run_cli(["status", job_id, "--json"], env).stdout)["jobs"]
+                    if j["state"] == "FAILED"
+                ),
+                None,
+            ),
+            60,
+            "status to say FAILED",
+        )
+        assert status["state"] == "FAILED" and f"rank 1 on node {victim} differs" in status["reason"], status
+
+        # --auto-resume: a new job without the victim, from the last complete checkpoint, ends like
+        # the uninterrupted run.
+        decisions = [json.loads(x) for x in (run_dir / "auto_resume.jsonl").read_text().splitlines()]
+        assert decisions[-1]["action"] == "resubmitted" and victim in decisions[-1]["exclude_nodes"], (
+            decisions
+        )
+        new_job = decisions[-1]["new_job_id"]
+        assert decisions[-1]["checkpoint"].endswith(f"step_{last_ckpt:08d}"), decisions
+        poll(lambda: job_nodes(new_job) or (run_dir / "final.json").exists(), 120, "the new job to start")
+        assert victim not in job_nodes(new_job)
+        assert sacct_state(new_job, timeout=240) == "COMPLETED"
+        out, _ = reference.communicate(timeout=300)
+        assert reference.returncode == 0, out
+        ref_dir = Path(out.split("run directory ")[-1].split()[0])
+        final, ref = read_json(run_dir / "final.json"), read_json(ref_dir / "final.json")
+        assert final is not None and ref is not None and final["step"] == ref["step"] == STEPS
+        assert math.isclose(final["loss"], ref["loss"], rel_tol=1e-6), (final, ref)
+        assert math.isclose(final["param_checksum"], ref["param_checksum"], rel_tol=1e-9), (final, ref)
+        resumed = [
+            e
+            for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if e.get("event") == "resume"
+        ]
+        assert [e["step"] for e in resumed] == [last_ckpt]
+        assert last_complete_checkpoint(run_dir) is not None
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        kill_tree(reference.pid)
