@@ -31,7 +31,7 @@ from orchestrator.run_dir import rank_stack_file
 
 #: A frame that means "inside a collective": torch.distributed's Python API, or autograd's engine
 #: (DDP/FSDP all-reduce gradients from C++ hooks during backward).
-COLLECTIVE_FRAME_RE = re.compile(r"distributed_c10d\.py|torch/distributed/|_engine_run_backward|\bjoin\b")
+COLLECTIVE_FRAME_RE = re.compile(r"distributed_c10d\.py|torch/distributed/|_engine_run_backward")
 #: Bound on one py-spy dump.
 DUMP_TIMEOUT_S = 20.0
 #: Bound on the whole collection (one srun step across the nodes).

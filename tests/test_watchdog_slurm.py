@@ -203,3 +203,43 @@ def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(env: d
             except ProcessLookupError:
                 pass
         kill_tree(reference.pid)
+
+
+def test_uneven_inputs_hang_without_heartbeats_status_silence_and_stacks(env: dict[str, str]) -> None:
+    """A script without hooks hangs in collectives: ``status`` shows how long no rank wrote anything,
+    and ``orchestrator stacks`` shows both ranks inside a collective (rank 0 in the barrier, rank 1
+    in the backward whose all-reduce rank 0 never joins)."""
+    from orchestrator.liveness import SILENT_NOTE_S
+
+    script = str(REPO / "tests" / "scripts" / "uneven_inputs.py")
+    res = run_cli(["submit", "--profile", "slurm_test", *TWO_NODES, "--", script], env, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    try:
+        logs = run_dir / "logs" / "attempt_0"
+
+        def both_stuck() -> bool:
+            text = "".join(p.read_text(errors="replace") for p in logs.glob("node_*.log"))
+            return "rank 0 out of data" in text and "rank 1 step 4" in text
+
+        poll(both_stuck, 120, "both ranks at the uneven step")
+
+        def silent() -> dict[str, Any] | None:
+            row = json.loads(run_cli(["status", job_id, "--json"], env).stdout)["jobs"][0]
+            live = row.get("liveness") or {}
+            return row if row["state"] == "RUNNING" and (live.get("silent_s") or 0) >= SILENT_NOTE_S else None
+
+        poll(silent, 90, f"status --json to report {SILENT_NOTE_S:.0f} s without output", interval=2)
+        table = run_cli(["status", job_id], env).stdout
+        assert f"{job_id}: no output from any rank for" in table, table
+
+        res = run_cli(["stacks", job_id], env, timeout=90)
+        assert res.returncode == 0, res.stdout + res.stderr
+        lines = [x for x in res.stdout.splitlines() if x.startswith("rank ")]
+        assert len(lines) == 2 and all("inside a collective" in x for x in lines), res.stdout
+        folder = Path(res.stdout.split(" in ")[-1].strip())
+        rank0, rank1 = ((folder / f"rank_{r}.txt").read_text() for r in (0, 1))
+        assert "barrier" in rank0 and "wait_for_everyone" in rank0, rank0
+        assert "backward" in rank1 and "uneven_inputs.py" in rank1, rank1
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)

@@ -16,10 +16,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
+from orchestrator.liveness import liveness, liveness_lines
 from orchestrator.registry import JobRecord, Registry
 from orchestrator.run_summary import RunSummary
 from orchestrator.scheduler_query import QueryResult, refresh_states
@@ -64,6 +66,8 @@ class StatusRow:
     """The job this run went on in (``resume`` / ``--auto-resume``), the last of a chain."""
     run_state: JobState | None = None
     """State of ``continued_as`` when there is one: what became of the run, not of this job."""
+    liveness: dict[str, Any] | None = None
+    """Running jobs: seconds since any rank's last output, the slowest rank (orchestrator.liveness)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +99,7 @@ class StatusRow:
             "run_dir": self.run_dir,
             "continued_as": self.continued_as,
             "run_state": (self.run_state or self.state).value,
+            "liveness": self.liveness,
         }
 
 
@@ -155,6 +160,7 @@ def _row(
         run_dir=str(job.run_dir),
         continued_as=successor.job_id if successor is not None else None,
         run_state=run_state,
+        liveness=None if own_state.is_terminal() else liveness(Path(job.run_dir)),
     )
     return row
 
@@ -366,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
                     print(time.strftime("%Y-%m-%d %H:%M:%S"))
                 print(render_status_table(rows))
                 for line in failure_lines(rows):
+                    print(line)
+                for line in liveness_lines([(r.job_id, r.liveness) for r in rows]):
                     print(line)
                 note = stale_note(result)
                 if note:
