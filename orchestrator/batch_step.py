@@ -121,7 +121,7 @@ def supervise(
     record_requeued_attempt(run_dir, job_id, attempt_base)
     started = time.time()
     attempt = attempt_number(attempt_base, batch_restarts())
-    watchdog = Watchdog(run_dir, attempt, hang_timeout)
+    watchdog = Watchdog(run_dir, attempt, hang_timeout, say)
     watch = StepWatch(argv)
     probes: list[ar.ProbeResult] | None = None
     status: int | None = None

@@ -144,7 +144,7 @@ def read_heartbeats(attempt_path: Path) -> dict[int, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Stragglers:
-    """The slowest rank against the others, from the ranks' local phase times."""
+    """The slowest rank against the median of the others, from the ranks' local phase times."""
 
     slowest_rank: int
     slowest_node: int
@@ -175,8 +175,8 @@ def stragglers(records: dict[int, dict[str, Any]], factor: float = STRAGGLER_FAC
             typical[rank] = statistics.median(float(x) for x in recent)
     if len(typical) < 2:
         return None
-    median = statistics.median(typical.values())
     slowest = max(typical, key=lambda r: typical[r])
+    median = statistics.median(v for r, v in typical.items() if r != slowest)
     flagged = []
     for rank, rec in records.items():
         recent = rec.get("recent") or []

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.heartbeat import read_heartbeats
+from orchestrator.heartbeat import read_heartbeats, stragglers
 from orchestrator.run_dir import attempt_dir
 
 #: The allowance before the first step finished everywhere, as a multiple of the timeout.
@@ -52,9 +53,18 @@ class Hang:
 class Watchdog:
     """Polled by the supervisor; :meth:`check` returns a :class:`Hang` once the ranks stalled."""
 
-    def __init__(self, run_dir: Path, attempt: int, hang_timeout: float | None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        attempt: int,
+        hang_timeout: float | None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self.attempt_path = attempt_dir(run_dir, attempt)
         self.hang_timeout = hang_timeout
+        self.say = say
+        self.flagged: set[int] = set()
+        """Ranks logged as stragglers (each once, until it recovers)."""
         self._key: tuple[Any, ...] | None = None
         self._changed = time.monotonic()
         self._next_poll = 0.0
@@ -84,12 +94,26 @@ class Watchdog:
         key = tuple(sorted((r, h.get("step"), h.get("phase")) for r, h in heartbeats.items()))
         if key != self._key:
             self._key, self._changed = key, now
+            self._note_stragglers(heartbeats)
             return None
         timeout, why = self.allowance(heartbeats)
         stalled = now - self._changed
         if stalled < timeout:
             return None
         return Hang(timeout, stalled, why, heartbeats)
+
+    def _note_stragglers(self, heartbeats: dict[int, dict[str, Any]]) -> None:
+        found = stragglers(heartbeats)
+        flagged = set(found.flagged) if found else set()
+        if found and self.say is not None:
+            for rank in sorted(flagged - self.flagged):
+                rec = heartbeats[rank]
+                self.say(
+                    f"straggler: rank {rank} on {rec.get('host')} (node {rec.get('node')}) took "
+                    f"{rec.get('recent')} s per step outside collectives, median of the others "
+                    f"{found.median_local_s:.4f} s"
+                )
+        self.flagged = flagged
 
 
 # ------------------------------------------------------------------------------ after it fired

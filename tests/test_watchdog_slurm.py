@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from tests.helpers.slurm_cluster import slurm, slurm_node_pids
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN = str(REPO / "train" / "train.py")
-STEPS = 120
+STEPS = 160
 CKPT_EVERY = 20
 ARGS = [
     *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"),
@@ -57,6 +58,10 @@ def job_nodes(job_id: str) -> list[str]:
 
 def rank_record(run_dir: Path, rank: int) -> dict[str, Any]:
     return read_heartbeats(attempt_dir(run_dir, 0)).get(rank, {})
+
+
+def batch_log(run_dir: Path, job_id: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in (run_dir / "submitit").glob(f"{job_id}_0_log.err"))
 
 
 def stop_rank_in_phase(
@@ -125,8 +130,44 @@ def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(env: d
         nodes = job_nodes(job_id)
         victim = nodes[rank_record(run_dir, 1)["node"]]
 
+        # A slow rank, slowed for real: rank 1 duty-cycled (SIGSTOP 30 ms, SIGCONT 15 ms) until
+        # status --json flags it (its last 5 steps' time outside collectives all > 2x the others').
+        pid1 = int(rank_record(run_dir, 1)["pid"])
+        stopped.append(pid1)
+
+        slowing = threading.Event()
+
+        def duty_cycle() -> None:
+            while not slowing.is_set():
+                os.kill(pid1, signal.SIGSTOP)
+                time.sleep(0.03)
+                os.kill(pid1, signal.SIGCONT)
+                time.sleep(0.015)
+
+        def flagged() -> dict[str, Any] | None:
+            row = json.loads(run_cli(["status", job_id, "--json"], env).stdout)["jobs"][0]
+            found = (row.get("liveness") or {}).get("stragglers") or {}
+            return found if found.get("flagged_ranks") == [1] else None
+
+        cycler = threading.Thread(target=duty_cycle, daemon=True)
+        cycler.start()
+        try:
+            slow = poll(flagged, 90, "status --json to flag rank 1 as a straggler", interval=0)
+            poll(
+                lambda: f"straggler: rank 1 on {victim}" in batch_log(run_dir, job_id),
+                30,
+                "the batch step to log the straggler",
+            )
+        finally:
+            slowing.set()
+            cycler.join()
+            os.kill(pid1, signal.SIGCONT)
+        assert slow["slowest_rank"] == 1 and slow["slowest_host"] == victim and slow["ratio"] > 2, slow
+
         # No false positive: rank 1 held inside a checkpoint for longer than hang_timeout.
-        pid, _ = stop_rank_in_phase(run_dir, 1, victim, job_id, {"checkpoint"}, CKPT_EVERY)
+        pid, ckpt_step = stop_rank_in_phase(
+            run_dir, 1, victim, job_id, {"checkpoint"}, int(rank_record(run_dir, 1)["step"]) + 1
+        )
         stopped.append(pid)
         held_until = time.monotonic() + HANG_TIMEOUT + 8
         while time.monotonic() < held_until:
@@ -137,7 +178,7 @@ def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(env: d
 
         # A stopped rank outside a checkpoint: FAILED within hang_timeout + 30 s.
         pid, at_step = stop_rank_in_phase(
-            run_dir, 1, victim, job_id, {"forward", "backward", "data"}, 2 * CKPT_EVERY + 2
+            run_dir, 1, victim, job_id, {"forward", "backward", "data"}, ckpt_step + 2
         )
         last_ckpt = (at_step - 1) // CKPT_EVERY * CKPT_EVERY
         stopped.append(pid)
