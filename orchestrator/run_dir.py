@@ -39,6 +39,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         accelerate_config.node<N>.yaml  the node's rendered Accelerate config
         deepspeed_config.node<N>.json   DeepSpeed with gradient clipping off: the config file that yaml names
         main_ip                     node 0's address, when the profile names an interface
+        nccl_trace_rank_<R>         GPUs: NCCL's flight recorder, dumped by torch when NCCL's own timeout fires
         heartbeat/rank_<R>.json     rank R's heartbeat: its step, phase and time, one fixed-size record
                                     rewritten in place on every beat (orchestrator.heartbeat)
       hang/attempt_<A>/             the hang watchdog's evidence (orchestrator.watchdog), or what
