@@ -128,3 +128,28 @@ def test_find_culprit_in_order_of_certainty() -> None:
     three[1]["in_collective"] = True
     assert find_culprit(three[:2], {}, world_size=3) == (2, "?", "no training process for it on its node")
     assert find_culprit(three, {}) is None  # everyone waits: no single rank differs
+
+
+def test_hang_timeout_reaches_the_batch_step_and_bad_values_are_refused(tmp_path: Path) -> None:
+    import os
+
+    from tests.helpers.cli import run_cli
+
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+        "ORCHESTRATOR_RUNS": str(tmp_path / "runs"),
+    }
+    res = run_cli(["render", "--profile", "slurm_test", "--hang-timeout", "45", "--", "train/train.py"], env)
+    assert (
+        res.returncode == 0 and "orchestrator.batch_step --attempt-base 0 --hang-timeout 45 --" in res.stdout
+    )
+    res = run_cli(["render", "--profile", "slurm_test", "--", "train/train.py"], env)
+    assert res.returncode == 0 and "--hang-timeout" not in res.stdout  # derived from step times
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--hang-timeout", "0", "--dry-run", "--", "train/train.py"], env
+    )
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "orchestrator submit: error: --hang-timeout: expected seconds from 1 to 86400, got 0"
+    ], res.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
