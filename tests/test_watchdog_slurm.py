@@ -15,7 +15,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,7 +25,8 @@ import pytest
 
 from orchestrator.heartbeat import read_heartbeats
 from orchestrator.run_dir import attempt_dir, hang_dir, last_complete_checkpoint, read_json
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, sacct_state
+from tests.helpers import train_launch
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm, slurm_node_pids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -86,28 +86,12 @@ def stop_rank_in_phase(
     raise AssertionError(f"rank {rank} never seen in {want} from step {min_step}")
 
 
-def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(env: dict[str, str]) -> None:
-    reference = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "submit",
-            "--profile",
-            "local",
-            *TWO_NODES,
-            "--wait",
-            "--poll",
-            "1",
-        ]
-        + ["--", TRAIN, *ARGS],
-        cwd=REPO,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # The uninterrupted run at the same world size (each batch is a function of (step, rank)),
+    # launched directly on a free port meanwhile.
+    reference = train_launch.start(tmp_path / "reference", "ddp", nodes=1, procs=2, args=ARGS, timeout=400)
     stopped: list[int] = []
     try:
         res = run_cli(
@@ -223,9 +207,8 @@ def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(env: d
         poll(lambda: job_nodes(new_job) or (run_dir / "final.json").exists(), 120, "the new job to start")
         assert victim not in job_nodes(new_job)
         assert sacct_state(new_job, timeout=240) == "COMPLETED"
-        out, _ = reference.communicate(timeout=300)
-        assert reference.returncode == 0, out
-        ref_dir = Path(out.split("run directory ")[-1].split()[0])
+        assert reference.wait() == [0, 0], reference.output()
+        ref_dir = tmp_path / "reference"
         final, ref = read_json(run_dir / "final.json"), read_json(ref_dir / "final.json")
         assert final is not None and ref is not None and final["step"] == ref["step"] == STEPS
         assert math.isclose(final["loss"], ref["loss"], rel_tol=1e-6), (final, ref)
@@ -243,7 +226,7 @@ def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(env: d
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        kill_tree(reference.pid)
+        reference.kill()
 
 
 def test_uneven_inputs_hang_without_heartbeats_status_silence_and_stacks(env: dict[str, str]) -> None:
