@@ -37,6 +37,8 @@ CKPT_EVERY = 20
 ARGS = [
     *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"),
     *("--max-steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY)),
+    # Every value the reference launcher's defaults (tests/helpers/train_launch.TINY_ARGS) set too.
+    *("--seed", "0", "--lr", "3e-3", "--warmup-steps", "5", "--eval-every", "0"),
 ]
 TWO_NODES = ["--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1"]
 HANG_TIMEOUT = 20
