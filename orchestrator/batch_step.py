@@ -121,16 +121,22 @@ def supervise(
     record_requeued_attempt(run_dir, job_id, attempt_base)
     started = time.time()
     attempt = attempt_number(attempt_base, batch_restarts())
-    watchdog = Watchdog(run_dir, attempt, hang_timeout, say)
+    watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
     watch = StepWatch(argv)
     probes: list[ar.ProbeResult] | None = None
     status: int | None = None
     while status is None:
         status = watch.wait(0.5)
-        if status is None and watch.first_failure_at is None and (hang := watchdog.check()) is not None:
-            status = _end_hung_step(watch, run_dir, job_id, attempt, hang, auto_resume)
-            watch.finish()
-            return status
+        if status is None and watchdog is not None and watch.first_failure_at is None:
+            try:
+                hang = watchdog.check()
+            except Exception as exc:  # noqa: BLE001 (a watchdog bug must never end the training)
+                say(f"hang watchdog off after an error: {exc!r}")
+                watchdog, hang = None, None
+            if hang is not None:
+                status = _end_hung_step(watch, run_dir, job_id, attempt, hang, auto_resume)
+                watch.finish()
+                return status
         if status is not None or probes is not None or watch.first_failure_at is None:
             continue
         if time.monotonic() - watch.first_failure_at < grace_s:
@@ -164,9 +170,12 @@ def _end_hung_step(
 
     say(f"hang watchdog: {hang.describe()}; collecting every rank's stacks")
     world = read_current_plan_json(run_dir).get("world_size")
-    reason, bad_node = investigate(
-        run_dir, attempt, hang, allocation_nodes(), world if isinstance(world, int) else None
-    )
+    try:
+        reason, bad_node = investigate(
+            run_dir, attempt, hang, allocation_nodes(), world if isinstance(world, int) else None
+        )
+    except Exception as exc:  # noqa: BLE001 (the hung step must end whatever the evidence did)
+        reason, bad_node = f"hang: {hang.describe()}; stacks not collected: {exc!r}", None
     say(reason)
     say("ending the step")
     watch.proc.kill()
