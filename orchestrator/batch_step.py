@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from orchestrator.schedulers.slurm import allocation_nodes, batch_job_id, batch_restarts
 
@@ -99,9 +100,16 @@ def record_requeued_attempt(run_dir: Path, job_id: str, attempt_base: int) -> No
 
 
 def supervise(
-    argv: list[str], auto_resume: bool, probe_timeout: float, attempt_base: int = 0, grace_s: float = GRACE_S
+    argv: list[str],
+    auto_resume: bool,
+    probe_timeout: float,
+    attempt_base: int = 0,
+    grace_s: float = GRACE_S,
+    hang_timeout: float | None = None,
 ) -> int:
     from orchestrator import auto_resume as ar
+    from orchestrator.run_dir import attempt_number
+    from orchestrator.watchdog import Watchdog
 
     run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
     job_id = batch_job_id()
@@ -112,11 +120,23 @@ def supervise(
         return 1
     record_requeued_attempt(run_dir, job_id, attempt_base)
     started = time.time()
+    attempt = attempt_number(attempt_base, batch_restarts())
+    watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
     watch = StepWatch(argv)
     probes: list[ar.ProbeResult] | None = None
     status: int | None = None
     while status is None:
         status = watch.wait(0.5)
+        if status is None and watchdog is not None and watch.first_failure_at is None:
+            try:
+                hang = watchdog.check()
+            except Exception as exc:  # noqa: BLE001 (a watchdog bug must never end the training)
+                say(f"hang watchdog off after an error: {exc!r}")
+                watchdog, hang = None, None
+            if hang is not None:
+                status = _end_hung_step(watch, run_dir, job_id, attempt, hang, auto_resume)
+                watch.finish()
+                return status
         if status is not None or probes is not None or watch.first_failure_at is None:
             continue
         if time.monotonic() - watch.first_failure_at < grace_s:
@@ -140,6 +160,30 @@ def supervise(
     return status
 
 
+def _end_hung_step(
+    watch: StepWatch, run_dir: Path, job_id: str, attempt: int, hang: Any, auto_resume: bool
+) -> int:
+    """The watchdog fired: stacks first (the ranks must still be there), then end the step, then
+    record the reason and, with ``--auto-resume``, resubmit without the node that differed."""
+    from orchestrator.run_dir import read_current_plan_json
+    from orchestrator.watchdog import after_hang, investigate
+
+    say(f"hang watchdog: {hang.describe()}; collecting every rank's stacks")
+    world = read_current_plan_json(run_dir).get("world_size")
+    try:
+        reason, bad_node = investigate(
+            run_dir, attempt, hang, allocation_nodes(), world if isinstance(world, int) else None
+        )
+    except Exception as exc:  # noqa: BLE001 (the hung step must end whatever the evidence did)
+        reason, bad_node = f"hang: {hang.describe()}; stacks not collected: {exc!r}", None
+    say(reason)
+    say("ending the step")
+    watch.proc.kill()
+    watch.proc.wait()
+    after_hang(run_dir, job_id, reason, bad_node, auto_resume, say)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.batch_step", description=__doc__.splitlines()[0]
@@ -147,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auto-resume", action="store_true")
     parser.add_argument("--probe-timeout", type=float, default=20.0)
     parser.add_argument("--attempt-base", type=int, default=0, help="the attempt this submission started at")
+    parser.add_argument(
+        "--hang-timeout", type=float, default=None, help="seconds without progress (default: from step times)"
+    )
     parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun ARGS...")
     args = parser.parse_args(argv)
     command = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
@@ -154,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no step command after --")
     for sig in SURVIVED_SIGNALS:
         signal.signal(sig, lambda *_: None)
-    return supervise(command, args.auto_resume, args.probe_timeout, args.attempt_base)
+    return supervise(
+        command, args.auto_resume, args.probe_timeout, args.attempt_base, hang_timeout=args.hang_timeout
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "wait": "follow a job to its end; exit code = outcome (0 COMPLETED, 1 otherwise)",
     "logs": "show or follow a job's logs",
     "cancel": "cancel a job or send it a signal",
+    "stacks": "dump every rank's Python stack of a running job (py-spy, on its nodes)",
     "resume": "submit a new attempt of a job from its last complete checkpoint",
     "plot": "plot loss and throughput of a job to a PNG",
     "profiles": "list, show or validate cluster profiles",

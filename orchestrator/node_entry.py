@@ -86,6 +86,14 @@ def training_environment(
     env.setdefault("WANDB_RUN_ID", tracker_run_id(run_dir))
     env.setdefault("WANDB_RESUME", "allow")
     env.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(run_dir) / TENSORBOARD_DIR))
+    if not plan.uses_cpu:
+        # Hang evidence on GPUs: NCCL's flight recorder keeps the last collectives of every rank and
+        # dumps them into the attempt's log folder when NCCL's own timeout fires (profile env wins).
+        env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        env.setdefault(
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(attempt_dir(run_dir, attempt) / "nccl_trace_rank_")
+        )
     env.update(
         {
             "ORCHESTRATOR_RUN_DIR": str(run_dir),

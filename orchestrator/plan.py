@@ -52,6 +52,9 @@ class LaunchPlan:
     after: tuple[str, ...] = ()
     """Scheduler dependencies (``--after JOB[:ok|any]``), e.g. ``("afterok:123",)``. Not carried by
     ``resume``: a new attempt of a run has no reason to wait again."""
+    hang_timeout: int | None = None
+    """Seconds without progress of any rank before the hang watchdog ends the step (None: derived
+    from the step times the ranks report; see orchestrator.watchdog)."""
 
     @property
     def strategy(self) -> Strategy:
@@ -82,6 +85,7 @@ class LaunchPlan:
             "auto_resume": self.auto_resume,
             "exclude_nodes": list(self.exclude_nodes),
             **({"after": list(self.after)} if self.after else {}),
+            "hang_timeout": self.hang_timeout,
         }
 
     @classmethod
@@ -100,6 +104,7 @@ class LaunchPlan:
             auto_resume=bool(data.get("auto_resume", False)),
             exclude_nodes=tuple(data.get("exclude_nodes", ())),
             after=tuple(data.get("after", ())),
+            hang_timeout=data.get("hang_timeout"),
         )
 
 
@@ -238,6 +243,7 @@ def build_plan(
     auto_resume: bool = False,
     exclude_nodes: tuple[str, ...] = (),
     after: tuple[str, ...] = (),
+    hang_timeout: int | None = None,
 ) -> LaunchPlan:
     """Check everything and return the plan; raises UserError with the reason."""
     node_count = profile.nodes.default if nodes is None else nodes
@@ -250,6 +256,8 @@ def build_plan(
             f"--auto-resume: profile '{profile_name}' runs locally, where there is no node to lose or exclude; "
             "use `orchestrator resume JOB` after a failure"
         )
+    if hang_timeout is not None and not 1 <= hang_timeout <= 86400:
+        raise UserError(f"--hang-timeout: expected seconds from 1 to 86400, got {hang_timeout}")
     if max_requeues is not None and max_requeues < 0:
         raise UserError(f"--max-requeues: expected an integer >= 0, got {max_requeues}")
     if time_limit is not None:
@@ -273,4 +281,5 @@ def build_plan(
         auto_resume=auto_resume,
         exclude_nodes=tuple(sorted(set(exclude_nodes))),
         after=tuple(after),
+        hang_timeout=profile.hang_timeout if hang_timeout is None else hang_timeout,
     )

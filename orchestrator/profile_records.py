@@ -296,6 +296,10 @@ class ClusterProfile(_Record):
     priority, but Slurm holds it for ``cred_expire`` + 1 s, 121 s by default) or ``new_job`` (a
     successor job submitted when the stop signal arrives, starting as soon as this one ends: a new
     job id and a fresh place in the queue; ``status`` follows the run). Both count to max_requeues."""
+    hang_timeout: int | None = None
+    """Seconds without progress of any rank (heartbeats) before the hang watchdog saves every rank's
+    stacks and ends the job (1..86400). Longer during the first step and while checkpointing. None:
+    20 median step times, at least 300 s. ``--hang-timeout`` overrides it."""
     defaults: TrainingDefaults = TrainingDefaults()
     """Strategy options used unless the command line says otherwise."""
 

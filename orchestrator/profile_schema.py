@@ -174,6 +174,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "rdzv_backend": _choice("c10d", "static"),
         "max_requeues": _int_range(0, 100),
         "requeue_as": _choice("same_job", "new_job"),
+        "hang_timeout": _optional(_int_range(1, 86400)),
     },
 }
 
@@ -312,6 +313,7 @@ def schema() -> dict[str, type[BaseModel]]:
         signal: PreTimeoutSignal = PreTimeoutSignal()
         max_requeues: int = Field(3, ge=0, le=100)
         requeue_as: Literal["same_job", "new_job"] = "same_job"
+        hang_timeout: int | None = Field(None, ge=1, le=86400)
         defaults: TrainingDefaults = TrainingDefaults()
 
         @field_validator("time_limit")

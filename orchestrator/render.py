@@ -232,6 +232,7 @@ def render_sbatch(
         array_task_file=ARRAY_TASK_FILE,
         python_var=PYTHON_VAR,
         auto_resume=plan.auto_resume,
+        hang_timeout=plan.hang_timeout,
         exclude_nodes=",".join(plan.exclude_nodes),
         dependency=",".join(plan.after),
         python=python,

@@ -44,6 +44,13 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         accelerate_config.node<N>.yaml  the node's rendered Accelerate config
         deepspeed_config.node<N>.json   DeepSpeed with gradient clipping off: the config file that yaml names
         main_ip                     node 0's address, when the profile names an interface
+        nccl_trace_rank_<R>         GPUs: NCCL's flight recorder, dumped by torch when NCCL's own timeout fires
+        heartbeat/rank_<R>.json     rank R's heartbeat: its step, phase and time, one fixed-size record
+                                    rewritten in place on every beat (orchestrator.heartbeat)
+      hang/attempt_<A>/             the hang watchdog's evidence (orchestrator.watchdog), or what
+                                    ``orchestrator stacks`` collected (``stacks_<time>/`` inside):
+        hang.json                   why it fired, the rank and node found to differ, every rank's state
+        rank_<R>.txt                rank R's Python stacks (py-spy), with its host, pid and process state
 
 A sweep (``orchestrator sweep``) is a directory of run directories: ``<sweep_dir>/sweep.json`` (the grid,
 each task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) and one run
@@ -98,6 +105,9 @@ LOCAL_STATE_FILE = "local_state.json"
 LOGS_DIR = "logs"
 MAIN_IP_FILE = "main_ip"
 ATTEMPT_START_FILE = "start.json"
+HEARTBEAT_DIR = "heartbeat"
+HANG_DIR = "hang"
+HANG_REPORT_FILE = "hang.json"
 
 #: Exit codes of a training process, as the launcher and ``status`` read them.
 EXIT_OK = 0
@@ -293,6 +303,22 @@ def node_pid_file(attempt_path: Path, node: int) -> Path:
 
 def node_ranks_dir(attempt_path: Path, node: int) -> Path:
     return Path(attempt_path) / f"node_{node}_ranks"
+
+
+def heartbeat_dir(attempt_path: Path) -> Path:
+    return Path(attempt_path) / HEARTBEAT_DIR
+
+
+def heartbeat_file(attempt_path: Path, rank: int) -> Path:
+    return heartbeat_dir(attempt_path) / f"rank_{rank}.json"
+
+
+def hang_dir(run_dir: Path, attempt: int) -> Path:
+    return Path(run_dir) / HANG_DIR / f"attempt_{attempt}"
+
+
+def rank_stack_file(folder: Path, rank: int) -> Path:
+    return Path(folder) / f"rank_{rank}.txt"
 
 
 def node_config_file(attempt_path: Path, node: int) -> Path:

@@ -40,11 +40,12 @@ import torch.distributed as dist
 
 from orchestrator import checkpoint_files
 from orchestrator.attempt_start import write_attempt_start
+
+# Exit codes and the exit-status file: the run directory's contract with the launcher.
+from orchestrator.heartbeat import Heartbeat
 from orchestrator.ranks import selfcheck
 from orchestrator.ranks import workarounds as accelerate_workarounds
 from orchestrator.ranks.script_hooks import SCRIPT_HOOKS_ENV
-
-# Exit codes and the exit-status file: the run directory's contract with the launcher.
 from orchestrator.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
 from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
@@ -221,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     accelerate_workarounds.after_accelerator(accelerator, pending)
     rank = accelerator.process_index
     world = accelerator.num_processes
+    # Step and phase for the hang watchdog and straggler detection (None outside orchestrator).
+    heartbeat = Heartbeat.for_this_rank()
+    beat = heartbeat.beat if heartbeat is not None else (lambda step, phase: None)
 
     # Self-check, phase 1: before anything is built.
     problems = selfcheck.check_launch(accelerator, expectation)
@@ -385,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     def save_checkpoint(step: int) -> float:
         """All ranks; returns seconds spent blocking training."""
         nonlocal last_saved_step
+        beat(step, "checkpoint")
         t0 = time.monotonic()
         marker = {
             "world_size": world,
@@ -427,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         if async_ckpt is not None:
             report_async(async_ckpt.poll())
         # Step boundary: every rank agrees whether to stop (signal on any rank, or time budget).
+        beat(train_state.step + 1, "data")
         elapsed = time.monotonic() - t_start
         typical = sorted(step_times)[len(step_times) // 2] if step_times else 0.0
         out_of_time = bool(args.time_budget) and elapsed + 2 * typical + 1.0 > args.time_budget
@@ -449,10 +455,15 @@ def main(argv: list[str] | None = None) -> int:
             x, y = x.to(accelerator.device), y.to(accelerator.device)
             sync = micro == args.grad_accum - 1
             with nullcontext() if sync else accelerator.no_sync(model):
+                beat(step, "forward")
                 with accelerator.autocast():
                     loss = model(x, y)
+                beat(step, "backward")
                 accelerator.backward(loss / args.grad_accum)
             loss_sum += float(loss.detach())
+            if micro < args.grad_accum - 1:
+                beat(step, "data")
+        beat(step, "optimizer")
         grad_norm = accelerator.clip_grad_norm_(
             model.parameters(), args.clip if args.clip > 0 else float("inf")
         )

@@ -68,6 +68,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
         help="after a node failure, submit a new attempt without the lost node from the last checkpoint (Slurm)",
     )
     parser.add_argument(
+        "--hang-timeout",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="end the job when no rank progresses for this long, saving every rank's stacks "
+        "(default: the profile's hang_timeout, else derived from step times)",
+    )
+    parser.add_argument(
         "--exclude",
         default=None,
         metavar="NODES",
@@ -142,6 +150,7 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
             auto_resume=args.auto_resume,
             exclude_nodes=parse_exclude(args.exclude),
             after=tuple(parse_after(a) for a in getattr(args, "after", None) or ()),
+            hang_timeout=getattr(args, "hang_timeout", None),
         )
     except UserError as exc:
         raise UserError(blame_profile(str(exc), args, display_path(_path))) from None

@@ -64,6 +64,7 @@ def resume_plan(previous: LaunchPlan, args: argparse.Namespace) -> LaunchPlan:
         # --auto-resume still applies (the exclusions only where they name this cluster's nodes).
         auto_resume=previous.auto_resume and get_scheduler(profile.scheduler).can_lose_nodes,
         exclude_nodes=previous.exclude_nodes if args.profile is None else (),
+        hang_timeout=previous.hang_timeout if args.profile is None else None,
     )
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from orchestrator.attempt_start import NO_HOOK, describe_newest_start
@@ -23,6 +24,7 @@ from orchestrator.dependencies import PREFIXES as DEPENDENCY_PREFIXES
 from orchestrator.dependencies import explain as explain_dependency
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
+from orchestrator.liveness import liveness, liveness_lines
 from orchestrator.registry import JobRecord, Registry
 from orchestrator.run_summary import RunSummary
 from orchestrator.scheduler_query import QueryResult, refresh_states
@@ -70,6 +72,8 @@ class StatusRow:
     started_from: str | None = None
     """How the newest attempt of a requeued or resumed run started: resumed at step k from a checkpoint,
     or restarted from step 0 (the script has no checkpoint hook): never a resume that did not happen."""
+    liveness: dict[str, Any] | None = None
+    """Running jobs: seconds since any rank's last output, the slowest rank (orchestrator.liveness)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +106,7 @@ class StatusRow:
             "continued_as": self.continued_as,
             "run_state": (self.run_state or self.state).value,
             "started_from": self.started_from,
+            "liveness": self.liveness,
         }
 
 
@@ -167,6 +172,7 @@ def _row(
         continued_as=successor.job_id if successor is not None else None,
         run_state=run_state,
         started_from=started_from,
+        liveness=None if own_state.is_terminal() else liveness(Path(job.run_dir)),
     )
     return row
 
@@ -406,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
                     print(time.strftime("%Y-%m-%d %H:%M:%S"))
                 print(render_status_table(rows))
                 for line in failure_lines(rows):
+                    print(line)
+                for line in liveness_lines([(r.job_id, r.liveness) for r in rows]):
                     print(line)
                 note = stale_note(result)
                 if note:

@@ -1,0 +1,271 @@
+"""The hang watchdog on the real Slurm test cluster: a stopped rank ends the job with every rank's
+stack saved and its node named, ``--auto-resume`` finishes the run without that node from the last
+checkpoint with the uninterrupted run's result, and a checkpoint slower than ``hang_timeout`` does
+not trip it. One 2-node ``train/`` job carries all of it (suite time).
+
+The rank is stopped for real (SIGSTOP: its process cannot run, exactly as a rank stuck in a
+driver or a swapped-out host looks to its peers). ``--hang-timeout 20`` instead of the issue's 60:
+the same code path, 80 s less of the suite's budget (the watchdog's clock is the only difference).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from orchestrator.heartbeat import read_heartbeats
+from orchestrator.run_dir import attempt_dir, hang_dir, last_complete_checkpoint, read_json
+from tests.helpers import train_launch
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
+from tests.helpers.slurm_cluster import slurm, slurm_node_pids
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TRAIN = str(REPO / "train" / "train.py")
+STEPS = 160
+CKPT_EVERY = 20
+ARGS = [
+    *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"),
+    *("--max-steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY)),
+    # Every value the reference launcher's defaults (tests/helpers/train_launch.TINY_ARGS) set too.
+    *("--seed", "0", "--lr", "3e-3", "--warmup-steps", "5", "--eval-every", "0"),
+]
+TWO_NODES = ["--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1"]
+HANG_TIMEOUT = 20
+
+
+@pytest.fixture()
+def env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e["ORCHESTRATOR_HOME"] = str(tmp_path / "home")
+    e["ORCHESTRATOR_RUNS"] = str(tmp_path / "runs")
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def job_nodes(job_id: str) -> list[str]:
+    out = slurm("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
+    return slurm("scontrol", "show", "hostnames", out).stdout.split() if out else []
+
+
+def rank_record(run_dir: Path, rank: int) -> dict[str, Any]:
+    return read_heartbeats(attempt_dir(run_dir, 0)).get(rank, {})
+
+
+def batch_log(run_dir: Path, job_id: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in (run_dir / "submitit").glob(f"{job_id}_0_log.err"))
+
+
+def stop_rank_in_phase(
+    run_dir: Path, rank: int, node: str, job_id: str, want: set[str], min_step: int
+) -> tuple[int, int]:
+    """SIGSTOP ``rank`` while its heartbeat says one of ``want`` at ``min_step`` or later; retried
+    until the stopped process's record still says so (the phase it is really stopped in)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rec = rank_record(run_dir, rank)
+        if rec.get("phase") not in want or int(rec.get("step", 0)) < min_step:
+            time.sleep(0.002)
+            continue
+        pid = int(rec["pid"])
+        assert pid in slurm_node_pids(node, job_id=job_id), (pid, node)
+        os.kill(pid, signal.SIGSTOP)
+        poll(lambda p=pid: psutil.Process(p).status() == psutil.STATUS_STOPPED, 10, "the rank stopped")
+        again = rank_record(run_dir, rank)
+        if again.get("phase") in want:
+            return pid, int(again["step"])
+        os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"rank {rank} never seen in {want} from step {min_step}")
+
+
+def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # The uninterrupted run at the same world size (each batch is a function of (step, rank)),
+    # launched directly on a free port meanwhile.
+    reference = train_launch.start(tmp_path / "reference", "ddp", nodes=1, procs=2, args=ARGS, timeout=400)
+    stopped: list[int] = []
+    try:
+        res = run_cli(
+            [
+                "submit",
+                "--profile",
+                "slurm_test",
+                *TWO_NODES,
+                "--auto-resume",
+                "--hang-timeout",
+                str(HANG_TIMEOUT),
+            ]
+            + ["--", TRAIN, *ARGS],
+            env,
+            timeout=90,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        job_id, run_dir = job_and_run_dir(res.stdout)
+        poll(lambda: len(rank_record(run_dir, 1)) and len(job_nodes(job_id)) == 2, 120, "rank 1's heartbeat")
+        nodes = job_nodes(job_id)
+        victim = nodes[rank_record(run_dir, 1)["node"]]
+
+        # A slow rank, slowed for real: rank 1 duty-cycled (SIGSTOP 30 ms, SIGCONT 15 ms) until
+        # status --json flags it (its last 5 steps' time outside collectives all > 2x the others').
+        pid1 = int(rank_record(run_dir, 1)["pid"])
+        stopped.append(pid1)
+
+        slowing = threading.Event()
+
+        def duty_cycle() -> None:
+            while not slowing.is_set():
+                os.kill(pid1, signal.SIGSTOP)
+                time.sleep(0.03)
+                os.kill(pid1, signal.SIGCONT)
+                time.sleep(0.015)
+
+        def flagged() -> dict[str, Any] | None:
+            row = json.loads(run_cli(["status", job_id, "--json"], env).stdout)["jobs"][0]
+            found = (row.get("liveness") or {}).get("stragglers") or {}
+            return found if found.get("flagged_ranks") == [1] else None
+
+        cycler = threading.Thread(target=duty_cycle, daemon=True)
+        cycler.start()
+        try:
+            slow = poll(flagged, 90, "status --json to flag rank 1 as a straggler", interval=0)
+            poll(
+                lambda: f"straggler: rank 1 on {victim}" in batch_log(run_dir, job_id),
+                30,
+                "the batch step to log the straggler",
+            )
+        finally:
+            slowing.set()
+            cycler.join()
+            os.kill(pid1, signal.SIGCONT)
+        assert slow["slowest_rank"] == 1 and slow["slowest_host"] == victim and slow["ratio"] > 2, slow
+
+        # No false positive: rank 1 held inside a checkpoint for longer than hang_timeout.
+        pid, ckpt_step = stop_rank_in_phase(
+            run_dir, 1, victim, job_id, {"checkpoint"}, int(rank_record(run_dir, 1)["step"]) + 1
+        )
+        stopped.append(pid)
+        held_until = time.monotonic() + HANG_TIMEOUT + 8
+        while time.monotonic() < held_until:
+            assert not hang_dir(run_dir, 0).exists(), "the watchdog fired during a slow checkpoint"
+            assert slurm("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() == "RUNNING"
+            time.sleep(0.5)
+        os.kill(pid, signal.SIGCONT)
+
+        # A stopped rank outside a checkpoint: FAILED within hang_timeout + 30 s.
+        pid, at_step = stop_rank_in_phase(
+            run_dir, 1, victim, job_id, {"forward", "backward", "data"}, ckpt_step + 2
+        )
+        last_ckpt = (at_step - 1) // CKPT_EVERY * CKPT_EVERY
+        stopped.append(pid)
+        t_stop = time.monotonic()
+        assert sacct_state(job_id, timeout=HANG_TIMEOUT + 60) == "FAILED"
+        failed_after = time.monotonic() - t_stop
+        print(f"[watchdog] FAILED {failed_after:.1f} s after SIGSTOP (hang_timeout {HANG_TIMEOUT})")
+        assert failed_after <= HANG_TIMEOUT + 30
+
+        evidence = hang_dir(run_dir, 0)
+        report = read_json(evidence / "hang.json")
+        assert report is not None
+        assert report["bad_node"] == victim and report["culprit_rank"] == 1, report
+        assert {r["rank"] for r in report["ranks"]} == {0, 1}
+        for rank in (0, 1):
+            text = (evidence / f"rank_{rank}.txt").read_text()
+            assert "py-spy" in text and "train.py" in text, text  # a real Python stack of train.py
+        assert "state stopped" in (evidence / "rank_1.txt").read_text()
+        # squeue says COMPLETING for a while after sacct's FAILED: poll status until it agrees.
+        status = poll(
+            lambda: next(
+                (
+                    j
+                    for j in json.loads(run_cli(["status", job_id, "--json"], env).stdout)["jobs"]
+                    if j["state"] == "FAILED"
+                ),
+                None,
+            ),
+            60,
+            "status to say FAILED",
+        )
+        assert status["state"] == "FAILED" and f"rank 1 on node {victim} differs" in status["reason"], status
+
+        # --auto-resume: a new job without the victim, from the last complete checkpoint, ends like
+        # the uninterrupted run.
+        decisions = [json.loads(x) for x in (run_dir / "auto_resume.jsonl").read_text().splitlines()]
+        assert decisions[-1]["action"] == "resubmitted" and victim in decisions[-1]["exclude_nodes"], (
+            decisions
+        )
+        new_job = decisions[-1]["new_job_id"]
+        assert decisions[-1]["checkpoint"].endswith(f"step_{last_ckpt:08d}"), decisions
+        poll(lambda: job_nodes(new_job) or (run_dir / "final.json").exists(), 120, "the new job to start")
+        assert victim not in job_nodes(new_job)
+        assert sacct_state(new_job, timeout=240) == "COMPLETED"
+        assert reference.wait() == [0], reference.output()  # one launcher, two ranks
+        ref_dir = tmp_path / "reference"
+        final, ref = read_json(run_dir / "final.json"), read_json(ref_dir / "final.json")
+        assert final is not None and ref is not None and final["step"] == ref["step"] == STEPS
+        assert math.isclose(final["loss"], ref["loss"], rel_tol=1e-6), (final, ref)
+        assert math.isclose(final["param_checksum"], ref["param_checksum"], rel_tol=1e-9), (final, ref)
+        resumed = [
+            e
+            for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if e.get("event") == "resume"
+        ]
+        assert [e["step"] for e in resumed] == [last_ckpt]
+        assert last_complete_checkpoint(run_dir) is not None
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        reference.kill()
+
+
+def test_uneven_inputs_hang_without_heartbeats_status_silence_and_stacks(env: dict[str, str]) -> None:
+    """A script without hooks hangs in collectives: ``status`` shows how long no rank wrote anything,
+    and ``orchestrator stacks`` shows both ranks inside a collective (rank 0 in the barrier, rank 1
+    in the backward whose all-reduce rank 0 never joins)."""
+    from orchestrator.liveness import SILENT_NOTE_S
+
+    script = str(REPO / "tests" / "scripts" / "uneven_inputs.py")
+    res = run_cli(["submit", "--profile", "slurm_test", *TWO_NODES, "--", script], env, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    try:
+        logs = run_dir / "logs" / "attempt_0"
+
+        def both_stuck() -> bool:
+            text = "".join(p.read_text(errors="replace") for p in logs.glob("node_*.log"))
+            return "rank 0 out of data" in text and "rank 1 step 4" in text
+
+        poll(both_stuck, 120, "both ranks at the uneven step")
+
+        def silent() -> dict[str, Any] | None:
+            row = json.loads(run_cli(["status", job_id, "--json"], env).stdout)["jobs"][0]
+            live = row.get("liveness") or {}
+            return row if row["state"] == "RUNNING" and (live.get("silent_s") or 0) >= SILENT_NOTE_S else None
+
+        poll(silent, 90, f"status --json to report {SILENT_NOTE_S:.0f} s without output", interval=2)
+        table = run_cli(["status", job_id], env).stdout
+        assert f"{job_id}: no output from any rank for" in table, table
+
+        res = run_cli(["stacks", job_id], env, timeout=90)
+        assert res.returncode == 0, res.stdout + res.stderr
+        lines = [x for x in res.stdout.splitlines() if x.startswith("rank ")]
+        assert len(lines) == 2 and all("inside a collective" in x for x in lines), res.stdout
+        folder = Path(res.stdout.split(" in ")[-1].strip())
+        rank0, rank1 = ((folder / f"rank_{r}.txt").read_text() for r in (0, 1))
+        assert "barrier" in rank0 and "wait_for_everyone" in rank0, rank0
+        assert "backward" in rank1 and "uneven_inputs.py" in rank1, rank1
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
