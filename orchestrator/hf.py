@@ -33,6 +33,7 @@ from typing import Any
 
 from orchestrator.attempt_start import write_attempt_start
 from orchestrator.checkpoint_files import mark_complete_in_place, newest_complete
+from orchestrator.heartbeat import Heartbeat
 from orchestrator.ranks.stop import StopRequest, any_rank, barrier, broadcast_from_main
 from orchestrator.run_dir import COMPLETE_MARKER, EXIT_REQUEUE, METRICS_FILE, read_json, write_exit_status
 
@@ -105,6 +106,13 @@ class _Callback:
         self.step_started = time.monotonic()
         self._metrics: Any = None
         self.resumed_from: str | None = None
+        #: For the hang watchdog (None outside a job): the Trainer's events give data/forward (step
+        #: begin), optimizer (before its step) and checkpoint (a save decided at step end).
+        self.heartbeat = Heartbeat.for_this_rank()
+
+    def _beat(self, step: int, phase: str) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.beat(step, phase)
 
     # -- output
     def _write(self, state: Any, record: dict[str, Any]) -> None:
@@ -139,6 +147,13 @@ class _Callback:
                 self._write(state, {"event": "resume", "step": step, "checkpoint": checkpoint})
             write_attempt_start(step, checkpoint, HOOK)
         self.step_started = time.monotonic()
+        self._beat(int(state.global_step) + 1, "data")
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._beat(int(state.global_step) + 1, "forward")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._beat(int(state.global_step) + 1, "optimizer")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.monotonic()
@@ -149,6 +164,9 @@ class _Callback:
         if any_rank(self.stop.signum != 0):
             self.stopping = True
             control.should_save = True
+        self._beat(int(state.global_step) + 1, "data")
+        if control.should_save:
+            self._beat(int(state.global_step), "checkpoint")
         if control.should_save and state.is_world_process_zero:
             # Transformers rewrites checkpoint-<step> in place when it exists (a step trained again after
             # a resume from an older checkpoint): the old marker must not vouch for half-new files.
@@ -181,6 +199,7 @@ class _Callback:
                 {"step": int(state.global_step), "time": time.time(), "hook": HOOK, "run": _run_id()},
             )
         barrier()
+        self._beat(int(state.global_step) + 1, "data")
         if self.stopping:
             self._leave(state)
 

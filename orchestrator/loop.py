@@ -47,6 +47,7 @@ from typing import Any
 
 from orchestrator.attempt_start import write_attempt_start
 from orchestrator.checkpoint_files import checkpoints_dir, finalize, find_resumable, prune
+from orchestrator.heartbeat import Heartbeat
 from orchestrator.ranks.stop import StopRequest, barrier, broadcast_from_main
 from orchestrator.run_dir import EXIT_REQUEUE, METRICS_FILE, checkpoint_folder_name, write_exit_status
 
@@ -101,6 +102,10 @@ class ResumableLoop:
         self._metrics = None
         accelerator.register_for_checkpointing(self.state)
         self.stop = StopRequest().install()
+        # Step and phase for the hang watchdog (None outside a job). The loop sees the boundaries of a
+        # batch, not its inside: "data" while the next batch is fetched, "forward" while the user's
+        # code trains on it, "checkpoint" while saving.
+        self.heartbeat = Heartbeat.for_this_rank()
         if accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._metrics = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
@@ -140,10 +145,13 @@ class ResumableLoop:
                 set_epoch(self.state.epoch)
             skip = self.state.batch_in_epoch
             source = self.accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
+            self._beat("data")
             for batch in source:
                 if self._finished():
                     return
+                self._beat("forward")
                 yield batch
+                self._beat("data")
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 
@@ -191,6 +199,7 @@ class ResumableLoop:
         if self.last_saved_step == step:
             return final
         started = time.monotonic()
+        self._beat("checkpoint")
         if self.accelerator.is_main_process:
             root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".tmp-{final.name}-{broadcast_from_main(uuid.uuid4().hex[:8])}"
@@ -208,6 +217,7 @@ class ResumableLoop:
             prune(self.run_dir, self.keep_last)
         barrier()
         self.last_saved_step = step
+        self._beat("data")  # leave the checkpoint allowance at once
         self._say(f"checkpoint step {step} complete ({time.monotonic() - started:.2f}s): {final}")
         return final
 
@@ -223,6 +233,11 @@ class ResumableLoop:
         raise SystemExit(EXIT_REQUEUE)
 
     # ------------------------------------------------------------------ output
+    def _beat(self, phase: str) -> None:
+        if self.heartbeat is not None:
+            # The step being worked on: the next one, except while saving the one just done.
+            self.heartbeat.beat(self.state.step + (phase != "checkpoint"), phase)
+
     def _event(self, record: dict[str, Any]) -> None:
         if self._metrics is not None:
             self._metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
