@@ -64,3 +64,17 @@ def test_wheel_install_finds_templates_and_profiles(tmp_path: Path) -> None:
             timeout=60,
         ).stdout
     )
+
+
+def test_every_subpackage_is_declared_for_the_wheel() -> None:
+    """pyproject lists packages explicitly: a subpackage left out works in an editable install (the
+    tests') and is missing from a real one (``pip install .``: orchestrator.schedulers once was)."""
+    import tomllib
+
+    declared = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(p.parent.relative_to(REPO).parts)
+        for p in (REPO / "orchestrator").rglob("__init__.py")
+        if "__pycache__" not in p.parts and p.parent.name not in ("job_templates", "cluster_profiles")
+    }
+    assert found <= declared, f"not in pyproject's packages: {sorted(found - declared)}"
