@@ -1,12 +1,17 @@
 """The preflight on the real Slurm test cluster: a node whose link is slow for real is named, the job
 FAILS within seconds of starting, and with ``--auto-resume`` the run completes on the other nodes.
 
-The link is slowed with ``tc qdisc ... tbf`` (a 20 Mbit/s rate limit) on the egress of the node's
-``eth0`` inside its network namespace. Not ``netem delay`` as the issue suggests: this kernel has no
-sch_netem ("Specified qdisc kind is unknown"). One 2-node job on the 3-node cluster (a 3-node job
-could not come back without one of the three); the third node is drained until the job runs, so
-the job gets n1 and n2 and the slow node is known beforehand. The profile turns the preflight on
-(the shipped slurm_test profile has it off for the suite's time).
+The link is slowed with ``tc qdisc ... tbf`` (a 20 Mbit/s rate limit) on the node's veth. Not
+``netem delay`` as the issue suggests: this kernel has no sch_netem ("Specified qdisc kind is
+unknown"). Two jobs, one test (suite time):
+
+1. 3 nodes, the victim's link slow both ways (its veth shaped at both ends): the pairs with node 0
+   name it; without ``--auto-resume`` the job just fails (3 nodes could not come back without one).
+2. 2 nodes with ``--auto-resume``, only the victim's egress slow (shaped inside its namespace): the
+   direction names it, and the new job completes on the first node and the spare. The spare is
+   drained until the job runs, so the job gets the first node and the victim.
+
+The profile turns the preflight on (the shipped slurm_test profile has it off for the suite's time).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ ARGS = [
 ]
 PREFLIGHT = {"enabled": True, "timeout_s": 60, "max_latency_ms": 50.0, "min_bandwidth_mbps": 200.0}
 RATE = "20mbit"
+SUBMIT = ["submit", "--profile", "slurm_test", "--strategy", "ddp", "--procs-per-node", "1", "--nodes", "2"]
 
 
 def job_nodes(job_id: str) -> list[str]:
@@ -64,44 +70,38 @@ def test_slow_link_is_named_and_auto_resume_completes_without_it(
     env["ORCHESTRATOR_RUNS"] = str(tmp_path / "runs")
     env["ORCHESTRATOR_PROFILES"] = str(user_profile_dir(tmp_path, preflight=PREFLIGHT))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    shaped = in_node_netns(
-        victim,
-        "tc",
-        "qdisc",
-        "add",
-        "dev",
-        "eth0",
-        "root",
-        "tbf",
-        "rate",
-        RATE,
-        "burst",
-        "16kb",
-        "latency",
-        "500ms",
-    )
+    tbf = ["root", "tbf", "rate", RATE, "burst", "16kb", "latency", "500ms"]
+    host_side = f"vsl{names.index(victim) + 1}"  # tests/cluster/start_cluster.sh: node nI's veth is vslI
+    shaped = in_node_netns(victim, "tc", "qdisc", "add", "dev", "eth0", *tbf)
     assert shaped.returncode == 0, shaped.stderr
     drained = False
     try:
+        # 1. A 3-node job, the victim's link slow both ways (both ends of its veth shaped): the star
+        # of pairs names it; without --auto-resume the job just fails.
+        subprocess.run(["tc", "qdisc", "add", "dev", host_side, *tbf], check=True, timeout=30)
+        res = run_cli(SUBMIT[:-2] + ["--nodes", "3", "--", TRAIN, *ARGS], env, timeout=90)
+        assert res.returncode == 0, res.stdout + res.stderr
+        job3, run3 = job_and_run_dir(res.stdout)
+        assert sacct_state(job3, timeout=PREFLIGHT["timeout_s"] + 60) == "FAILED"
+        verdict = read_json(preflight_dir(run3, 0) / "preflight.json")
+        assert verdict is not None and verdict["nodes"] == names[:3], verdict
+        print(f"[preflight] 3 nodes, slow both ways: preflight {verdict['seconds']} s; {verdict['reason']}")
+        assert (
+            verdict["bad_nodes"] == [victim]
+            and f"node {victim}: its link to {first} is slow" in verdict["reason"]
+        )
+        slow = next(x for x in verdict["links"] if x["node"] == victim)
+        assert slow["from_node_mbps"] < 200 and slow["to_node_mbps"] < 200, slow
+        decision = json.loads((run3 / "auto_resume.jsonl").read_text().splitlines()[-1])
+        assert decision["action"] == "refused" and "--auto-resume is off" in decision["reason"], decision
+        subprocess.run(["tc", "qdisc", "del", "dev", host_side, "root"], check=True, timeout=30)
+
+        # 2. A 2-node job with --auto-resume, the victim's egress only slow: named by the direction,
+        # and the run completes on the other nodes.
         slurm("scontrol", "update", f"nodename={spare}", "state=drain", "reason=preflight_test")
         drained = True
         started = time.monotonic()
-        res = run_cli(
-            [
-                "submit",
-                "--profile",
-                "slurm_test",
-                "--strategy",
-                "ddp",
-                "--nodes",
-                "2",
-                "--procs-per-node",
-                "1",
-            ]
-            + ["--auto-resume", "--", TRAIN, *ARGS],
-            env,
-            timeout=90,
-        )
+        res = run_cli(SUBMIT + ["--auto-resume", "--", TRAIN, *ARGS], env, timeout=90)
         assert res.returncode == 0, res.stdout + res.stderr
         job_id, run_dir = job_and_run_dir(res.stdout)
         poll(
@@ -125,7 +125,7 @@ def test_slow_link_is_named_and_auto_resume_completes_without_it(
         assert f"node {victim}: its outgoing link is slow" in verdict["reason"], verdict
         link = verdict["links"][0]
         assert link["from_node_mbps"] < 200 <= link["to_node_mbps"], link  # the shaped direction only
-        assert failed_after <= PREFLIGHT["timeout_s"], failed_after
+        assert failed_after <= 30, failed_after  # seconds, not a collective's timeout (gloo: 30 min)
         assert not (attempt_dir(run_dir, 0) / "heartbeat").exists()  # training never started there
 
         def failed_row() -> dict[str, Any] | None:
@@ -133,7 +133,7 @@ def test_slow_link_is_named_and_auto_resume_completes_without_it(
             return next((j for j in rows if j["state"] == "FAILED"), None)
 
         row = poll(failed_row, 60, "status to say FAILED")
-        assert f"preflight failed: node {victim}" in row["reason"], row
+        assert row is not None and f"preflight failed: node {victim}" in row["reason"], row
 
         decisions = [json.loads(x) for x in (run_dir / "auto_resume.jsonl").read_text().splitlines()]
         assert decisions[-1]["action"] == "resubmitted" and decisions[-1]["exclude_nodes"] == [victim], (
@@ -154,5 +154,6 @@ def test_slow_link_is_named_and_auto_resume_completes_without_it(
         )
     finally:
         in_node_netns(victim, "tc", "qdisc", "del", "dev", "eth0", "root")
+        subprocess.run(["tc", "qdisc", "del", "dev", host_side, "root"], capture_output=True, timeout=30)
         if drained:
             slurm("scontrol", "update", f"nodename={spare}", "state=resume", check=False)
