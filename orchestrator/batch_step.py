@@ -121,6 +121,8 @@ def supervise(
     record_requeued_attempt(run_dir, job_id, attempt_base)
     started = time.time()
     attempt = attempt_number(attempt_base, batch_restarts())
+    if _preflight_failed(run_dir, job_id, attempt, auto_resume):
+        return 1
     watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
     watch = StepWatch(argv)
     probes: list[ar.ProbeResult] | None = None
@@ -158,6 +160,25 @@ def supervise(
     if status != 0:
         ar.after_failed_step(run_dir, job_id, status, started, probes, auto_resume, probe_timeout)
     return status
+
+
+def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: bool) -> bool:
+    """The preflight (:mod:`orchestrator.preflight`) before training; when it names bad nodes the job
+    ends FAILED with the reason and, with ``--auto-resume``, comes back without them (the hang
+    watchdog's path). A preflight that breaks by itself never stops the training."""
+    from orchestrator.auto_resume import current_plan
+    from orchestrator.preflight import run_preflight
+    from orchestrator.watchdog import after_hang
+
+    try:
+        verdict = run_preflight(run_dir, attempt, current_plan(run_dir), allocation_nodes(), say)
+    except Exception as exc:  # noqa: BLE001
+        say(f"preflight skipped after an error: {exc!r}")
+        return False
+    if verdict is None or not verdict.failed:
+        return False
+    after_hang(run_dir, job_id, verdict.reason, None, auto_resume, say, bad_nodes=verdict.bad_nodes)
+    return True
 
 
 def _end_hung_step(

@@ -223,6 +223,27 @@ class PreTimeoutSignal(_Record):
     """How long before the time limit it arrives (10..3600): enough for one step plus a checkpoint."""
 
 
+class Preflight(_Record):
+    """Checks run inside the allocation before training: a bad node ends the job within seconds,
+    named, instead of after the first collective times out (gloo 30 min, NCCL 10 min)."""
+
+    enabled: bool = True
+    """Run the preflight before every attempt. Off: training starts at once (the test cluster's
+    profile turns it off to keep the suite fast)."""
+    timeout_s: int = 60
+    """Bound on the whole preflight step (5..3600 s); a node whose check has not finished by then is
+    named. Covers start-up (torch's import) and the rendezvous too."""
+    max_latency_ms: float = 20.0
+    """Most round-trip time of a tiny message between node 0 and another node (milliseconds, best
+    of a few tries: a busy host's noise never fails a good link)."""
+    min_bandwidth_mbps: float = 1000.0
+    """Least bandwidth of a 1 MiB transfer between node 0 and another node, in each direction
+    (megabits per second, best of 3). 1000: any training interconnect is far above it."""
+    min_free_mb: int = 1024
+    """Free space the run directory must have on every node beyond the newest complete checkpoint's
+    size (MiB), so the next checkpoint fits."""
+
+
 class TrainingDefaults(_Record, TrainingOptions):
     """A profile's ``defaults:``: the strategy options used unless the command line says otherwise.
 
@@ -300,6 +321,8 @@ class ClusterProfile(_Record):
     """Seconds without progress of any rank (heartbeats) before the hang watchdog saves every rank's
     stacks and ends the job (1..86400). Longer during the first step and while checkpointing. None:
     20 median step times, at least 300 s. ``--hang-timeout`` overrides it."""
+    preflight: Preflight = Preflight()
+    """Checks before training (run directory, free space, GPU count, links between nodes)."""
     defaults: TrainingDefaults = TrainingDefaults()
     """Strategy options used unless the command line says otherwise."""
 

@@ -83,12 +83,20 @@ def _type_text(annotation: str) -> str:
 def reference_rows() -> list[tuple[str, str, str, str]]:
     """``(key, type, default, documentation)`` for every profile key, nested keys dotted."""
     from orchestrator.options import OPTIONS, TrainingOptions
-    from orchestrator.profile_records import ClusterProfile, NodeLimits, PortRange, PreTimeoutSignal, _Record
+    from orchestrator.profile_records import (
+        ClusterProfile,
+        NodeLimits,
+        PortRange,
+        Preflight,
+        PreTimeoutSignal,
+        _Record,
+    )
 
     nested: dict[str, type[_Record]] = {
         "nodes": NodeLimits,
         "port_range": PortRange,
         "signal": PreTimeoutSignal,
+        "preflight": Preflight,
     }
     rows: list[tuple[str, str, str, str]] = []
     docs = _field_docs(ClusterProfile)

@@ -31,6 +31,7 @@ from orchestrator.profile_records import (
     ClusterProfile,
     NodeLimits,
     PortRange,
+    Preflight,
     PreTimeoutSignal,
     TrainingDefaults,
     _check_env_names,
@@ -150,6 +151,13 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
     PortRange: {"start": _int_range(1024, 65535), "end": _int_range(1024, 65535)},
     PreTimeoutSignal: {"name": _choice(*_SIGNALS), "seconds_before": _int_range(10, 3600)},
     TrainingDefaults: {o.name: _option_check(o) for o in OPTIONS},
+    Preflight: {
+        "enabled": _valid_bool,
+        "timeout_s": _int_range(5, 3600),
+        "max_latency_ms": _all(_valid_float, lambda v: v > 0),
+        "min_bandwidth_mbps": _all(_valid_float, lambda v: v >= 0),
+        "min_free_mb": _int_range(0),
+    },
     ClusterProfile: {
         "description": _valid_str,
         "scheduler": _choice(*SCHEDULER_NAMES),
@@ -283,6 +291,13 @@ def schema() -> dict[str, type[BaseModel]]:
         name: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = "USR2"
         seconds_before: int = Field(120, ge=10, le=3600)
 
+    class Preflight(_Strict):
+        enabled: bool = True
+        timeout_s: int = Field(60, ge=5, le=3600)
+        max_latency_ms: float = Field(20.0, gt=0)
+        min_bandwidth_mbps: float = Field(1000.0, ge=0)
+        min_free_mb: int = Field(1024, ge=0)
+
     option_fields: dict[str, Any] = {o.name: (_option_annotation(o), o.default) for o in OPTIONS}
     TrainingDefaults = create_model("TrainingDefaults", __base__=_Strict, **option_fields)
 
@@ -314,6 +329,7 @@ def schema() -> dict[str, type[BaseModel]]:
         max_requeues: int = Field(3, ge=0, le=100)
         requeue_as: Literal["same_job", "new_job"] = "same_job"
         hang_timeout: int | None = Field(None, ge=1, le=86400)
+        preflight: Preflight = Preflight()
         defaults: TrainingDefaults = TrainingDefaults()
 
         @field_validator("time_limit")
@@ -357,6 +373,7 @@ def schema() -> dict[str, type[BaseModel]]:
         NodeLimits,
         PortRange,
         PreTimeoutSignal,
+        Preflight,
         TrainingDefaults,
         ClusterProfile,
     ]

@@ -22,6 +22,7 @@ from orchestrator.profile_records import (
     ClusterProfile,
     NodeLimits,
     PortRange,
+    Preflight,
     PreTimeoutSignal,
     TrainingDefaults,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "ClusterProfile",
     "NodeLimits",
     "PortRange",
+    "Preflight",
     "PreTimeoutSignal",
     "TrainingDefaults",
     "UserError",

@@ -51,6 +51,9 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
                                     ``orchestrator stacks`` collected (``stacks_<time>/`` inside):
         hang.json                   why it fired, the rank and node found to differ, every rank's state
         rank_<R>.txt                rank R's Python stacks (py-spy), with its host, pid and process state
+      preflight/attempt_<A>/        the checks before training (orchestrator.preflight):
+        node_<N>.json               node N's own results: run directory, free space, GPUs, its link to node 0
+        preflight.json              the verdict: the node(s) named, the reason, every figure, its cost
 
 A sweep (``orchestrator sweep``) is a directory of run directories: ``<sweep_dir>/sweep.json`` (the grid,
 each task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) and one run
@@ -108,6 +111,8 @@ ATTEMPT_START_FILE = "start.json"
 HEARTBEAT_DIR = "heartbeat"
 HANG_DIR = "hang"
 HANG_REPORT_FILE = "hang.json"
+PREFLIGHT_DIR = "preflight"
+PREFLIGHT_REPORT_FILE = "preflight.json"
 
 #: Exit codes of a training process, as the launcher and ``status`` read them.
 EXIT_OK = 0
@@ -315,6 +320,10 @@ def heartbeat_file(attempt_path: Path, rank: int) -> Path:
 
 def hang_dir(run_dir: Path, attempt: int) -> Path:
     return Path(run_dir) / HANG_DIR / f"attempt_{attempt}"
+
+
+def preflight_dir(run_dir: Path, attempt: int) -> Path:
+    return Path(run_dir) / PREFLIGHT_DIR / f"attempt_{attempt}"
 
 
 def rank_stack_file(folder: Path, rank: int) -> Path:

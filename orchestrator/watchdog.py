@@ -142,15 +142,17 @@ def after_hang(
     bad_node: str | None,
     auto_resume: bool,
     say: Any,
+    bad_nodes: list[str] | None = None,
 ) -> None:
     """Record why the job failed and, with ``--auto-resume``, submit a new attempt from the last
     complete checkpoint without the node that differed (bounded by ``max_requeues``). Reuses the
-    node-loss path of :mod:`orchestrator.auto_resume`; its decision goes to the same log."""
+    node-loss path of :mod:`orchestrator.auto_resume`; its decision goes to the same log.
+    ``bad_nodes``: several nodes to leave out (the preflight's), instead of ``bad_node``."""
     from orchestrator import auto_resume as ar
 
     previous = [d for d in ar.read_decisions(run_dir) if d.get("action") == "resubmitted"]
     plan = ar.current_plan(run_dir)
-    lost = [bad_node] if bad_node else []
+    lost = list(bad_nodes) if bad_nodes is not None else [bad_node] if bad_node else []
     if ar.cancelled_by_user(run_dir, job_id):
         decision = ar.Decision(job_id, 1, "none", "cancelled during a hang", lost)
     elif not auto_resume:

@@ -26,7 +26,7 @@ from orchestrator import profiles as P
 from tests.helpers.profile_docs import FAST, documents, profile_like
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDS = [P.NodeLimits, P.PortRange, P.PreTimeoutSignal, P.TrainingDefaults, P.ClusterProfile]
+RECORDS = [P.NodeLimits, P.PortRange, P.PreTimeoutSignal, P.Preflight, P.TrainingDefaults, P.ClusterProfile]
 
 
 def _pydantic_outcome(cls: type[R._Record], data: Any) -> dict[str, Any] | None:
