@@ -17,6 +17,11 @@ Per repetition (order flipped every repetition):
 * raw read: reading every file of the checkpoint just written (page cache warm, as the load found it).
 
 Tiny batches (1 x 16 tokens, one eval batch) keep the compute out of the way.
+
+The goal rows come from ``ckpt_save_probe.py``: train/'s save and load against raw I/O of the very
+same local shards in the same two processes, several interleaved pairs. A fresh launch per save (as
+above) gives one save per ~30 s of start-up, and a raw write of a cache-resident buffer never reads
+the 1.5 GB from memory the way any save must; both stay as report rows.
 """
 
 from __future__ import annotations
@@ -188,31 +193,55 @@ def raw_write_per_rank(folder: Path, nbytes: int, ranks: int = 2, chunk: int = 8
     return wall
 
 
-def dcp_vs_raw(tmp: Path, env: dict, port: int, reps: int = 5) -> dict:
-    """ckpt_dcp_probe.py under torchrun (2 ranks): DCP's save of the FSDP2 base state against a raw
-    write + fsync of the same local shards, same processes, interleaved."""
-    folder = tmp / "dcp_probe"
+def save_probe(cfg: Path, tmp: Path, env: dict, port: int, reps: int) -> dict:
+    """ckpt_save_probe.py under ``accelerate launch`` (the sharded config, 2 ranks): train/'s own save
+    and load against raw I/O of the same local shards, same processes, ``reps`` interleaved pairs."""
+    folder = tmp / "save_probe"
+    acc = shutil.which("accelerate") or "accelerate"
     cmd = [
-        PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-        str(REPO / "bench" / "ckpt_dcp_probe.py"), str(folder), str(reps),
+        acc, "launch", "--config_file", str(cfg), "--main_process_port", str(port),
+        str(REPO / "bench" / "ckpt_save_probe.py"), str(folder), str(reps),
     ]  # fmt: skip
     res = subprocess.run(
-        cmd, env=dict(env, OMP_NUM_THREADS="1"), cwd=REPO, capture_output=True, text=True, timeout=900
+        cmd,
+        env=dict(env, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     shutil.rmtree(folder, ignore_errors=True)
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     if res.returncode != 0 or not rows:
-        return {"error": f"ckpt_dcp_probe.py failed ({res.returncode}): {res.stderr[-1500:]}"}
-    ratios = [r["raw_s"] / r["dcp_s"] for r in rows]
+        raise RuntimeError(f"ckpt_save_probe.py failed ({res.returncode}): {res.stderr[-2000:]}")
+    med = statistics.median
+
+    def pair(fast: str, slow: str) -> dict:
+        got = [r for r in rows if f"{fast}_s" in r and f"{slow}_s" in r]
+        if not got:
+            return {}
+        ratios = [r[f"{fast}_s"] / r[f"{slow}_s"] for r in got]
+        return {
+            f"{slow}_median_s": round(med(r[f"{slow}_s"] for r in got), 3),
+            f"{fast}_median_s": round(med(r[f"{fast}_s"] for r in got), 3),
+            f"{slow}_all_s": [r[f"{slow}_s"] for r in got],
+            f"{fast}_all_s": [r[f"{fast}_s"] for r in got],
+            "pair_ratios": [round(x, 3) for x in ratios],
+            "ratio_median": round(med(ratios), 3),
+            # Time over all pairs: robust to the disk's write-back swings landing on one side of a pair.
+            "ratio_of_sums": round(sum(r[f"{fast}_s"] for r in got) / sum(r[f"{slow}_s"] for r in got), 3),
+        }
+
     return {
-        "reps": len(rows),
-        "bytes": rows[0]["bytes"],
-        "dcp_all_s": [round(r["dcp_s"], 3) for r in rows],
-        "raw_all_s": [round(r["raw_s"], 3) for r in rows],
-        "dcp_median_s": round(statistics.median(r["dcp_s"] for r in rows), 3),
-        "raw_median_s": round(statistics.median(r["raw_s"] for r in rows), 3),
-        "pair_ratios": [round(x, 3) for x in ratios],
-        "ratio_median": round(statistics.median(ratios), 3),
+        "pairs": len(rows),
+        "checkpoint_bytes": rows[0]["checkpoint_bytes"],
+        "raw_bytes": rows[0]["raw_bytes"],
+        "save": pair("raw_write", "save"),
+        "save_phases_median_s": {
+            k: round(med(r["save_phases_s"][k] for r in rows), 3) for k in rows[0]["save_phases_s"]
+        },
+        "load_warm": pair("raw_read", "load"),
+        "load_cold": pair("cold_raw_read", "cold_load"),
     }
 
 
@@ -245,10 +274,11 @@ def bench_ckpt_base(
     def med(xs):
         return statistics.median(xs)
 
-    log("checkpoints (base): DCP save vs raw write of the same shards, same processes (ckpt_dcp_probe.py)")
-    probe = dcp_vs_raw(tmp, env, free_port(), reps=3 if reps < 2 else 5)
+    pairs = 5 if reps < 2 else 9
+    log(f"checkpoints (base): train/'s save and load vs raw I/O of the same shards, {pairs} pairs")
+    probe = save_probe(cfgs["sharded"], tmp, env, free_port(), pairs)
     res: dict = {
-        "dcp_vs_raw_same_bytes": probe,
+        "save_probe": probe,
         "preset": "base",
         "strategy": "full_shard (FSDP2, wrap TransformerBlock), 2 ranks, CPU",
         "reps": reps,
@@ -294,53 +324,51 @@ def bench_ckpt_base(
 
 def goal_rows(c: dict) -> list[dict]:
     s, f = c["sharded"], c["full"]
-    return [
-        {
-            "item": f"sharded save, base ({s['bytes'] / 1e9:.2f} GB) vs raw write+fsync (2 writers at once, as the 2 ranks)",
-            "goal": ">= 0.5x raw disk bandwidth",
-            "measured": f"{s['save_median_s']:.2f} s = {s['save_MBps']} MB/s vs raw 2 writers "
-            f"{c['raw_write_2_writers_median_s']:.2f} s = {c['raw_write_2_writers_MBps']} MB/s "
-            f"(1 stream: {c['raw_write_fsync_median_s']:.2f} s = {c['raw_write_MBps']} MB/s)",
-            "ratio": f"{s['save_vs_raw_write_2_writers']:.2f}x of disk (1 stream: {s['save_vs_raw_write']:.2f}x)",
-            "met": s["save_vs_raw_write_2_writers"] >= 0.5,
-        },
-        *(
-            [
+    rows: list[dict] = []
+    p = c.get("save_probe")
+    if p:
+        sv, cold, warm = p["save"], p["load_cold"], p["load_warm"]
+        gb = p["checkpoint_bytes"] / 1e9
+        rows.append(
+            {
+                "item": f"sharded save, base ({gb:.2f} GB, FSDP2 full_shard, 2 ranks): train/'s save (save_state, "
+                "digests, marker, rename) vs os.write + fsync of the same local shards, same processes, "
+                f"{p['pairs']} interleaved pairs (ckpt_save_probe.py)",
+                "goal": ">= 0.5x raw disk bandwidth (median of pair ratios)",
+                "measured": f"save {sv['save_median_s']:.2f} s = {gb * 1e3 / sv['save_median_s']:.0f} MB/s vs raw "
+                f"{sv['raw_write_median_s']:.2f} s (pair ratios {min(sv['pair_ratios']):.2f}-{max(sv['pair_ratios']):.2f}; "
+                f"all pairs' time: {sv['ratio_of_sums']:.2f}x); save = "
+                + " + ".join(f"{k} {v:.2f} s" for k, v in p["save_phases_median_s"].items()),
+                "ratio": f"{sv['ratio_median']:.2f}x of raw",
+                "met": sv["ratio_median"] >= 0.5,
+            }
+        )
+        if cold:
+            rows.append(
                 {
-                    "item": "DCP save of the FSDP2 base state (model + AdamW, 2 ranks) vs os.write + fsync of the same "
-                    "local shards, same processes, interleaved (ckpt_dcp_probe.py)",
-                    "goal": "report (DCP's writer against the disk under the same conditions)",
-                    "measured": f"DCP {p['dcp_median_s']:.2f} s vs raw {p['raw_median_s']:.2f} s "
-                    f"({p['bytes'] / 1e9:.2f} GB; {p['reps']} pairs, raw/DCP per pair "
-                    f"{min(p['pair_ratios']):.2f}-{max(p['pair_ratios']):.2f})",
-                    "ratio": f"{p['ratio_median']:.2f}x of raw (median of pair ratios)",
-                    "met": None,
+                    "item": "sharded load, base: train/'s load (load_state) vs readinto the same local shards, page "
+                    f"cache dropped before each (a resume on another node), {p['pairs']} interleaved pairs",
+                    "goal": ">= 0.5x a plain read of the same bytes",
+                    "measured": f"load {cold['cold_load_median_s']:.2f} s vs read {cold['cold_raw_read_median_s']:.2f} s "
+                    f"(pair ratios {min(cold['pair_ratios']):.2f}-{max(cold['pair_ratios']):.2f}); page cache warm: "
+                    f"load {warm['load_median_s']:.2f} s vs read {warm['raw_read_median_s']:.2f} s = {warm['ratio_median']:.2f}x",
+                    "ratio": f"{cold['ratio_median']:.2f}x of read",
+                    "met": cold["ratio_median"] >= 0.5,
                 }
-            ]
-            if "ratio_median" in (p := c.get("dcp_vs_raw_same_bytes", {}))
-            else []
-        ),
+            )
+    rows += [
         {
-            "item": "sharded save, base: where the time goes; the marker's sha256 digests serial vs threaded",
-            "goal": "report",
-            "measured": "save = "
-            + " + ".join(f"{k} {v:.2f} s" for k, v in s.get("save_split_median_s", {}).items())
-            + f" (write: every rank's DCP shards; finalize: rank 0's fsyncs, sha256 of every file, marker, rename); "
-            f"digests alone on the same files: serial {s['digest_serial_median_s']:.2f} s, threaded "
-            f"{s['digest_parallel_median_s']:.2f} s",
-            "ratio": f"threaded digests {s['digest_serial_median_s'] / s['digest_parallel_median_s']:.2f}x faster",
+            "item": f"sharded save, base, in a fresh launch vs the disk's ceiling: one 8 MiB cache-resident buffer written "
+            f"and fsynced by 2 writers ({s['bytes'] / 1e9:.2f} GB)",
+            "goal": "report (the old baseline: it never reads the bytes from memory, so it is not the same work)",
+            "measured": f"{s['save_median_s']:.2f} s = {s['save_MBps']} MB/s vs {c['raw_write_2_writers_median_s']:.2f} s "
+            f"= {c['raw_write_2_writers_MBps']} MB/s (1 stream: {c['raw_write_fsync_median_s']:.2f} s)",
+            "ratio": f"{s['save_vs_raw_write_2_writers']:.2f}x",
             "met": None,
         },
         {
-            "item": "sharded load, base vs reading its files",
-            "goal": ">= 0.5x a plain read of the same files",
-            "measured": f"{s['load_median_s']:.2f} s = {s['load_MBps']} MB/s vs raw read {s['raw_read_median_s']:.2f} s = {s['raw_read_MBps']} MB/s (page cache warm)",
-            "ratio": f"{s['load_MBps'] / s['raw_read_MBps']:.2f}x of read",
-            "met": s["load_MBps"] / s["raw_read_MBps"] >= 0.5,
-        },
-        {
             "item": f"full state dict save / load, base ({f['bytes'] / 1e9:.2f} GB, rank 0 writes)",
-            "goal": "report (vs sharded)",
+            "goal": "report (vs sharded, fresh launches)",
             "measured": f"save {f['save_median_s']:.2f} s = {f['save_MBps']} MB/s, "
             + (
                 f"load {f['load_median_s']:.2f} s = {f['load_MBps']} MB/s"
@@ -352,6 +380,7 @@ def goal_rows(c: dict) -> list[dict]:
             "met": None,
         },
     ]
+    return rows
 
 
 if __name__ == "__main__":  # pragma: no cover - manual run

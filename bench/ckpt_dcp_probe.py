@@ -8,6 +8,12 @@ state dicts (the two saves ``accelerator.save_state`` makes, default FileSystemW
 write the same bytes from the same memory on the same disk within seconds of each other, so the disk's
 write-back state, which swings the raw figure 0.6-4 s on a shared machine, hits both. Rank 0 prints
 one JSON line per repetition.
+
+Not part of ``bench/run.py``: a tool for trying DCP writer options side by side. The third argument
+names the variants (default ``dcp,raw``): ``dcp_nocrc`` (torch.save without its zip CRC-32, what
+orchestrator.ranks.checkpoint_io does), ``dcp_threads2`` (FileSystemWriter thread_count=2).
+
+    torchrun --nproc-per-node 2 bench/ckpt_dcp_probe.py /tmp/probe 6 dcp,raw,dcp_nocrc,dcp_threads2
 """
 
 from __future__ import annotations
@@ -50,11 +56,14 @@ def main() -> None:
     (out[0] if isinstance(out, tuple) else out).float().mean().backward()
     opt.step()
 
-    def dcp_save(folder: Path) -> None:
-        dcp.save({"model": get_model_state_dict(model)}, storage_writer=FileSystemWriter(str(folder / "m")))
+    def dcp_save(folder: Path, **writer: Any) -> None:
+        dcp.save(
+            {"model": get_model_state_dict(model)},
+            storage_writer=FileSystemWriter(str(folder / "m"), **writer),
+        )
         dcp.save(
             {"optimizer": get_optimizer_state_dict(model, opt)},
-            storage_writer=FileSystemWriter(str(folder / "o")),
+            storage_writer=FileSystemWriter(str(folder / "o"), **writer),
         )
 
     def raw_save(folder: Path) -> int:
@@ -75,22 +84,37 @@ def main() -> None:
             os.close(fd)
         return n
 
+    from torch.serialization import set_crc32_options
+
+    def no_crc(folder: Path) -> None:
+        set_crc32_options(False)
+        try:
+            dcp_save(folder)
+        finally:
+            set_crc32_options(True)
+
+    variants: dict[str, Any] = {
+        "dcp": lambda f: dcp_save(f),
+        "raw": lambda f: raw_save(f),
+        "dcp_nocrc": no_crc,
+        "dcp_threads2": lambda f: dcp_save(f, thread_count=2),
+    }
+    chosen = sys.argv[3].split(",") if len(sys.argv) > 3 else ["dcp", "raw"]
     for rep in range(reps):
         folder = root / f"rep{rep}"
         times: dict[str, float] = {}
         nbytes = 0
-        for kind in ("dcp", "raw") if rep % 2 == 0 else ("raw", "dcp"):
+        for kind in chosen if rep % 2 == 0 else chosen[::-1]:
             t = barrier_time()
-            if kind == "dcp":
-                dcp_save(folder / "dcp")
-            else:
-                nbytes = raw_save(folder / "raw")
+            got = variants[kind](folder / kind)
+            if isinstance(got, int):
+                nbytes = got
             times[kind] = barrier_time() - t
         total = torch.tensor([nbytes], dtype=torch.int64)
         dist.all_reduce(total)
         if rank == 0:
             print(
-                json.dumps({"rep": rep, "dcp_s": times["dcp"], "raw_s": times["raw"], "bytes": int(total)}),
+                json.dumps({"rep": rep, **{f"{k}_s": v for k, v in times.items()}, "bytes": int(total)}),
                 flush=True,
             )
             shutil.rmtree(folder, ignore_errors=True)

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -71,6 +72,31 @@ def file_digests(folder: Path, rels: Any) -> dict[str, str | OSError]:
     return {rel: done[rel] for rel in names}
 
 
+# DCP's FileSystemWriter (single_file_per_rank) names each rank's shard file ``__<rank>_<n>.distcp``.
+_RANK_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
+
+
+def rank_shard_files(folder: Path, rank: int) -> list[str]:
+    """The shard files rank ``rank`` wrote under ``folder`` (relative paths): the bulk of a sharded
+    checkpoint, which that rank digests itself (``digests`` of :func:`finalize`)."""
+    return [
+        rel
+        for rel in list_files(folder)
+        if (m := _RANK_SHARD.fullmatch(rel.rsplit("/", 1)[-1])) and int(m.group(1)) == rank
+    ]
+
+
+def fsync_and_digest(folder: Path, rels: list[str]) -> dict[str, str]:
+    """fsync and sha256 of the given files (a rank's own shards, while they are in its page cache)."""
+    for rel in rels:
+        fsync_path(folder / rel)
+    got = file_digests(folder, rels)
+    for value in got.values():
+        if isinstance(value, OSError):
+            raise value
+    return {rel: str(value) for rel, value in got.items()}
+
+
 def check_checkpoint_content(ckpt_dir: Path, marker: dict[str, Any]) -> str:
     """ "" when every file's bytes match the marker's ``sha256`` digests, else why not. Reads every
     byte, so it is for a restore (once per start), never for ``status``. Checkpoints written before
@@ -118,9 +144,15 @@ def list_files(folder: Path) -> dict[str, int]:
     return files
 
 
-def finalize(tmp: Path, final: Path, marker: dict[str, Any]) -> dict[str, Any]:
-    """Rank 0: fsync the files, write the marker (fsync), rename into place (atomic), fsync the parent."""
-    marker = _write_marker(tmp, marker)
+def finalize(
+    tmp: Path, final: Path, marker: dict[str, Any], digests: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Rank 0: fsync the files, write the marker (fsync), rename into place (atomic), fsync the parent.
+
+    ``digests``: sha256 of files already fsynced and hashed by the ranks that wrote them
+    (:func:`fsync_and_digest`), so rank 0 hashes only the rest; a 2-rank base save's digests took
+    0.5-1.7 s on rank 0 alone."""
+    marker = _write_marker(tmp, marker, digests or {})
     if final.exists():
         # The same step saved before (e.g. a run killed after its save): replace it, never mix the two.
         trash = final.parent / f".trash-{final.name}-{uuid.uuid4().hex[:8]}"
@@ -131,18 +163,18 @@ def finalize(tmp: Path, final: Path, marker: dict[str, Any]) -> dict[str, Any]:
     return marker
 
 
-def _write_marker(folder: Path, marker: dict[str, Any]) -> dict[str, Any]:
+def _write_marker(
+    folder: Path, marker: dict[str, Any], known: dict[str, str] | None = None
+) -> dict[str, Any]:
     """fsync every file of ``folder``, then write the marker naming them (size and content digest:
     a restore checks both, so a file with the right size and wrong bytes is skipped for the newest
-    good checkpoint), fsync it and the folders."""
+    good checkpoint), fsync it and the folders. ``known``: digests of files their writers already
+    fsynced and hashed."""
     files = list_files(folder)
-    for rel in files:
-        fsync_path(folder / rel)
-    digests = file_digests(folder, files)  # in parallel: serial sha256 was over a third of a base save
-    for got in digests.values():
-        if isinstance(got, OSError):
-            raise got
-    marker = {**marker, "files": files, "sha256": digests}
+    known = {rel: digest for rel, digest in (known or {}).items() if rel in files}
+    digests: dict[str, Any] = dict(known)
+    digests.update(fsync_and_digest(folder, [rel for rel in files if rel not in known]))
+    marker = {**marker, "files": files, "sha256": {rel: digests[rel] for rel in files}}
     with open(folder / MARKER, "w", encoding="utf-8") as f:
         json.dump(marker, f, indent=1, sort_keys=True)
         f.flush()

@@ -203,8 +203,13 @@ class ResumableLoop:
         if self.accelerator.is_main_process:
             root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".tmp-{final.name}-{broadcast_from_main(uuid.uuid4().hex[:8])}"
-        self.accelerator.save_state(str(tmp))
+        from orchestrator.ranks.checkpoint_io import own_shard_digests, without_zip_crc32
+
+        with without_zip_crc32():
+            self.accelerator.save_state(str(tmp))
         barrier()
+        acc = self.accelerator
+        digests = own_shard_digests(tmp, acc.process_index, acc.num_processes)
         if self.accelerator.is_main_process:
             marker = {
                 "step": step,
@@ -213,7 +218,7 @@ class ResumableLoop:
                 "strategy": os.environ.get("ORCHESTRATOR_STRATEGY"),
                 "hook": HOOK,
             }
-            finalize(tmp, final, marker)
+            finalize(tmp, final, marker, digests)
             prune(self.run_dir, self.keep_last)
         barrier()
         self.last_saved_step = step

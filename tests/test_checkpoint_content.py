@@ -105,3 +105,47 @@ def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(t
     assert (
         tl.read_json(run_dir / "final.json")["loss"] == tl.read_json(baseline.run_dir / "final.json")["loss"]
     )
+
+
+def _two_rank_save(rank: int, folder: str, port: int) -> None:
+    import torch.distributed as dist
+
+    from orchestrator.ranks.checkpoint_io import own_shard_digests
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        root = Path(folder)
+        for sub in ("pytorch_model_fsdp_0", "optimizer_0"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            (root / sub / f"__{rank}_0.distcp").write_bytes(bytes([rank + 1]) * (1000 + rank))
+        (root / f"random_states_{rank}.pkl").write_bytes(b"rng%d" % rank)
+        dist.barrier()
+        digests = own_shard_digests(root, rank, 2)
+        if rank == 0:
+            checkpoint_files.finalize(root, root.parent / "step_00000001", {"step": 1}, digests)
+            (root.parent / "known.json").write_text(json.dumps(digests))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_digests_its_own_shards_and_the_marker_covers_every_file(tmp_path: Path) -> None:
+    """The sharded save's digests: each rank hashes the DCP shard files it wrote, rank 0 the rest;
+    the marker still names every file with its size and the right sha256 (a real 2-process gloo
+    group)."""
+    import torch.multiprocessing as mp
+
+    tmp = tmp_path / "checkpoints" / ".tmp-step_00000001-x"
+    mp.start_processes(_two_rank_save, args=(str(tmp), tl.free_port()), nprocs=2, start_method="spawn")
+    final = tmp_path / "checkpoints" / "step_00000001"
+    marker, why = check_checkpoint(final)
+    assert marker is not None, why
+    known = json.loads((tmp_path / "checkpoints" / "known.json").read_text())
+    shards = {f"{sub}/__{r}_0.distcp" for sub in ("pytorch_model_fsdp_0", "optimizer_0") for r in (0, 1)}
+    assert set(known) == shards, "rank 0 gathered exactly the shard files, from both ranks"
+    assert set(marker["files"]) == shards | {"random_states_0.pkl", "random_states_1.pkl"}
+    for rel in marker["files"]:
+        assert marker["sha256"][rel] == hashlib.sha256((final / rel).read_bytes()).hexdigest(), rel
+    assert check_checkpoint_content(final, marker) == ""
+    _flip_middle_byte(final / "optimizer_0" / "__1_0.distcp")
+    assert "__1_0.distcp" in check_checkpoint_content(final, marker)

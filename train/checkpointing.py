@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.checkpoint_files import finalize, prune
+from orchestrator.ranks.checkpoint_io import own_shard_digests, without_zip_crc32
 from orchestrator.run_dir import (
     COMPLETE_MARKER,
     check_checkpoint,
@@ -131,12 +132,14 @@ def save(accelerator, run_dir: str | os.PathLike, step: int, marker: dict, keep_
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{step_name(step)}-{_common_id(accelerator)}"
     final = root / step_name(step)
-    accelerator.save_state(str(tmp))
+    with without_zip_crc32():
+        accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     wrote = time.monotonic()
+    digests = own_shard_digests(tmp, accelerator.process_index, accelerator.num_processes)
     written = {}
     if accelerator.is_main_process:
-        written = finalize(tmp, final, {"step": step, "time": time.time(), "async": False, **marker})
+        written = finalize(tmp, final, {"step": step, "time": time.time(), "async": False, **marker}, digests)
         prune(run_dir, keep_last)
     accelerator.wait_for_everyone()
     done = time.monotonic()
@@ -287,11 +290,12 @@ class AsyncCheckpointer:
 
                 for name, sub in (("model", "pytorch_model_fsdp_0"), ("optimizer", "optimizer_0")):
                     (tmp / sub).mkdir(exist_ok=True)
-                    dcp.save(
-                        job[name],
-                        storage_writer=dcp.FileSystemWriter(str(tmp / sub)),
-                        process_group=self.group,
-                    )
+                    with without_zip_crc32():
+                        dcp.save(
+                            job[name],
+                            storage_writer=dcp.FileSystemWriter(str(tmp / sub)),
+                            process_group=self.group,
+                        )
                     job[name] = None  # free the staged copy as soon as it is on disk
                 if self.accelerator.is_main_process and self.want_checksums:
                     # Rank 0's dcp.save returns after the coordinator gathered every rank's write

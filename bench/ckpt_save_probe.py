@@ -1,0 +1,148 @@
+"""The product's checkpoint save and load against raw I/O of the very same bytes, same processes.
+
+Launched by bench_ckpt_load.py with ``accelerate launch --config_file <render --strategy full_shard
+--wrap-cls TransformerBlock>`` (2 ranks), so the Accelerator, the FSDP2 wrapping and the workarounds
+are exactly train/'s. Builds the ``base`` model, takes one AdamW step, then per repetition (order
+flipped every repetition):
+
+* ``save``: ``train.checkpointing.save`` -- what train/ does at every checkpoint: ``save_state``
+  (DCP shards of model and optimizer, RNG files), barrier, every rank's fsyncs and sha256 digests,
+  rank 0's marker and rename;
+* ``raw_write``: ``os.write`` of every local shard those state dicts hold (model parameters and
+  AdamW's exp_avg / exp_avg_sq; each rank its own file) + fsync;
+* ``load``: ``train.checkpointing.load`` of the checkpoint just saved (``load_state``);
+* ``raw_read``: ``readinto`` of the raw file back into the same local shards;
+* ``cold_load`` / ``cold_raw_read``: the same two after dropping the page cache (root only), as a
+  resume on another node finds them.
+
+Both sides of a pair move the same bytes between the same memory and the same disk within seconds
+of each other, so the disk's write-back state (which swings a raw write 0.6-4 s on this machine)
+hits both. Rank 0 prints one JSON line per repetition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from orchestrator.ranks import workarounds  # noqa: E402
+from train import checkpointing  # noqa: E402
+from train.model import build_model  # noqa: E402
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache() -> None:
+    """The cold-cache pairs: a resumed job on another node reads its checkpoint from disk (or the
+    network filesystem), not from this node's page cache. Root only; the whole machine's cache."""
+    os.sync()
+    with open(DROP_CACHES, "w") as f:
+        f.write("3\n")
+
+
+def main() -> None:
+    root, reps = Path(sys.argv[1]), int(sys.argv[2])
+    from accelerate import Accelerator
+
+    pending = workarounds.before_accelerator()
+    acc = Accelerator()
+    workarounds.after_accelerator(acc, pending)
+    model = workarounds.wrap_model(acc, build_model("base"), pending)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = acc.prepare(model, opt)
+    out = model(torch.randint(0, 100, (1, 16)))
+    (out[0] if isinstance(out, tuple) else out).float().mean().backward()
+    opt.step()
+    rank = acc.process_index
+
+    def local_tensors() -> list[torch.Tensor]:
+        got = []
+        for p in model.parameters():
+            got.append(p.to_local() if hasattr(p, "to_local") else p)
+            for v in opt.optimizer.state.get(p, {}).values():
+                if torch.is_tensor(v) and v.numel() > 1:
+                    got.append(v.to_local() if hasattr(v, "to_local") else v)
+        return [t.detach() for t in got]
+
+    def raw_write(folder: Path) -> int:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f"rank{rank}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        n = 0
+        try:
+            for t in local_tensors():
+                n += os.write(fd, t.contiguous().view(-1).view(torch.uint8).numpy().data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return n
+
+    def raw_read(folder: Path) -> None:
+        with open(folder / f"rank{rank}.bin", "rb", buffering=0) as f:
+            for t in local_tensors():
+                f.readinto(t.view(-1).view(torch.uint8).numpy().data)
+
+    can_drop_caches = os.access(DROP_CACHES, os.W_OK)
+    current = {"world_size": acc.num_processes, "strategy": "full_shard"}
+    for rep in range(reps):
+        run_dir = root / f"run{rep}"
+        raw_dir = root / f"raw{rep}"
+        times: dict[str, float] = {}
+        info: dict[str, Any] = {}
+        for kind in ("save", "raw_write") if rep % 2 == 0 else ("raw_write", "save"):
+            dist.barrier()
+            t = time.perf_counter()
+            if kind == "save":
+                res = checkpointing.save(acc, run_dir, 1, dict(current), keep_last=1)
+                info.update(phases=res.phases, bytes=sum(res.marker.get("files", {}).values()))
+                folder = res.path
+            else:
+                info["raw_bytes_rank"] = raw_write(raw_dir)
+            dist.barrier()
+            times[kind] = time.perf_counter() - t
+        loads = ("load", "raw_read", "cold_load", "cold_raw_read")
+        for kind in loads if rep % 2 == 0 else loads[1::-1] + loads[:1:-1]:
+            if kind.startswith("cold_"):
+                if not can_drop_caches:
+                    continue
+                dist.barrier()
+                if rank == 0:
+                    drop_page_cache()
+            dist.barrier()
+            t = time.perf_counter()
+            if kind.endswith("load"):
+                checkpointing.load(acc, folder, dict(current), opt, current)
+            else:
+                raw_read(raw_dir)
+            dist.barrier()
+            times[kind] = time.perf_counter() - t
+        raw_total = torch.tensor([info["raw_bytes_rank"]], dtype=torch.int64)
+        dist.all_reduce(raw_total)
+        if rank == 0:
+            print(
+                json.dumps(
+                    {
+                        "rep": rep,
+                        **{f"{k}_s": round(v, 4) for k, v in times.items()},
+                        "save_phases_s": {k: round(v, 4) for k, v in info["phases"].items()},
+                        "checkpoint_bytes": info["bytes"],
+                        "raw_bytes": int(raw_total),
+                    }
+                ),
+                flush=True,
+            )
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(raw_dir, ignore_errors=True)
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
