@@ -63,6 +63,33 @@ def cluster_up() -> str | None:
     return None
 
 
+def restart_cluster_with(cred_expire: str) -> str | None:
+    """Restart the running test cluster with another ``AuthInfo cred_expire`` (start_cluster.sh
+    restarts it when slurm.conf changes; same nodes, mode and state folder) and load its new env
+    file, so one invocation measures the requeue under both settings. None when done, else why not.
+    Only for the cluster run_with_cluster.sh started (it holds the cluster's lock for us)."""
+    base = os.environ.get("ORCHESTRATOR_TEST_CLUSTER_BASE")
+    if not base:
+        return "no ORCHESTRATOR_TEST_CLUSTER_BASE (not under tests/cluster/run_with_cluster.sh)"
+    env = dict(
+        os.environ,
+        BASE=base,
+        CRED_EXPIRE=cred_expire,
+        NODES=os.environ.get("ORCHESTRATOR_TEST_CLUSTER_NODES", "3"),
+        MODE=os.environ.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "auto"),
+        ACCOUNTING=os.environ.get("ORCHESTRATOR_TEST_CLUSTER_ACCOUNTING", "1"),
+    )
+    script = Path(__file__).resolve().parent.parent / "tests" / "cluster" / "start_cluster.sh"
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        return f"start_cluster.sh CRED_EXPIRE={cred_expire} failed: {res.stderr[-1000:]}"
+    for line in (Path(base) / "cluster.env").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            os.environ[key] = value
+    return cluster_up()
+
+
 class StatePoller(threading.Thread):
     """squeue (every job: the test cluster runs only the bench's) every ``interval`` s; records
     (time, job, state, reason) on every change, so a successor job (``requeue_as: new_job``) is
