@@ -240,6 +240,11 @@ def save_probe(cfg: Path, tmp: Path, env: dict, port: int, reps: int) -> dict:
         "save_phases_median_s": {
             k: round(med(r["save_phases_s"][k] for r in rows), 3) for k in rows[0]["save_phases_s"]
         },
+        "save_vs_before": pair("save", "save_before"),
+        "save_before_phases_median_s": {
+            k: round(med(r["save_before_phases_s"][k] for r in rows), 3)
+            for k in rows[0]["save_before_phases_s"]
+        },
         "load_warm": pair("raw_read", "load"),
         "load_cold": pair("cold_raw_read", "cold_load"),
     }
@@ -343,6 +348,18 @@ def goal_rows(c: dict) -> list[dict]:
                 "met": sv["ratio_median"] >= 0.5,
             }
         )
+        if b := p.get("save_vs_before"):
+            rows.append(
+                {
+                    "item": "sharded save, base: with issue 16's changes (ranks digest their own shards; no zip CRC) "
+                    "vs as before (rank 0 digests all; CRC), same processes, interleaved",
+                    "goal": "report",
+                    "measured": f"{b['save_median_s']:.2f} s vs {b['save_before_median_s']:.2f} s; before = "
+                    + " + ".join(f"{k} {v:.2f} s" for k, v in p["save_before_phases_median_s"].items()),
+                    "ratio": f"{1 / b['ratio_median']:.2f}x faster (median of pair ratios)",
+                    "met": None,
+                }
+            )
         if cold:
             rows.append(
                 {

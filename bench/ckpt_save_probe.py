@@ -8,6 +8,7 @@ flipped every repetition):
 * ``save``: ``train.checkpointing.save`` -- what train/ does at every checkpoint: ``save_state``
   (DCP shards of model and optimizer, RNG files), barrier, every rank's fsyncs and sha256 digests,
   rank 0's marker and rename;
+* ``save_before``: the same save with issue 16's two changes undone (``as_before_issue_16``);
 * ``raw_write``: ``os.write`` of every local shard those state dicts hold (model parameters and
   AdamW's exp_avg / exp_avg_sq; each rank its own file) + fsync;
 * ``load``: ``train.checkpointing.load`` of the checkpoint just saved (``load_state``);
@@ -15,18 +16,20 @@ flipped every repetition):
 * ``cold_load`` / ``cold_raw_read``: the same two after dropping the page cache (root only), as a
   resume on another node finds them.
 
-Both sides of a pair move the same bytes between the same memory and the same disk within seconds
+The three writes rotate their order every repetition; the loads alternate. Both sides of a pair move the same bytes between the same memory and the same disk within seconds
 of each other, so the disk's write-back state (which swings a raw write 0.6-4 s on this machine)
 hits both. Rank 0 prints one JSON line per repetition.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,19 @@ def drop_page_cache() -> None:
     os.sync()
     with open(DROP_CACHES, "w") as f:
         f.write("3\n")
+
+
+@contextlib.contextmanager
+def as_before_issue_16() -> Iterator[None]:
+    """``save_before``: the same save as it was before issue 16's changes -- torch.save's zip CRC
+    computed, rank 0 fsyncing and hashing every rank's shards -- for a same-process comparison."""
+    saved = checkpointing.without_zip_crc32, checkpointing.own_shard_digests
+    checkpointing.without_zip_crc32 = contextlib.nullcontext  # type: ignore[assignment]
+    checkpointing.own_shard_digests = lambda folder, rank, world: {}  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        checkpointing.without_zip_crc32, checkpointing.own_shard_digests = saved
 
 
 def main() -> None:
@@ -97,13 +113,20 @@ def main() -> None:
         raw_dir = root / f"raw{rep}"
         times: dict[str, float] = {}
         info: dict[str, Any] = {}
-        for kind in ("save", "raw_write") if rep % 2 == 0 else ("raw_write", "save"):
+        kinds = ("save", "raw_write", "save_before")
+        for kind in kinds[rep % 3 :] + kinds[: rep % 3]:
             dist.barrier()
             t = time.perf_counter()
             if kind == "save":
                 res = checkpointing.save(acc, run_dir, 1, dict(current), keep_last=1)
                 info.update(phases=res.phases, bytes=sum(res.marker.get("files", {}).values()))
                 folder = res.path
+            elif kind == "save_before":
+                with as_before_issue_16():
+                    old = checkpointing.save(acc, root / f"before{rep}", 1, dict(current), keep_last=1)
+                info["phases_before"] = old.phases
+                if rank == 0:
+                    shutil.rmtree(root / f"before{rep}", ignore_errors=True)
             else:
                 info["raw_bytes_rank"] = raw_write(raw_dir)
             dist.barrier()
@@ -133,6 +156,7 @@ def main() -> None:
                         "rep": rep,
                         **{f"{k}_s": round(v, 4) for k, v in times.items()},
                         "save_phases_s": {k: round(v, 4) for k, v in info["phases"].items()},
+                        "save_before_phases_s": {k: round(v, 4) for k, v in info["phases_before"].items()},
                         "checkpoint_bytes": info["bytes"],
                         "raw_bytes": int(raw_total),
                     }
