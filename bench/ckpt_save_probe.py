@@ -14,7 +14,9 @@ flipped every repetition):
 * ``load``: ``train.checkpointing.load`` of the checkpoint just saved (``load_state``);
 * ``raw_read``: ``readinto`` of the raw file back into the same local shards;
 * ``cold_load`` / ``cold_raw_read``: the same two after dropping the page cache (root only), as a
-  resume on another node finds them.
+  resume on another node finds them;
+* ``cold_resume``: what a resumed attempt does, cold: rank 0's ``find_resumable`` (checks the marker's
+  sha256 of every file) and then the load.
 
 The three writes rotate their order every repetition; the loads alternate. Both sides of a pair move the same bytes between the same memory and the same disk within seconds
 of each other, so the disk's write-back state (which swings a raw write 0.6-4 s on this machine)
@@ -37,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from orchestrator.checkpoint_files import find_resumable  # noqa: E402
 from orchestrator.ranks import workarounds  # noqa: E402
 from train import checkpointing  # noqa: E402
 from train.model import build_model  # noqa: E402
@@ -131,8 +134,8 @@ def main() -> None:
                 info["raw_bytes_rank"] = raw_write(raw_dir)
             dist.barrier()
             times[kind] = time.perf_counter() - t
-        loads = ("load", "raw_read", "cold_load", "cold_raw_read")
-        for kind in loads if rep % 2 == 0 else loads[1::-1] + loads[:1:-1]:
+        warm, cold = ("load", "raw_read"), ("cold_load", "cold_raw_read", "cold_resume")
+        for kind in (warm + cold) if rep % 2 == 0 else (warm[::-1] + cold[::-1]):
             if kind.startswith("cold_"):
                 if not can_drop_caches:
                     continue
@@ -141,7 +144,15 @@ def main() -> None:
                     drop_page_cache()
             dist.barrier()
             t = time.perf_counter()
-            if kind.endswith("load"):
+            if kind == "cold_resume":
+                # What a resumed attempt does: rank 0 picks the newest complete checkpoint, reading
+                # every byte to check the marker's digests, then every rank loads it.
+                if rank == 0:
+                    found = find_resumable(run_dir)
+                    assert found is not None and found[0] == folder, found
+                dist.barrier()
+                checkpointing.load(acc, folder, dict(current), opt, current)
+            elif kind.endswith("load"):
                 checkpointing.load(acc, folder, dict(current), opt, current)
             else:
                 raw_read(raw_dir)

@@ -127,6 +127,9 @@ class ResumableLoop:
 
             for optimizer in getattr(self.accelerator, "_optimizers", []):
                 init_fsdp1_optimizer_state(self.accelerator, optimizer)
+            from orchestrator.ranks.checkpoint_io import prefetch_own_shards
+
+            prefetch_own_shards(Path(choice), self.accelerator.process_index)
             self.accelerator.load_state(choice)
             self.resumed_from = Path(choice)
             self.last_saved_step = self.state.step
