@@ -57,24 +57,41 @@ def hand_config(nodes: int, rank: int, master: str, port: int) -> str:
     )
 
 
-def first_step_after(
-    run_dir_glob: tuple[Path, str], t0: float, job: list[str], timeout: float = 400
-) -> float:
+class JobEnded(RuntimeError):
+    """The job ended (or never ran) before its first step: Slurm failed it, it is not a timing."""
+
+
+def first_step_after(run_dir_glob: tuple[Path, str], t0: float, job: str, timeout: float = 400) -> float:
     """Seconds from ``t0`` to the first train event in the (first) metrics.jsonl the glob finds."""
     root, pattern = run_dir_glob
+    checked = [time.perf_counter()]
 
     def seen() -> float | None:
         for path in root.glob(pattern):
             if "train" in events(path.parent):
                 return time.perf_counter() - t0
+        if time.perf_counter() - checked[0] > 2:  # a failed job (seen once: slurmd lost its script)
+            checked[0] = time.perf_counter()
+            state = soak.job_state(job)
+            if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "UNKNOWN"):
+                raise JobEnded(f"job {job} {state} before its first step (under {root})")
         return None
 
     got = soak.wait(seen, timeout, 0.05)
     if got is None:
-        if job:
-            soak.run("scancel", job[0], timeout=30)
+        soak.run("scancel", job, timeout=30)
         raise RuntimeError(f"no first step under {root} within {timeout} s")
     return float(got)
+
+
+def timed_job(fn, log, *args) -> float:
+    """``fn(*args)``, once more if Slurm failed the job before it trained (logged, not timed)."""
+    try:
+        return fn(*args)
+    except JobEnded as exc:
+        log(f"nodes: {exc}; once more")
+        queue_empty()
+        return fn(*args[:-1], args[-1] + 1000)  # a fresh folder (and port)
 
 
 def ours(tmp: Path, profiles: Path, nodes: int, i: int) -> float:
@@ -100,7 +117,7 @@ def ours(tmp: Path, profiles: Path, nodes: int, i: int) -> float:
     if res.returncode != 0:
         raise RuntimeError(f"submit failed: {res.stdout}{res.stderr}")
     job = res.stdout.split("submitted job ")[1].split()[0]
-    took = first_step_after((tmp / f"o{i}" / "runs", "*/metrics.jsonl"), t0, [job])
+    took = first_step_after((tmp / f"o{i}" / "runs", "*/metrics.jsonl"), t0, job)
     wait_done(job)
     return took
 
@@ -133,7 +150,7 @@ def baseline(tmp: Path, nodes: int, i: int) -> float:
     if res.returncode != 0:
         raise RuntimeError(f"sbatch failed: {res.stderr}")
     job = res.stdout.strip().split(";")[0]
-    took = first_step_after((d, "run/metrics.jsonl"), t0, [job])
+    took = first_step_after((d, "run/metrics.jsonl"), t0, job)
     wait_done(job)
     return took
 
@@ -161,7 +178,10 @@ def bench_nodes(tmp: Path, reps: int, log=print, png: Path | None = PNG) -> dict
             for variant in order:
                 i += 1
                 queue_empty()
-                took = ours(tmp, profiles, nodes, i) if variant == "ours" else baseline(tmp, nodes, i)
+                if variant == "ours":
+                    took = timed_job(ours, log, tmp, profiles, nodes, i)
+                else:
+                    took = timed_job(baseline, log, tmp, nodes, i)
                 got[nodes][variant].append(round(took, 3))
                 log(f"nodes {nodes} {variant} rep {r + 1}/{reps}: {took:.2f} s")
     by_count = {}
