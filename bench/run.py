@@ -590,6 +590,14 @@ def report(R: dict, quick: bool, wall: float) -> str:
                     "met": q["round_trip_median_s"] <= 30,
                 }
             )
+    if "startup" in R:
+        from bench_startup import goal_rows as startup_goals
+
+        goals += startup_goals(R["startup"])
+    if "nodes" in R:
+        from bench_nodes import goal_rows as nodes_goals
+
+        goals += nodes_goals(R["nodes"])
     gpu = _gpu_results(R)
     if gpu is not None:
         from bench_gpu import goal_rows as gpu_goals
@@ -697,7 +705,19 @@ def report(R: dict, quick: bool, wall: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-ITEMS = ["cli", "status10k", "launch", "hot", "ckpt", "ckpt_base", "mem", "requeue", "gpu"]
+ITEMS = [
+    "cli",
+    "status10k",
+    "launch",
+    "hot",
+    "ckpt",
+    "ckpt_base",
+    "mem",
+    "requeue",
+    "startup",
+    "nodes",
+    "gpu",
+]
 
 
 def _requeue_results(q: dict) -> list[tuple[str, dict, str]]:
@@ -891,6 +911,14 @@ def main() -> int:
                 return {**kept, **out}
 
             item("requeue", requeue_both)
+        if "startup" in parts:
+            from bench_startup import bench_startup
+
+            item("startup", lambda: bench_startup(tmp / "startup", 2 if q else 3, log))
+        if "nodes" in parts:
+            from bench_nodes import bench_nodes
+
+            item("nodes", lambda: bench_nodes(tmp / "nodes", 2 if q else 3, log))
         if "gpu" in parts:
             item("gpu", gpu_row)
     wall = time.perf_counter() - t0

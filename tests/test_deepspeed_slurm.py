@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.run_summary import iter_metrics
-from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, train_losses
+from tests.helpers.cli import (
+    REPO,
+    first_train_event,
+    job_and_run_dir,
+    poll,
+    run_cli,
+    sacct_state,
+    train_losses,
+)
 from tests.helpers.slurm_cluster import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -47,7 +55,7 @@ def test_zero_job_losses_equal_ddp_on_two_nodes(slurm_cluster: dict, orch_env: d
     assert len(ref) == len(got) == STEPS
     worst = max(abs(a - b) for a, b in zip(ref, got))
     assert worst <= LOSS_TOLERANCE, f"{strategy}: losses differ from DDP's by up to {worst}"
-    first = json.loads((zero / "metrics.jsonl").read_text().splitlines()[0])
+    first = first_train_event(zero)
     assert first["world_size"] == 2 and first["strategy"] == strategy
     node_logs = "".join(p.read_text() for p in (zero / "logs" / "attempt_0").glob("node_*.log"))
     assert f"DeepSpeed ZeRO-{strategy[-1]} over 2 ranks" in node_logs, node_logs[-3000:]

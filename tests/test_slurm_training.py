@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, run_cli, sacct_state, train_losses
+from tests.helpers.cli import REPO, first_train_event, job_and_run_dir, run_cli, sacct_state, train_losses
 from tests.helpers.preconditions import require
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -49,7 +48,7 @@ def test_two_node_training_equals_local_mode(slurm_cluster: dict, orch_env: dict
     slurm_losses, local_losses = train_losses(slurm_dir), train_losses(local_dir)
     assert len(slurm_losses) == 12
     assert [round(x, 4) for x in slurm_losses] == [round(x, 4) for x in local_losses]
-    first = json.loads((slurm_dir / "metrics.jsonl").read_text().splitlines()[0])
+    first = first_train_event(slurm_dir)
     assert first["world_size"] == 4
 
 

@@ -7,11 +7,15 @@ flushed as written:
   "peak_mem_mb","world_size","strategy","time"}``
 * ``{"event":"eval","step","val_loss","time"}``
 * ``{"event":"resume","step","checkpoint","time"}``
+* ``{"event":"startup","process","imports","process_group","model","time"}``: wall clock of rank 0's
+  interpreter start and of the ends of its imports, ``Accelerator()`` (process group) and model
+  build + ``prepare`` (``process`` is None where ``/proc`` is missing)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -32,6 +36,18 @@ def _fmt_duration(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def process_start_time() -> float | None:
+    """Wall clock at which this process started (Linux ``/proc``), None elsewhere: the interpreter's
+    own start-up and imports precede any stamp the script can take itself."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        # Boot time from the uptime (10 ms resolution), not /proc/stat's btime (whole seconds).
+        boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Metrics:
@@ -101,6 +117,9 @@ class Metrics:
         self._write(
             {"event": "resume", "step": int(step), "checkpoint": str(checkpoint), "time": time.time()}
         )
+
+    def startup(self, stamps: dict[str, float | None]) -> None:
+        self._write({"event": "startup", **stamps, "time": time.time()})
 
     def _progress(self, step: int, loss: float, tokens_per_s: float) -> None:
         done = step - (self.first_step or step) + 1

@@ -52,7 +52,7 @@ from train.checksum import MAX_PARAMS_FOR_CHECKSUM
 from train.checksum import checksums as _checksums
 from train.checksum import local_shard_checksum as _local_shard_checksum
 from train.data import Batcher, make_source
-from train.metrics import Metrics
+from train.metrics import Metrics, process_start_time
 from train.model import build_model, count_params
 
 _STOP_SIGNAL = {"signum": 0}
@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
+    # Start-up split (bench/bench_startup.py): the interpreter's start, then each stage's end.
+    stamps = {"process": process_start_time(), "imports": time.time()}
+
     try:
         expectation = selfcheck.expectations_from_env()
     except selfcheck.SelfCheckError as exc:
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         project_config=ProjectConfiguration(project_dir=".", automatic_checkpoint_naming=False),
     )
     accelerate_workarounds.after_accelerator(accelerator, pending)
+    stamps["process_group"] = time.time()
     rank = accelerator.process_index
     world = accelerator.num_processes
     # Step and phase for the hang watchdog and straggler detection (None outside orchestrator).
@@ -294,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
 
     source = make_source(args.data)
     batcher = Batcher(source, args.seed, args.seq_len, args.batch_size, world, rank, args.grad_accum)
+    stamps["model"] = time.time()
     metrics = Metrics(accelerator, run_dir, args.max_steps, world, strategy, args.log_every)
+    metrics.startup(stamps)
     if accelerator.is_main_process:
         accelerator.init_trackers(
             "train", config={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}

@@ -96,6 +96,14 @@ def train_losses(run_dir: Path) -> list[float]:
     return [e["loss"] for e in events if e.get("event") == "train"]
 
 
+def first_train_event(run_dir: Path) -> dict:
+    """The first train event of metrics.jsonl (a ``startup`` event of train/ comes before it)."""
+    import json
+
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return next(e for e in map(json.loads, filter(str.strip, lines)) if e.get("event") == "train")
+
+
 def poll(
     condition: Callable[[], T],
     timeout: float,
