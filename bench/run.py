@@ -21,7 +21,13 @@ from other work on the machine hits both sides alike. Writes bench/results.md an
 6. Checkpoints of the base preset (``ckpt_base``, bench_ckpt_load.py): sharded and full-state-dict
    save and load vs raw write+fsync / read of the same bytes.
 7. Requeue round trip (``requeue``, bench_requeue.py) on the Slurm test cluster: USR2 -> first resumed
-   step, broken into checkpoint / exit / scheduler requeue / start-up / load / first step.
+   step, broken into checkpoint / exit / scheduler requeue / start-up / load / first step, under both
+   AuthInfo cred_expire settings (the test cluster is restarted with the other one, then back).
+   Start-up on the nodes (``startup``, bench_startup.py): job start -> first step per phase against an
+   srun ``import torch, accelerate`` + gloo floor, warm and cold page cache. Launch against node count
+   (``nodes``, bench_nodes.py): submit -> first step at 2..16 nodes against sbatch + srun + accelerate
+   launch with hand-written configs; bench/launch_vs_nodes.png. (All three need the cluster:
+   ``NODES=16 CRED_EXPIRE=default bash tests/cluster/run_with_cluster.sh python bench/run.py``.)
 8. GPU (``gpu``, bench_gpu.py): with CUDA, runs bench/bench_gpu.py (train/ under ``accelerate launch`` on one GPU:
    ddp / FSDP2 full_shard, bf16 / no, small / base / 1b; --offload; checkpoint round trips) which writes
    bench/results_gpu.json; without CUDA, reports the figures of that file (when it exists) as measured
@@ -878,6 +884,14 @@ def main() -> int:
                     tmp / "mem", BASE_ENV, ["base"] if q else ["small", "base"], 2, free_port, log
                 ),
             )
+        if "startup" in parts:
+            from bench_startup import bench_startup
+
+            item("startup", lambda: bench_startup(tmp / "startup", 2 if q else 3, log))
+        if "nodes" in parts:
+            from bench_nodes import bench_nodes
+
+            item("nodes", lambda: bench_nodes(tmp / "nodes", 2 if q else 3, log))
         if "requeue" in parts:
             from bench_requeue import bench_requeue
 
@@ -911,14 +925,6 @@ def main() -> int:
                 return {**kept, **out}
 
             item("requeue", requeue_both)
-        if "startup" in parts:
-            from bench_startup import bench_startup
-
-            item("startup", lambda: bench_startup(tmp / "startup", 2 if q else 3, log))
-        if "nodes" in parts:
-            from bench_nodes import bench_nodes
-
-            item("nodes", lambda: bench_nodes(tmp / "nodes", 2 if q else 3, log))
         if "gpu" in parts:
             item("gpu", gpu_row)
     wall = time.perf_counter() - t0
