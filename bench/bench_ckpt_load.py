@@ -280,7 +280,7 @@ def bench_ckpt_base(
     def med(xs):
         return statistics.median(xs)
 
-    pairs = 5 if reps < 2 else 9
+    pairs = 5 if reps < 2 else 7
     log(f"checkpoints (base): train/'s save and load vs raw I/O of the same shards, {pairs} pairs")
     probe = save_probe(cfgs["sharded"], tmp, env, free_port(), pairs)
     res: dict = {
