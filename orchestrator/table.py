@@ -89,6 +89,27 @@ def _flat_rows(rows: Sequence[dict[str, Any]], level: int) -> str:
     return "[" + row_pad + "{" + item_pad + body + row_pad + "}" + "\n" + "  " * level + "]"
 
 
+def _chunked_items(obj: dict[str, Any], level: int) -> list[str]:
+    """The items of a mapping that is not flat (a status row with its ``liveness`` mapping): each run
+    of scalar values (and empty lists) in one C encoder call, only the other values recursively.
+    The encoder's item separator at ``level + 1`` is exactly the newline and indent that
+    ``indent=2`` puts between two items, so a run comes out as those items would."""
+    pad = "\n" + "  " * (level + 1)
+    out: list[str] = []
+    run: dict[str, Any] = {}
+    for key, value in obj.items():
+        if type(value) in _SCALARS or (type(value) is list and not value):
+            run[key] = value
+            continue
+        if run:
+            out.append(pad + _flat_encoder(level + 1)(run)[1:-1])
+            run = {}
+        out.append(pad + encode_basestring_ascii(key) + ": " + _dumps(value, level + 1))
+    if run:
+        out.append(pad + _flat_encoder(level + 1)(run)[1:-1])
+    return out
+
+
 def _dumps(obj: Any, level: int) -> str:
     if type(obj) in _SCALARS:  # exact types: a str/int subclass (an Enum) takes the json route below
         return _flat_encoder(0)(obj)
@@ -98,10 +119,7 @@ def _dumps(obj: Any, level: int) -> str:
     if isinstance(obj, dict) and obj and _STR.issuperset(map(type, obj)):
         if _flat(obj):  # C-speed checks: one row is ~25 values
             return "{" + pad + "  " + _flat_encoder(level + 1)(obj)[1:-1] + pad + "}"
-        items = (
-            pad + "  " + encode_basestring_ascii(k) + ": " + _dumps(v, level + 1) for k, v in obj.items()
-        )
-        return "{" + ",".join(items) + pad + "}"
+        return "{" + ",".join(_chunked_items(obj, level)) + pad + "}"
     if isinstance(obj, (list, tuple)) and obj:
         if all(type(v) is dict and v and _STR.issuperset(v) and _flat(v) for v in obj):
             return _flat_rows(obj, level)

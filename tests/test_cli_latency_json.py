@@ -63,3 +63,28 @@ def test_lists_of_flat_rows_in_one_piece() -> None:
     with_lists = [{**r, "corrupt": []} for r in rows]
     for doc in (with_lists, {"jobs": with_lists}, [*with_lists, {**rows[0], "corrupt": [3, 5]}]):
         assert dumps_indented(doc) == json.dumps(doc, indent=2)
+
+
+def test_rows_with_a_nested_mapping_are_encoded_in_runs() -> None:
+    """status rows of running jobs carry ``liveness`` (a mapping, itself holding a mapping or None):
+    the scalars around it go in runs, the mapping recursively; the text is still indent=2's."""
+    tricky = ["}", "},", "},\n      {", '"},{"', "\\"]
+    rows = [
+        {
+            "i": i,
+            "s": s,
+            "corrupt": [],
+            "liveness": {
+                "attempt": i,
+                "silent_s": None if i % 2 else 1.5,
+                "stragglers": {"rank": i, "x": [1]},
+            }
+            if i % 3
+            else None,
+            "after": {} if i == 2 else s,
+            "last": i / 7,
+        }
+        for i, s in enumerate(tricky)
+    ]
+    for doc in (rows, {"jobs": rows}, [rows, {"x": rows[1]}]):
+        assert dumps_indented(doc) == json.dumps(doc, indent=2)
