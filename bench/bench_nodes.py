@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import soak_preemption as soak  # noqa: E402
 from bench_requeue import cluster_up  # noqa: E402
-from bench_startup import bench_env, events, profiles_dir, queue_empty, wait_done  # noqa: E402
+from bench_startup import bench_env, events, profiles_dir, queue_empty, submit, wait_done  # noqa: E402
 
 COUNTS = (2, 4, 8, 16)
 TRAIN_ARGS = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64"]
@@ -97,26 +97,7 @@ def timed_job(fn, log, *args) -> float:
 def ours(tmp: Path, profiles: Path, nodes: int, i: int) -> float:
     env = bench_env(tmp / f"o{i}")
     t0 = time.perf_counter()
-    res = soak.cli(
-        env,
-        "submit",
-        "--profile",
-        "slurm_test",
-        "--profiles-dir",
-        str(profiles),
-        "--strategy",
-        "ddp",
-        "--nodes",
-        str(nodes),
-        "--procs-per-node",
-        "1",
-        "--",
-        soak.TRAIN,
-        *TRAIN_ARGS,
-    )
-    if res.returncode != 0:
-        raise RuntimeError(f"submit failed: {res.stdout}{res.stderr}")
-    job = res.stdout.split("submitted job ")[1].split()[0]
+    job, _run_dir = submit(env, profiles, nodes, list(TRAIN_ARGS))
     took = first_step_after((tmp / f"o{i}" / "runs", "*/metrics.jsonl"), t0, job)
     wait_done(job)
     return took
