@@ -11,6 +11,8 @@ command, it imports accelerate (and with it torch, the longest serial step of a 
 while the node entry point renders the node's config; then it reads one JSON line on stdin
 ``{"argv", "env", "log"}``, takes that environment, sends its output to the node log and runs
 ``accelerate <argv>``. An empty line or EOF (the node decided not to launch) exits 0 at once.
+A DDP or FSDP launch does not go to torchrun: its ranks are forked here, from this interpreter's
+imports (:mod:`orchestrator.direct_launch`; profile ``launcher: torchrun`` turns that off).
 Given arguments instead (``python -m orchestrator.launcher_shim launch ...``), it runs them at once.
 """
 
@@ -48,9 +50,31 @@ def main() -> int:
     os.dup2(log, 2)
     os.environ.clear()
     os.environ.update(request["env"])
+    code = _direct_launch(request["argv"])
+    if code is not None:
+        return code
     sys.argv = ["accelerate", *request["argv"]]
     accelerate_main()
     return 0
+
+
+def _direct_launch(argv: list[str]) -> int | None:
+    """``accelerate launch`` of DDP/FSDP with its ranks forked here (orchestrator.direct_launch); None
+    where the launch must go through torchrun (then nothing was started)."""
+    if argv[:1] != ["launch"]:
+        return None
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    from orchestrator import direct_launch
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+    reason = direct_launch.not_direct_reason(args, dict(os.environ))
+    if reason is not None:
+        direct_launch.say(f"ranks started by torchrun ({reason})")
+        return None
+    direct_launch.preimport()
+    envs = direct_launch.rank_environments(args)
+    return direct_launch.run_ranks(args.training_script, list(args.training_script_args), envs, args.log_dir)
 
 
 if __name__ == "__main__":

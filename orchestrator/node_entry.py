@@ -3,7 +3,8 @@
 submitit starts one task per node (Slurm) or one per simulated node (local) and calls
 ``NodeTask()``. Everything known only on the node is decided here, at run time: this node's rank,
 the main process address, the port, and from those the node's Accelerate config. Then it runs
-``accelerate launch`` and stays in the middle as a signal relay (:mod:`orchestrator.launcher`).
+``accelerate launch`` (whose DDP/FSDP ranks :mod:`orchestrator.direct_launch` forks) and stays in
+the middle as a signal relay (:mod:`orchestrator.launcher`).
 The plan comes from the run directory (the submission's own ``job.attempt_<A>.json``), the node's
 place in the job from the scheduler's :class:`~orchestrator.schedulers.base.NodeEnvironment`.
 """
@@ -22,6 +23,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.attempt_start import NO_HOOK, describe_start, read_attempt_start
+from orchestrator.direct_launch import LAUNCHER_ENV
 from orchestrator.errors import RunFailure
 from orchestrator.launcher import FORWARDED_SIGNALS, PrewarmedLauncher, SignalRelay, kill_tree, stop_signal
 from orchestrator.ranks.script_hooks import SCRIPT_HOOKS_ENV
@@ -82,6 +84,7 @@ def training_environment(
         env["ACCELERATE_USE_CPU"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (NODE_SITE_DIR, env.get("PYTHONPATH", "")) if p)
     env[SCRIPT_HOOKS_ENV] = "1" if plan.options.script_hooks else "0"
+    env[LAUNCHER_ENV] = plan.profile.launcher
     # Trackers keep one run across requeues and resumes (the user's own values win).
     env.setdefault("WANDB_RUN_ID", tracker_run_id(run_dir))
     env.setdefault("WANDB_RESUME", "allow")

@@ -305,7 +305,11 @@ class ClusterProfile(_Record):
     """Interface whose address the first node advertises as the main process IP
     (e.g. ``ib0``); None uses the address its hostname resolves to."""
     rdzv_backend: Literal["c10d", "static"] = "c10d"
-    """torchrun rendezvous: c10d (elastic, default) or static."""
+    """torchrun rendezvous: c10d (elastic, default) or static (torchrun launches only: see ``launcher``)."""
+    launcher: Literal["direct", "torchrun"] = "direct"
+    """How a node starts its DDP/FSDP ranks: ``direct`` forks them from the launcher, which has
+    imported torch once for all of them (no second import per rank, no torchrun agent);
+    ``torchrun`` is ``accelerate launch``'s own way. DeepSpeed always launches through torchrun."""
     port_range: PortRange = PortRange()
     """Ports the rendezvous may use."""
     signal: PreTimeoutSignal = PreTimeoutSignal()

@@ -180,6 +180,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "env": _all(_scalar_map, _passes(_check_env_names)),
         "network_interface": _line,
         "rdzv_backend": _choice("c10d", "static"),
+        "launcher": _choice("direct", "torchrun"),
         "max_requeues": _int_range(0, 100),
         "requeue_as": _choice("same_job", "new_job"),
         "hang_timeout": _optional(_int_range(1, 86400)),
@@ -324,6 +325,7 @@ def schema() -> dict[str, type[BaseModel]]:
         env: dict[str, str | int | bool] = {}
         network_interface: str | None = None
         rdzv_backend: Literal["c10d", "static"] = "c10d"
+        launcher: Literal["direct", "torchrun"] = "direct"
         port_range: PortRange = PortRange()
         signal: PreTimeoutSignal = PreTimeoutSignal()
         max_requeues: int = Field(3, ge=0, le=100)

@@ -42,6 +42,8 @@ def _wanted() -> bool:
 def _patch(module: ModuleType) -> None:
     state = module.PartialState
     original = state._prepare_backend
+    if getattr(original, "_orchestrator_gloo", False):
+        return
 
     def _prepare_backend(
         self: Any, cpu: bool = False, sagemaker_dp: bool = False, backend: Any = None
@@ -75,14 +77,14 @@ def _patches() -> dict[str, Any]:
     return patches
 
 
-_PATCHES = _patches()
-
-
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds the modules of ``_PATCHES`` as the path finder would, and patches each right after it ran."""
+    """Finds the modules of ``patches`` as the path finder would, and patches each right after it ran."""
+
+    def __init__(self, patches: dict[str, Any]) -> None:
+        self.patches = patches
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        patch = _PATCHES.get(fullname)
+        patch = self.patches.get(fullname)
         if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -109,6 +111,20 @@ def _chain_next_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
-if _PATCHES and not any(name in sys.modules for name in _PATCHES):
-    sys.meta_path.insert(0, _Finder())
-_chain_next_sitecustomize()
+def apply(chain: bool = True) -> None:
+    """Patch the modules already imported, hook the others. A rank forked from a launcher that
+    imported accelerate (orchestrator.direct_launch) calls this itself, with ``chain=False``: the
+    distribution's ``sitecustomize`` already ran in that interpreter."""
+    patches = _patches()
+    for name, patch in patches.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    rest = {name: patch for name, patch in patches.items() if name not in sys.modules}
+    if rest:
+        sys.meta_path.insert(0, _Finder(rest))
+    if chain:
+        _chain_next_sitecustomize()
+
+
+if __name__ == "sitecustomize":
+    apply()
