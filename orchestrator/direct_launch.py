@@ -114,16 +114,24 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def preimport() -> None:
-    """What every rank would import anyway, imported once before the fork (see the module docstring).
+def preimport() -> str | None:
+    """What every rank would import anyway, imported once before the fork (see the module docstring);
+    returns why the ranks must not be forked after all, or None.
 
-    ``torch._dynamo``: every ``torch.optim`` optimizer imports it when built (~1 s here)."""
+    ``torch._dynamo``: every ``torch.optim`` optimizer imports it when built (~1 s here). A process
+    that has touched the CUDA driver must not fork ranks that use CUDA: torch's lazy init and
+    ``libcuda`` mapped are both looked for (the launcher asks NVML, not the driver, whether
+    CUDA is there: ``PYTORCH_NVML_BASED_CUDA_CHECK``)."""
     import torch
     import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    if torch.cuda.is_initialized():  # nothing above does; a fork would break CUDA in every rank
-        raise RuntimeError("CUDA was initialized before the ranks were forked")
+    if torch.cuda.is_initialized():
+        return "CUDA was initialized in the launcher"
+    with contextlib.suppress(OSError):
+        if "/libcuda.so" in Path("/proc/self/maps").read_text():
+            return "the CUDA driver was loaded in the launcher"
+    return None
 
 
 def say(line: str) -> None:
@@ -331,10 +339,21 @@ def _run_script(script: str) -> int:
 
         traceback.print_exc()
         return 128 + int(signal.SIGINT)
-    except BaseException:  # noqa: BLE001 (what Python prints for an uncaught exception)
-        sys.excepthook(*sys.exc_info())
+    except BaseException as error:  # noqa: BLE001 (what Python prints for an uncaught exception)
+        trimmed = _from_the_script(error.__traceback__)
+        sys.excepthook(type(error), error.with_traceback(trimmed), trimmed)
         return 1
     return 0
+
+
+def _from_the_script(tb: Any) -> Any:
+    """The traceback without this module's and runpy's frames, as ``python script.py`` shows it."""
+    while tb is not None and tb.tb_next is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name != __file__ and "runpy" not in name:
+            break
+        tb = tb.tb_next
+    return tb
 
 
 def _exit_code(code: object) -> int:

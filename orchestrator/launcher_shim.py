@@ -28,12 +28,21 @@ def _ignore(signum: int, frame: object) -> None:
     """A handler, not SIG_IGN: handlers are reset at exec, SIG_IGN would be inherited."""
 
 
+#: Makes torch ask NVML, not the CUDA driver, whether CUDA is there: ranks forked from this process
+#: cannot use a driver initialized in it (orchestrator.direct_launch). Never passed on to the ranks.
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
 def main() -> int:
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, _ignore)
+    nvml_added = NVML_CHECK not in os.environ
+    os.environ[NVML_CHECK] = os.environ.get(NVML_CHECK, "1")
     from accelerate.commands.accelerate_cli import main as accelerate_main
 
     if len(sys.argv) > 1:
+        if nvml_added:
+            os.environ.pop(NVML_CHECK)
         sys.argv = ["accelerate", *sys.argv[1:]]
         accelerate_main()
         return 0
@@ -50,7 +59,7 @@ def main() -> int:
     os.dup2(log, 2)
     os.environ.clear()
     os.environ.update(request["env"])
-    code = _direct_launch(request["argv"])
+    code = _direct_launch(request["argv"], NVML_CHECK not in os.environ)
     if code is not None:
         return code
     sys.argv = ["accelerate", *request["argv"]]
@@ -58,7 +67,7 @@ def main() -> int:
     return 0
 
 
-def _direct_launch(argv: list[str]) -> int | None:
+def _direct_launch(argv: list[str], nvml_added: bool) -> int | None:
     """``accelerate launch`` of DDP/FSDP with its ranks forked here (orchestrator.direct_launch); None
     where the launch must go through torchrun (then nothing was started)."""
     if argv[:1] != ["launch"]:
@@ -67,13 +76,18 @@ def _direct_launch(argv: list[str]) -> int | None:
 
     from orchestrator import direct_launch
 
+    os.environ.setdefault(NVML_CHECK, "1")
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
     reason = direct_launch.not_direct_reason(args, dict(os.environ))
+    envs = [] if reason else direct_launch.rank_environments(args)  # before torch._dynamo sets variables
+    if nvml_added:
+        os.environ.pop(NVML_CHECK)
+        for env in envs:
+            env.pop(NVML_CHECK, None)
+    reason = reason or direct_launch.preimport()
     if reason is not None:
         direct_launch.say(f"ranks started by torchrun ({reason})")
         return None
-    direct_launch.preimport()
-    envs = direct_launch.rank_environments(args)
     return direct_launch.run_ranks(args.training_script, list(args.training_script_args), envs, args.log_dir)
 
 

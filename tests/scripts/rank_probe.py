@@ -1,0 +1,61 @@
+"""What a rank sees and leaves behind, for the launcher tests (``--out DIR``).
+
+Every rank writes ``rank_<RANK>.json``: its whole environment, ``sys.argv``, ``sys.path[0]``,
+``__name__``, torch's thread count and the world as the process group reports it. Then, to show
+that the process ends as Python would end it: a file is left open with unflushed text, an
+``atexit`` function and a non-daemon thread each write a marker after ``main()`` has returned.
+``--exit-code N`` leaves with ``sys.exit(N)`` on every rank.
+"""
+
+import argparse
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--exit-code", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    rank = os.environ["RANK"]
+    dist.init_process_group("gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    seen = {
+        "env": dict(os.environ),
+        "argv": sys.argv,
+        "path0": sys.path[0],
+        "name": __name__,
+        "threads": torch.get_num_threads(),
+        "world": dist.get_world_size(),
+        "rank": dist.get_rank(),
+        "all_reduce": total.item(),
+    }
+    (out / f"rank_{rank}.json").write_text(json.dumps(seen))
+    print(f"probe rank {rank} of {dist.get_world_size()}", flush=True)
+    left_open = open(out / f"left_open_{rank}.txt", "w")  # noqa: SIM115 (left open on purpose)
+    left_open.write("written, never flushed by the script")
+    globals()["left_open"] = left_open
+    atexit.register(lambda: (out / f"atexit_{rank}.txt").write_text("ran"))
+
+    def late() -> None:
+        time.sleep(0.5)
+        (out / f"thread_{rank}.txt").write_text("joined")
+
+    threading.Thread(target=late).start()
+    dist.destroy_process_group()
+    if args.exit_code:
+        sys.exit(args.exit_code)
+
+
+if __name__ == "__main__":
+    main()

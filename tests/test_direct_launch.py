@@ -1,0 +1,125 @@
+"""The direct launcher (orchestrator/direct_launch.py): a node's ranks forked from the launcher.
+
+Real local jobs (the ``local`` profile: real ``accelerate``, real gloo process groups). What a
+rank sees must be what torchrun would have given it; output, exit codes and the end of a failed
+rank must be what torchrun made of them; and a rank must end as Python ends, without its teardown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.cli import REPO, job_and_run_dir, run_cli
+
+pytestmark = pytest.mark.slow
+
+PROBE = str(REPO / "tests" / "scripts" / "rank_probe.py")
+CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")
+#: Variables that differ by design between the two launchers, each for a stated reason.
+LAUNCHER_SPECIFIC = {
+    "TORCHELASTIC_USE_AGENT_STORE",  # no agent: rank 0 hosts the store (init_process_group's env://)
+    "TORCHELASTIC_ERROR_FILE",  # torchrun's @record error files; there is no agent to read them
+    "TORCHELASTIC_RUN_ID",  # torchrun: a random id per launch
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",  # torchrun's own signal list, left in its environment
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",  # torchrun sets it; the direct launcher too, with the same value
+    "ORCHESTRATOR_LAUNCHER",  # the profile key under test
+}
+
+
+def _profiles(tmp_path: Path, launcher: str) -> Path:
+    data = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
+    data["launcher"] = launcher
+    folder = tmp_path / f"profiles_{launcher}"
+    folder.mkdir()
+    (folder / "local.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+
+def _submit(orch_env: dict[str, str], profiles: Path, strategy: str, *script: str) -> tuple[int, str, Path]:
+    res = run_cli(
+        ["submit", "--profile", "local", "--profiles-dir", str(profiles), "--strategy", strategy]
+        + ["--nodes", "2", "--procs-per-node", "2", "--wait", "--", *script],
+        orch_env,
+        timeout=240,
+    )
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    return res.returncode, res.stdout + res.stderr, run_dir
+
+
+def _node_log(run_dir: Path, node: int) -> str:
+    return (run_dir / "logs" / "attempt_0" / f"node_{node}.log").read_text()
+
+
+def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """2 nodes x 2 ranks, FSDP, once per launcher: the same environment rank by rank, the same world."""
+    seen: dict[str, dict[str, dict]] = {}
+    for launcher in ("torchrun", "direct"):
+        out = tmp_path / f"out_{launcher}"
+        out.mkdir()
+        code, text, run_dir = _submit(
+            orch_env, _profiles(tmp_path, launcher), "full_shard", PROBE, "--out", str(out)
+        )
+        assert code == 0, text
+        seen[launcher] = {
+            p.stem: json.loads(p.read_text().replace(f"out_{launcher}", "out"))
+            for p in out.glob("rank_*.json")
+        }
+        assert sorted(seen[launcher]) == ["rank_0", "rank_1", "rank_2", "rank_3"], text
+        for rank in range(4):
+            (node, local) = divmod(rank, 2)
+            assert f"[default{local}]:probe rank {rank} of 4" in _node_log(run_dir, node)
+            # Ended as Python ends: non-daemon thread joined, atexit run, an open file flushed.
+            assert (out / f"thread_{rank}.txt").read_text() == "joined"
+            assert (out / f"atexit_{rank}.txt").read_text() == "ran"
+            assert (out / f"left_open_{rank}.txt").read_text() == "written, never flushed by the script"
+        if launcher == "direct":
+            log = _node_log(run_dir, 0)
+            assert "[orchestrator launch] started 2 rank(s) by fork" in log, log
+            assert (
+                (run_dir / "logs" / "attempt_0" / "node_1_ranks" / "rank_3.log")
+                .read_text()
+                .startswith("probe rank 3 of 4")
+            )
+    for name in seen["torchrun"]:
+        ours, theirs = seen["direct"][name], seen["torchrun"][name]
+        for key in ("argv", "path0", "name", "threads", "world", "rank", "all_reduce"):
+            assert ours[key] == theirs[key], (name, key, ours[key], theirs[key])
+        differ = {
+            k
+            for k in set(ours["env"]) | set(theirs["env"])
+            if ours["env"].get(k) != theirs["env"].get(k) and k not in LAUNCHER_SPECIFIC
+        }
+        # The run directory, job id and port are the job's own; everything else must be equal.
+        per_job = {
+            k
+            for k in differ
+            if k.startswith(("ORCHESTRATOR_", "SUBMITIT_", "WANDB_", "TENSORBOARD_", "MASTER_PORT"))
+        }
+        assert differ - per_job == set(), {k: (ours["env"].get(k), theirs["env"].get(k)) for k in differ}
+        assert ours["env"]["ACCELERATE_USE_FSDP"] == "true" and ours["env"]["FSDP_VERSION"] == "2"
+
+
+def test_a_failed_rank_ends_the_others_and_its_exit_code_is_the_nodes(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Rank 1 raises while the others wait in a collective: its node stops its peer at once and
+    reports rank 1's own exit code; the job fails with rank 1's error as the reason."""
+    code, text, run_dir = _submit(
+        orch_env, _profiles(tmp_path, "direct"), "ddp", CRASH, "--crash-rank", "1", "--error", "direct boom"
+    )
+    assert code != 0, text
+    log = _node_log(run_dir, 0)
+    # As Python prints it: the script's frames only ([rank1]: is torch.distributed's excepthook).
+    assert "[default1]:[rank1]: ValueError: direct boom (rank 1)" in log, log
+    assert "runpy" not in log and "direct_launch.py" not in log, log
+    assert (
+        "[orchestrator launch] rank 1 (local 1) exited with code 1: sending SIGTERM to 1 other rank(s)" in log
+    )
+    assert (run_dir / "logs" / "attempt_0" / "node_0.exit").read_text() == "1"
+    assert "direct boom (rank 1)" in text and "--node 0 --rank 1" in text, text
