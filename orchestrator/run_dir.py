@@ -40,7 +40,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         start.json                  what this attempt's training started from, written by rank 0 of a
                                     script with a checkpoint hook (train/, orchestrator.loop,
                                     orchestrator.hf): {"step", "checkpoint", "hook"}; absent: no hook
-        node_<N>_ranks/             torchrun's per-rank logs
+        node_<N>_ranks/             per-rank logs (rank_<R>.log; torchrun's layout)
         accelerate_config.node<N>.yaml  the node's rendered Accelerate config
         deepspeed_config.node<N>.json   DeepSpeed with gradient clipping off: the config file that yaml names
         main_ip                     node 0's address, when the profile names an interface
