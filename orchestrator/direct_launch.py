@@ -157,6 +157,8 @@ def run_ranks(script: str, script_args: list[str], envs: list[dict[str, str]], l
         rank = _Rank(local, int(env["RANK"]), pid, read_fd, _rank_log(log_dir, env["RANK"]))
         ranks[pid] = rank
         sel.register(read_fd, selectors.EVENT_READ, rank)
+    if log_dir:
+        _record_pids(Path(log_dir), ranks.values())
     say(
         f"started {len(envs)} rank(s) by fork: pids {' '.join(str(r.pid) for r in ranks.values())} "
         f"(ranks {envs[0]['RANK']}..{envs[-1]['RANK']} of {envs[0]['WORLD_SIZE']})"
@@ -164,6 +166,14 @@ def run_ranks(script: str, script_args: list[str], envs: list[dict[str, str]], l
     code = _supervise(ranks, sel)
     sel.close()
     return code
+
+
+def _record_pids(log_dir: Path, ranks: Any) -> None:
+    """For ``orchestrator stacks`` and the hang watchdog (see ``run_dir.rank_pids_file``)."""
+    from orchestrator.run_dir import rank_pids_file, write_json_atomic
+
+    record = {"launcher": os.getpid(), "ranks": {str(r.rank): r.pid for r in ranks}}
+    write_json_atomic(rank_pids_file(log_dir), record)
 
 
 class _Rank:
@@ -279,6 +289,7 @@ def _rank_main(script: str, script_args: list[str], env: dict[str, str], out_fd:
         )
         _reset_signals()
         _become(script, script_args, env)
+        _set_title(script, script_args)
         code = _run_script(script)
     except BaseException:  # noqa: BLE001 (anything before the script: report it, never return)
         import traceback
@@ -308,6 +319,26 @@ def _become(script: str, script_args: list[str], env: dict[str, str]) -> None:
 
         torch.set_num_threads(int(threads))
     _node_site(extra)
+
+
+def prepare_titles() -> None:
+    """Called by the launcher before it changes its environment: ``setproctitle`` finds the argv
+    area it may rewrite only while the environment still lies right after it, as exec left it."""
+    try:
+        from setproctitle import getproctitle
+    except ImportError:
+        return
+    getproctitle()
+
+
+def _set_title(script: str, script_args: list[str]) -> None:
+    """What ``ps`` shows (and ``pkill -f train.py`` matches): the rank's own command, not the
+    launcher's. ``setproctitle`` rewrites the process's argv area (it ships with the ``train`` extra)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(" ".join([sys.executable, "-u", script, *script_args]))
 
 
 def _node_site(pythonpath: list[str]) -> None:

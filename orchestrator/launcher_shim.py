@@ -7,7 +7,8 @@ so the workers torchrun starts keep their ordinary disposition (SIG_IGN would be
 silence them too).
 
 Prewarmed (:class:`orchestrator.launcher.PrewarmedLauncher`): started before the node knows its
-command, it imports accelerate (and with it torch, the longest serial step of a local launch)
+command, it imports ``accelerate launch``'s module (and with it torch, the longest serial step of
+a launch)
 while the node entry point renders the node's config; then it reads one JSON line on stdin
 ``{"argv", "env", "log"}``, takes that environment, sends its output to the node log and runs
 ``accelerate <argv>``. An empty line or EOF (the node decided not to launch) exits 0 at once.
@@ -36,15 +37,19 @@ NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 def main() -> int:
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, _ignore)
+    from orchestrator.direct_launch import prepare_titles
+
+    prepare_titles()
     nvml_added = NVML_CHECK not in os.environ
     os.environ[NVML_CHECK] = os.environ.get(NVML_CHECK, "1")
-    from accelerate.commands.accelerate_cli import main as accelerate_main
+    # accelerate launch's own module only: the whole CLI (accelerate_cli) also imports `estimate`
+    # and with it transformers, 0.7 s more before any rank can start (python -X importtime).
+    import accelerate.commands.launch  # noqa: F401
 
     if len(sys.argv) > 1:
         if nvml_added:
             os.environ.pop(NVML_CHECK)
-        sys.argv = ["accelerate", *sys.argv[1:]]
-        accelerate_main()
+        _accelerate(sys.argv[1:])
         return 0
     line = sys.stdin.readline()
     if not line.strip():
@@ -62,9 +67,21 @@ def main() -> int:
     code = _direct_launch(request["argv"], NVML_CHECK not in os.environ)
     if code is not None:
         return code
-    sys.argv = ["accelerate", *request["argv"]]
-    accelerate_main()
+    _accelerate(request["argv"])
     return 0
+
+
+def _accelerate(argv: list[str]) -> None:
+    """``accelerate <argv>``: ``launch`` straight through its own module, anything else via the CLI."""
+    sys.argv = ["accelerate", *argv]
+    if argv[:1] == ["launch"]:
+        from accelerate.commands.launch import launch_command, launch_command_parser
+
+        launch_command(launch_command_parser().parse_args(argv[1:]))
+        return
+    from accelerate.commands.accelerate_cli import main as accelerate_main
+
+    accelerate_main()
 
 
 def _direct_launch(argv: list[str], nvml_added: bool) -> int | None:

@@ -40,7 +40,8 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         start.json                  what this attempt's training started from, written by rank 0 of a
                                     script with a checkpoint hook (train/, orchestrator.loop,
                                     orchestrator.hf): {"step", "checkpoint", "hook"}; absent: no hook
-        node_<N>_ranks/             per-rank logs (rank_<R>.log; torchrun's layout)
+        node_<N>_ranks/             per-rank logs (rank_<R>.log; torchrun's layout under launcher: torchrun)
+          rank_pids.json            forked ranks (launcher: direct): {"launcher": pid, "ranks": {R: pid}}
         accelerate_config.node<N>.yaml  the node's rendered Accelerate config
         deepspeed_config.node<N>.json   DeepSpeed with gradient clipping off: the config file that yaml names
         main_ip                     node 0's address, when the profile names an interface
@@ -109,6 +110,7 @@ LOGS_DIR = "logs"
 MAIN_IP_FILE = "main_ip"
 ATTEMPT_START_FILE = "start.json"
 HEARTBEAT_DIR = "heartbeat"
+RANK_PIDS_FILE = "rank_pids.json"
 HANG_DIR = "hang"
 HANG_REPORT_FILE = "hang.json"
 PREFLIGHT_DIR = "preflight"
@@ -128,6 +130,7 @@ _ATTEMPT_RE = re.compile(r"^attempt_(\d+)$")
 _ATTEMPT_PLAN_RE = re.compile(r"^job\.attempt_(\d+)\.json$")
 NODE_LOG_RE = re.compile(r"^node_(\d+)\.log$")
 NODE_EXIT_RE = re.compile(r"^node_(\d+)\.exit$")
+NODE_RANKS_RE = re.compile(r"^node_(\d+)_ranks$")
 
 
 # ---------------------------------------------------------------------------- JSON files
@@ -308,6 +311,12 @@ def node_pid_file(attempt_path: Path, node: int) -> Path:
 
 def node_ranks_dir(attempt_path: Path, node: int) -> Path:
     return Path(attempt_path) / f"node_{node}_ranks"
+
+
+def rank_pids_file(ranks_dir: Path) -> Path:
+    """Where the direct launcher names its ranks' pids: a forked rank's ``/proc/<pid>/environ`` is
+    still its launcher's, so it cannot be found by its ``RANK`` as torchrun's workers are."""
+    return Path(ranks_dir) / RANK_PIDS_FILE
 
 
 def heartbeat_dir(attempt_path: Path) -> Path:

@@ -3,8 +3,9 @@
 Used by the hang watchdog (:mod:`orchestrator.watchdog`, from the batch step) and by
 ``orchestrator stacks JOB`` (from the login host). Both run this module once per node inside the
 job's allocation (``srun --overlap``): a rank's memory can only be read on its own node. The node
-side finds the training processes of the run by their environment (``ORCHESTRATOR_RUN_DIR``,
-``ORCHESTRATOR_ATTEMPT`` and torchrun's ``RANK``), so scripts without heartbeats are covered too,
+side finds the training processes of the run from the pids the direct launcher recorded, or (torchrun)
+by their environment (``ORCHESTRATOR_RUN_DIR``, ``ORCHESTRATOR_ATTEMPT`` and torchrun's ``RANK``),
+so scripts without heartbeats are covered too,
 writes ``rank_<R>.txt`` and prints one JSON line per rank for the caller.
 
 py-spy reads the process from outside, so a rank that is stopped, or stuck in C++ inside a
@@ -55,7 +56,9 @@ def rank_processes(run_dir: str, attempt: int) -> dict[int, Any]:
         own_uts = os.readlink("/proc/self/ns/uts")
     except OSError:
         own_uts = ""
-    found: dict[int, Any] = {}
+    found = _forked_ranks(run_dir, attempt, own_uts)
+    if found:
+        return found
     wanted = os.path.realpath(run_dir)
     for proc in psutil.process_iter():
         try:
@@ -77,6 +80,40 @@ def rank_processes(run_dir: str, attempt: int) -> dict[int, Any]:
         # A worker's own children (data loader workers, compile helpers) inherit RANK: keep the eldest.
         if rank not in found or proc.create_time() < found[rank][0].create_time():
             found[rank] = (proc, int(env.get("ORCHESTRATOR_NODE_RANK", "-1") or -1))
+    return found
+
+
+def _forked_ranks(run_dir: str, attempt: int, own_uts: str) -> dict[int, Any]:
+    """Ranks the direct launcher forked on this node, from the pids it recorded (their
+    ``/proc/<pid>/environ`` is the launcher's): alive, in this node's namespace, its children."""
+    import json
+
+    import psutil
+
+    from orchestrator.run_dir import NODE_RANKS_RE, attempt_dir, rank_pids_file
+
+    found: dict[int, Any] = {}
+    folder = attempt_dir(Path(run_dir), attempt)
+    try:
+        entries = [e for e in os.scandir(folder) if NODE_RANKS_RE.match(e.name)]
+    except OSError:
+        return found
+    for entry in entries:
+        node = int(NODE_RANKS_RE.match(entry.name).group(1))  # type: ignore[union-attr]
+        try:
+            record = json.loads(rank_pids_file(Path(entry.path)).read_text())
+        except (OSError, ValueError):
+            continue
+        for rank, pid in record.get("ranks", {}).items():
+            try:
+                proc = psutil.Process(int(pid))
+                if proc.ppid() != int(record["launcher"]):
+                    continue  # gone, and the pid reused
+                if own_uts and os.readlink(f"/proc/{pid}/ns/uts") != own_uts:
+                    continue
+            except (psutil.Error, OSError, ValueError, KeyError):
+                continue
+            found[int(rank)] = (proc, node)
     return found
 
 

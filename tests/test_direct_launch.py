@@ -81,6 +81,12 @@ def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
         if launcher == "direct":
             log = _node_log(run_dir, 0)
             assert "[orchestrator launch] started 2 rank(s) by fork" in log, log
+            # ps shows the rank's own command; orchestrator stacks finds the ranks by these pids.
+            assert all("rank_probe.py --out" in r["cmdline"] for r in seen[launcher].values())
+            pids = json.loads(
+                (run_dir / "logs" / "attempt_0" / "node_1_ranks" / "rank_pids.json").read_text()
+            )
+            assert sorted(pids["ranks"]) == ["2", "3"] and pids["launcher"] not in pids["ranks"].values()
             assert (
                 (run_dir / "logs" / "attempt_0" / "node_1_ranks" / "rank_3.log")
                 .read_text()

@@ -81,7 +81,8 @@ def test_the_node_entry_relays_a_stop_signal_to_every_worker(slurm_cluster: dict
         launcher = int((run_dir / "logs" / "attempt_0" / "node_0.pid").read_text())
         node_entry = psutil.Process(launcher).parent()
         assert node_entry is not None and "submitit.core._submit" in " ".join(node_entry.cmdline())
-        workers = [p for p in psutil.Process(launcher).children(recursive=True) if TRAIN in p.cmdline()]
+        # The launcher's own children (ranks forked by the direct launcher show the script's command).
+        workers = [p for p in psutil.Process(launcher).children() if TRAIN in " ".join(p.cmdline())]
         assert len(workers) == 2
         os.kill(node_entry.pid, signal.SIGUSR2)
         state = sacct_state(job_id, timeout=180)
@@ -92,7 +93,7 @@ def test_the_node_entry_relays_a_stop_signal_to_every_worker(slurm_cluster: dict
     assert "relayed SIGUSR2 to 2 process(es)" in node_log and "exit=75" in node_log
     heard = {
         rank
-        for path in (run_dir / "logs" / "attempt_0" / "node_0_ranks").glob("*/attempt_0/*/stderr.log")
+        for path in (run_dir / "logs" / "attempt_0" / "node_0_ranks").glob("rank_*.log")
         for rank in ("0", "1")
         if f"[rank {rank}] received SIGUSR2" in path.read_text()
     }

@@ -63,7 +63,7 @@ def _node_training_pids(node: str) -> list[int]:
             cmd = psutil.Process(pid).cmdline()
         except psutil.NoSuchProcess:
             continue
-        if any(part.endswith("train.py") for part in cmd):
+        if "train.py" in " ".join(cmd):  # a forked rank's title is one string (setproctitle)
             pids.append(pid)
     return pids
 

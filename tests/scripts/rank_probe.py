@@ -39,6 +39,7 @@ def main() -> None:
         "world": dist.get_world_size(),
         "rank": dist.get_rank(),
         "all_reduce": total.item(),
+        "cmdline": Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode().strip(),
     }
     (out / f"rank_{rank}.json").write_text(json.dumps(seen))
     print(f"probe rank {rank} of {dist.get_world_size()}", flush=True)
