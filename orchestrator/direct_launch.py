@@ -313,22 +313,36 @@ def _become(script: str, script_args: list[str], env: dict[str, str]) -> None:
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     rest = [p for p in sys.path[1:] if p not in extra]
     sys.path[:] = [str(Path(script).resolve().parent), *extra, *rest]
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch  # imported already (the OpenMP runtime read its variables in the parent)
+    import torch  # imported already
 
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # the OpenMP runtime read it when the parent loaded it
         torch.set_num_threads(int(threads))
+    # A fresh interpreter seeds torch's and numpy's global generators from the OS; forked, every rank
+    # would share the launcher's (Python's random reseeds itself after a fork).
+    torch.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
     _node_site(extra)
 
 
 def prepare_titles() -> None:
-    """Called by the launcher before it changes its environment: ``setproctitle`` finds the argv
-    area it may rewrite only while the environment still lies right after it, as exec left it."""
+    """Called by the launcher before it changes its environment. ``setproctitle`` is told to rewrite
+    only the argv area (``SPT_NOENV``): otherwise it spills into the environment area, and
+    ``/proc/<pid>/environ`` (``SLURM_JOB_ID`` and the rest, which tools read) becomes the title. The
+    prewarmed launcher's argv has room for a title (``launcher_shim.TITLE_ROOM``)."""
     try:
         from setproctitle import getproctitle
     except ImportError:
         return
-    getproctitle()
+    had = os.environ.get("SPT_NOENV")
+    os.environ["SPT_NOENV"] = "1"
+    try:
+        getproctitle()
+    finally:
+        if had is None:
+            os.environ.pop("SPT_NOENV", None)
 
 
 def _set_title(script: str, script_args: list[str]) -> None:

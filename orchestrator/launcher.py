@@ -34,8 +34,12 @@ class PrewarmedLauncher:
 
         if importlib.util.find_spec("accelerate") is None:
             return  # the plain ``accelerate`` command is used then (launcher_argv)
+        from orchestrator.launcher_shim import PREWARMED_ARG, TITLE_ROOM
+
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", SHIM_MODULE], stdin=subprocess.PIPE, start_new_session=True
+            [sys.executable, "-m", SHIM_MODULE, PREWARMED_ARG, " " * TITLE_ROOM],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
         )
 
     def hand_off(

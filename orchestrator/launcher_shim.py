@@ -14,7 +14,8 @@ while the node entry point renders the node's config; then it reads one JSON lin
 ``accelerate <argv>``. An empty line or EOF (the node decided not to launch) exits 0 at once.
 A DDP or FSDP launch does not go to torchrun: its ranks are forked here, from this interpreter's
 imports (:mod:`orchestrator.direct_launch`; profile ``launcher: torchrun`` turns that off).
-Given arguments instead (``python -m orchestrator.launcher_shim launch ...``), it runs them at once.
+Its arguments are then ``--prewarmed`` and room for a rank's process title. Given other arguments
+instead (``python -m orchestrator.launcher_shim launch ...``), it runs them at once.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def _ignore(signum: int, frame: object) -> None:
     """A handler, not SIG_IGN: handlers are reset at exec, SIG_IGN would be inherited."""
 
 
+#: First argument of the prewarmed launcher; the second is TITLE_ROOM blanks, the argv area a rank
+#: forked from it rewrites to show its own command (orchestrator.direct_launch._set_title).
+PREWARMED_ARG = "--prewarmed"
+TITLE_ROOM = 2048
 #: Makes torch ask NVML, not the CUDA driver, whether CUDA is there: ranks forked from this process
 #: cannot use a driver initialized in it (orchestrator.direct_launch). Never passed on to the ranks.
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -46,7 +51,7 @@ def main() -> int:
     # and with it transformers, 0.7 s more before any rank can start (python -X importtime).
     import accelerate.commands.launch  # noqa: F401
 
-    if len(sys.argv) > 1:
+    if len(sys.argv) > 1 and sys.argv[1] != PREWARMED_ARG:
         if nvml_added:
             os.environ.pop(NVML_CHECK)
         _accelerate(sys.argv[1:])

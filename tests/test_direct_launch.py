@@ -83,6 +83,8 @@ def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
             assert "[orchestrator launch] started 2 rank(s) by fork" in log, log
             # ps shows the rank's own command; orchestrator stacks finds the ranks by these pids.
             assert all("rank_probe.py --out" in r["cmdline"] for r in seen[launcher].values())
+            # ... without overwriting /proc/<pid>/environ, which tools read (SLURM_JOB_ID).
+            assert all(r["environ_area"] for r in seen[launcher].values())
             pids = json.loads(
                 (run_dir / "logs" / "attempt_0" / "node_1_ranks" / "rank_pids.json").read_text()
             )
@@ -92,9 +94,12 @@ def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
                 .read_text()
                 .startswith("probe rank 3 of 4")
             )
+    for launcher, ranks in seen.items():  # every rank's own torch and numpy seed, as a fresh process has
+        assert len({json.dumps(r["seeds"][0]) for r in ranks.values()}) == 4, launcher
+        assert len({json.dumps(r["seeds"][1]) for r in ranks.values()}) == 4, launcher
     for name in seen["torchrun"]:
         ours, theirs = seen["direct"][name], seen["torchrun"][name]
-        for key in ("argv", "path0", "name", "threads", "world", "rank", "all_reduce"):
+        for key in ("argv", "path0", "name", "threads", "world", "rank", "all_reduce"):  # not seeds, cmdline
             assert ours[key] == theirs[key], (name, key, ours[key], theirs[key])
         differ = {
             k
