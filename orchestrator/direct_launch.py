@@ -42,6 +42,8 @@ from typing import Any
 LAUNCHER_ENV = "ORCHESTRATOR_LAUNCHER"
 #: Seconds the other ranks get to leave after one failed, before SIGKILL (torchrun: 30).
 STOP_GRACE_S = 30.0
+#: Seconds the ranks' output may still arrive after the last rank exited (from processes they left).
+DRAIN_S = 5.0
 #: Signals the parent (the launcher) lives through; the node entry relays them to the ranks.
 PARENT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -194,7 +196,9 @@ class _Rank:
             out.write(b"".join(self.prefix + line + b"\n" for line in lines))
             out.flush()
 
-    def close(self, out: Any) -> None:
+    def close(self, out: Any, sel: selectors.BaseSelector) -> None:
+        sel.unregister(self.fd)
+        os.close(self.fd)
         if self.partial:
             out.write(self.prefix + self.partial + b"\n")
             out.flush()
@@ -216,6 +220,7 @@ def _supervise(ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> int:
     out = sys.stdout.buffer
     first_failure: _Rank | None = None
     kill_at: float | None = None
+    drain_until: float | None = None
     while any(r.code is None for r in ranks.values()) or any(r.open for r in ranks.values()):
         for key, _ in sel.select(timeout=0.1):
             rank: _Rank = key.data
@@ -226,9 +231,7 @@ def _supervise(ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> int:
             if data:
                 rank.relay(data, out)
             else:
-                sel.unregister(rank.fd)
-                os.close(rank.fd)
-                rank.close(out)
+                rank.close(out, sel)
         for rank in ranks.values():
             if rank.code is None:
                 rank.code = _poll_exit(rank.pid)
@@ -243,6 +246,12 @@ def _supervise(ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> int:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(other.pid, signal.SIGTERM)
                     kill_at = time.monotonic() + STOP_GRACE_S
+        if drain_until is None and all(r.code is not None for r in ranks.values()):
+            drain_until = time.monotonic() + DRAIN_S
+        if drain_until is not None and time.monotonic() > drain_until:
+            for rank in ranks.values():  # a process the rank left behind holds its pipe
+                if rank.open:
+                    rank.close(out, sel)
         if kill_at is not None and time.monotonic() > kill_at:
             for other in ranks.values():
                 if other.code is None:

@@ -7,7 +7,10 @@ rank must be what torchrun made of them; and a rank must end as Python ends, wit
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -39,12 +42,19 @@ def _profiles(tmp_path: Path, launcher: str) -> Path:
     return folder
 
 
-def _submit(orch_env: dict[str, str], profiles: Path, strategy: str, *script: str) -> tuple[int, str, Path]:
+def _submit(
+    orch_env: dict[str, str],
+    profiles: Path,
+    strategy: str,
+    *script: str,
+    nodes: int = 2,
+    timeout: float = 240,
+) -> tuple[int, str, Path]:
     res = run_cli(
         ["submit", "--profile", "local", "--profiles-dir", str(profiles), "--strategy", strategy]
-        + ["--nodes", "2", "--procs-per-node", "2", "--wait", "--", *script],
+        + ["--nodes", str(nodes), "--procs-per-node", "2", "--wait", "--", *script],
         orch_env,
-        timeout=240,
+        timeout=timeout,
     )
     job_id, run_dir = job_and_run_dir(res.stdout)
     return res.returncode, res.stdout + res.stderr, run_dir
@@ -134,3 +144,23 @@ def test_a_failed_rank_ends_the_others_and_its_exit_code_is_the_nodes(
     )
     assert (run_dir / "logs" / "attempt_0" / "node_0.exit").read_text() == "1"
     assert "direct boom (rank 1)" in text and "--node 0 --rank 1" in text, text
+
+
+def test_a_process_left_behind_does_not_keep_the_node_running(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Rank 0 leaves a ``sleep 600`` that holds its stdout: the node still ends once its ranks have
+    (the launcher stops reading their output a few seconds later), not when that process does."""
+    out = tmp_path / "out"
+    out.mkdir()
+    try:
+        code, text, run_dir = _submit(
+            orch_env, _profiles(tmp_path, "direct"), "ddp", PROBE, "--out", str(out), "--leave-child",
+            nodes=1, timeout=120,
+        )  # fmt: skip
+        assert code == 0, text
+        assert "node_rank=0 exit=0" in _node_log(run_dir, 0)
+    finally:
+        if (out / "child.pid").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int((out / "child.pid").read_text()), signal.SIGKILL)

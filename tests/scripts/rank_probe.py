@@ -4,13 +4,15 @@ Every rank writes ``rank_<RANK>.json``: its whole environment, ``sys.argv``, ``s
 ``__name__``, torch's thread count and the world as the process group reports it. Then, to show
 that the process ends as Python would end it: a file is left open with unflushed text, an
 ``atexit`` function and a non-daemon thread each write a marker after ``main()`` has returned.
-``--exit-code N`` leaves with ``sys.exit(N)`` on every rank.
+``--exit-code N`` leaves with ``sys.exit(N)`` on every rank. ``--leave-child``: rank 0 leaves a
+process behind that holds its stdout (``sleep 600``; its pid in ``child.pid``).
 """
 
 import argparse
 import atexit
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--exit-code", type=int, default=0)
+    parser.add_argument("--leave-child", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
     rank = os.environ["RANK"]
@@ -57,6 +60,9 @@ def main() -> None:
 
     threading.Thread(target=late).start()
     dist.destroy_process_group()
+    if args.leave_child and rank == "0":
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stdout: inherited
+        (out / "child.pid").write_text(str(child.pid))
     if args.exit_code:
         sys.exit(args.exit_code)
 
