@@ -891,7 +891,7 @@ def main() -> int:
         if "nodes" in parts:
             from bench_nodes import bench_nodes
 
-            item("nodes", lambda: bench_nodes(tmp / "nodes", 2 if q else 3, log))
+            item("nodes", lambda: bench_nodes(tmp / "nodes", 2 if q else 3, log, out / "launch_vs_nodes.png"))
         if "requeue" in parts:
             from bench_requeue import bench_requeue
 
