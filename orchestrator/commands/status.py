@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from orchestrator.attempt_start import NO_HOOK, describe_newest_start
@@ -24,7 +23,7 @@ from orchestrator.dependencies import PREFIXES as DEPENDENCY_PREFIXES
 from orchestrator.dependencies import explain as explain_dependency
 from orchestrator.errors import UserError
 from orchestrator.job_states import JobState, normalize_slurm_state
-from orchestrator.liveness import liveness, liveness_lines
+from orchestrator.liveness import liveness_lines
 from orchestrator.registry import JobRecord, Registry
 from orchestrator.run_summary import RunSummary
 from orchestrator.scheduler_query import QueryResult, refresh_states
@@ -115,7 +114,8 @@ def _row(
     result: QueryResult,
     summary: RunSummary,
     attempts_recorded: int,
-    successor: JobRecord | None = None,
+    successor: JobRecord | None,
+    cache: SummaryCache,
 ) -> StatusRow:
     st = result.states.get(job.job_id)
     own_state = st.state if st else job.last_state
@@ -172,7 +172,7 @@ def _row(
         continued_as=successor.job_id if successor is not None else None,
         run_state=run_state,
         started_from=started_from,
-        liveness=None if own_state.is_terminal() else liveness(Path(job.run_dir)),
+        liveness=None if own_state.is_terminal() else cache.liveness(job.run_dir),
     )
     return row
 
@@ -227,6 +227,7 @@ def collect_status(
             cache.summarize(j.run_dir),
             counts.get(j.job_id, 0),
             by_id.get(successor_ids.get(j.job_id, "")),
+            cache,
         )
         for j in jobs
     ]
