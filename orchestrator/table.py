@@ -6,6 +6,7 @@ import json
 import json.encoder
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
+from operator import countOf
 from typing import Any
 
 
@@ -68,11 +69,13 @@ _SCALARS_OR_LIST = _SCALARS | {list}
 def _flat(obj: dict[str, Any]) -> bool:
     """Values all scalars or empty lists (``corrupt_checkpoints: []`` in every status row): the C
     encoder writes ``[]`` exactly as ``indent=2`` does, so such a mapping is still one C call. The
-    type checks run at C speed; only a row holding a list looks at the lists themselves."""
-    types = set(map(type, obj.values()))
+    checks run at C speed: with only scalars and lists, the lists are all empty when as many values
+    are lists as equal ``[]`` (no scalar does)."""
+    values = obj.values()
+    types = set(map(type, values))
     if types <= _SCALARS:
         return True
-    return types <= _SCALARS_OR_LIST and not any(v for v in obj.values() if type(v) is list)
+    return types <= _SCALARS_OR_LIST and countOf(map(type, values), list) == countOf(values, [])
 
 
 def _flat_rows(rows: Sequence[dict[str, Any]], level: int) -> str:
@@ -87,6 +90,65 @@ def _flat_rows(rows: Sequence[dict[str, Any]], level: int) -> str:
     text = _flat_encoder(level + 2)(rows)
     body = text[2:-2].replace("}," + item_pad + "{", row_pad + "}," + row_pad + "{" + item_pad)
     return "[" + row_pad + "{" + item_pad + body + row_pad + "}" + "\n" + "  " * level + "]"
+
+
+#: Stands in for a row's mapping values while the rows are encoded in one piece (a string no real
+#: value is expected to hold; if one does, the count of its occurrences tells and the slower route
+#: is taken).
+_HOLE = "\x00orchestrator.table hole\x00"
+_HOLE_JSON = encode_basestring_ascii(_HOLE)
+
+
+def _rows_with_mappings(rows: Sequence[dict[str, Any]], level: int) -> str | None:
+    """A list of non-empty mappings some of whose values are lists or mappings (``status --json``'s
+    rows: ``corrupt_checkpoints`` and ``liveness``) in a few C encoder calls, not several per row.
+
+    Each value that is not a scalar is replaced by :data:`_HOLE`, the rows are written by
+    :func:`_flat_rows`, the values that are non-empty flat mappings are written in one list (split at
+    their boundaries as :func:`_flat_rows` does), any other value on its own, and each goes back
+    into its hole, in order. Rows alike in their keys (all of status's) find their holes where the
+    last such row had them, and one type check of the row says no other value needs one. None when
+    a real value holds :data:`_HOLE`."""
+    values: list[Any] = []
+    holed = []
+    keys: list[str] = []
+    at: list[str] = []  # the keys that held a hole in the last row with these keys, in their order
+    for row in rows:
+        if list(row) != keys:
+            keys = list(row)
+            at = [k for k, v in row.items() if type(v) not in _SCALARS]
+        copy = row.copy()
+        for key in at:
+            if type(copy[key]) not in _SCALARS:
+                values.append(copy[key])
+                copy[key] = _HOLE
+        if not _SCALARS.issuperset(map(type, copy.values())):  # another key needs a hole here
+            del values[len(values) - sum(copy[k] is _HOLE for k in at) :]
+            at = [k for k, v in row.items() if type(v) not in _SCALARS]
+            copy = row.copy()
+            for key in at:
+                values.append(copy[key])
+                copy[key] = _HOLE
+        holed.append(copy)
+    pieces = _flat_rows(holed, level).split(_HOLE_JSON)
+    if len(pieces) != len(values) + 1:
+        return None
+    pad, inner = "\n" + "  " * (level + 2), "\n" + "  " * (level + 3)
+    is_flat = [type(v) is dict and v and _STR.issuperset(map(type, v)) and _flat(v) for v in values]
+    flat = [v for v, f in zip(values, is_flat, strict=True) if f]
+    # A boundary between two flat mappings is the only place "}," can meet the separator.
+    texts = _flat_encoder(level + 3)(flat)[2:-2].split("}," + inner + "{") if flat else []
+    if len(texts) != len(flat):
+        return None
+    filled = iter(texts)
+    out = [pieces[0]]
+    for value, f, piece in zip(values, is_flat, pieces[1:], strict=True):
+        if f:
+            out.append("{" + inner + next(filled) + pad + "}")
+        else:
+            out.append("[]" if type(value) is list and not value else _dumps(value, level + 2))
+        out.append(piece)
+    return "".join(out)
 
 
 def _chunked_items(obj: dict[str, Any], level: int) -> list[str]:
@@ -121,8 +183,10 @@ def _dumps(obj: Any, level: int) -> str:
             return "{" + pad + "  " + _flat_encoder(level + 1)(obj)[1:-1] + pad + "}"
         return "{" + ",".join(_chunked_items(obj, level)) + pad + "}"
     if isinstance(obj, (list, tuple)) and obj:
-        if all(type(v) is dict and v and _STR.issuperset(v) and _flat(v) for v in obj):
-            return _flat_rows(obj, level)
+        if all(type(v) is dict and v and _STR.issuperset(map(type, v)) for v in obj):
+            text = _rows_with_mappings(obj, level)
+            if text is not None:
+                return text
         return "[" + ",".join(pad + "  " + _dumps(v, level + 1) for v in obj) + pad + "]"
     # Scalars, empty containers and anything unusual (non-str keys): the json module itself.
     # JSON text holds no raw newline, so re-indenting its lines is exact.
