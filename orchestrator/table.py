@@ -62,6 +62,7 @@ def _flat_encoder(level: int) -> Callable[[Any], str]:
 
 
 _STR = frozenset({str})
+_DICT = {dict}
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _SCALARS_OR_LIST = _SCALARS | {list}
 
@@ -78,18 +79,23 @@ def _flat(obj: dict[str, Any]) -> bool:
     return types <= _SCALARS_OR_LIST and countOf(map(type, values), list) == countOf(values, [])
 
 
-def _flat_rows(rows: Sequence[dict[str, Any]], level: int) -> str:
-    """A list of non-empty flat mappings (``status --json``'s jobs) in one C encoder call.
+def _reindent_rows(pieces: list[str], level: int) -> list[str]:
+    """The pieces (split where values go back in) of a list of non-empty mappings written by the C
+    encoder at ``level + 2``, re-indented as the rows of a list at ``level``.
 
     Encoded with the rows' own item separator, the list comes out as ``[{...},<sep>{...}]``; the
     row boundaries are then re-indented by plain replacement. That is exact because a real newline
     only ever comes from a separator (inside strings JSON writes ``\\n``), and with scalar values
-    only ``},<newline>`` followed by the row indent and ``{`` is a row boundary.
+    only ``},<newline>`` followed by the row indent and ``{`` is a row boundary. Piece by piece (a
+    boundary never straddles a hole, which is a value inside a row), so the text is copied once
+    here, not once per concatenation of the whole.
     """
     row_pad, item_pad = "\n" + "  " * (level + 1), "\n" + "  " * (level + 2)
-    text = _flat_encoder(level + 2)(rows)
-    body = text[2:-2].replace("}," + item_pad + "{", row_pad + "}," + row_pad + "{" + item_pad)
-    return "[" + row_pad + "{" + item_pad + body + row_pad + "}" + "\n" + "  " * level + "]"
+    old, new = "}," + item_pad + "{", row_pad + "}," + row_pad + "{" + item_pad
+    pieces = [p.replace(old, new) for p in pieces]
+    pieces[0] = "[" + row_pad + "{" + item_pad + pieces[0][2:]
+    pieces[-1] = pieces[-1][:-2] + row_pad + "}" + "\n" + "  " * level + "]"
+    return pieces
 
 
 #: Stands in for a row's mapping values while the rows are encoded in one piece (a string no real
@@ -103,19 +109,21 @@ def _rows_with_mappings(rows: Sequence[dict[str, Any]], level: int) -> str | Non
     """A list of non-empty mappings some of whose values are lists or mappings (``status --json``'s
     rows: ``corrupt_checkpoints`` and ``liveness``) in a few C encoder calls, not several per row.
 
-    Each value that is not a scalar is replaced by :data:`_HOLE`, the rows are written by
-    :func:`_flat_rows`, the values that are non-empty flat mappings are written in one list (split at
-    their boundaries as :func:`_flat_rows` does), any other value on its own, and each goes back
-    into its hole, in order. Rows alike in their keys (all of status's) find their holes where the
-    last such row had them, and one type check of the row says no other value needs one. None when
-    a real value holds :data:`_HOLE`."""
+    Each value that is not a scalar is replaced by :data:`_HOLE`, the rows are written in one C
+    encoder call (:func:`_reindent_rows`), the values that are non-empty flat mappings in one more
+    (split at their boundaries as the rows are), any other value on its own, and each goes back into
+    its hole, in order. Rows alike in their keys (all of status's) find their holes where the last
+    such row had them, and one type check of the row says no other value needs one. None (the
+    general route) when a key is not a string or a real value holds :data:`_HOLE`."""
     values: list[Any] = []
     holed = []
     keys: list[str] = []
     at: list[str] = []  # the keys that held a hole in the last row with these keys, in their order
     for row in rows:
-        if list(row) != keys:
+        if list(row) != keys:  # checked once per run of rows with the same keys: all strings
             keys = list(row)
+            if not _STR.issuperset(map(type, keys)):
+                return None
             at = [k for k, v in row.items() if type(v) not in _SCALARS]
         copy = row.copy()
         for key in at:
@@ -130,9 +138,13 @@ def _rows_with_mappings(rows: Sequence[dict[str, Any]], level: int) -> str | Non
                 values.append(copy[key])
                 copy[key] = _HOLE
         holed.append(copy)
-    pieces = _flat_rows(holed, level).split(_HOLE_JSON)
+    text = _flat_encoder(level + 2)(holed)
+    pieces = text.split(_HOLE_JSON) if values else [text]
     if len(pieces) != len(values) + 1:
         return None
+    pieces = _reindent_rows(pieces, level)
+    if not values:
+        return pieces[0]
     pad, inner = "\n" + "  " * (level + 2), "\n" + "  " * (level + 3)
     is_flat = [type(v) is dict and v and _STR.issuperset(map(type, v)) and _flat(v) for v in values]
     flat = [v for v, f in zip(values, is_flat, strict=True) if f]
@@ -183,7 +195,7 @@ def _dumps(obj: Any, level: int) -> str:
             return "{" + pad + "  " + _flat_encoder(level + 1)(obj)[1:-1] + pad + "}"
         return "{" + ",".join(_chunked_items(obj, level)) + pad + "}"
     if isinstance(obj, (list, tuple)) and obj:
-        if all(type(v) is dict and v and _STR.issuperset(map(type, v)) for v in obj):
+        if set(map(type, obj)) == _DICT and all(obj):  # non-empty mappings (their keys: below)
             text = _rows_with_mappings(obj, level)
             if text is not None:
                 return text

@@ -209,11 +209,19 @@ def collect_status(
     extra = registry.get_many(dict.fromkeys(s for s in successor_ids.values() if s not in asked))
     by_id = {j.job_id: j for j in (*jobs, *extra)}
     result = refresh_states(registry, [*jobs, *extra], timeout_s=timeout_s)
-    from orchestrator.failure_report import record_explanations
+    fresh = {k: st.state.value for k, st in result.states.items() if not st.stale}
+    # Only a job that has ended and has no account yet can be explained (the failure report's reader
+    # and its regexes are not imported for a thousand running jobs).
+    unexplained = [
+        j
+        for j in jobs
+        if not j.end_reason and j.job_id in fresh and result.states[j.job_id].state.is_terminal()
+    ]
+    explained: dict[str, str] = {}
+    if unexplained:
+        from orchestrator.failure_report import record_explanations
 
-    explained = record_explanations(
-        registry, jobs, {k: st.state.value for k, st in result.states.items() if not st.stale}
-    )
+        explained = record_explanations(registry, unexplained, fresh)
     if explained:
         jobs = [replace(j, end_reason=explained[j.job_id]) if j.job_id in explained else j for j in jobs]
     counts = registry.attempt_counts([j.job_id for j in jobs])
