@@ -251,6 +251,8 @@ def _checkpoint_still(run_dir: str, ckpt: list[Any]) -> bool:
     newer, marker, files = ckpt
     prefix = run_dir if run_dir.endswith("/") else run_dir + "/"
     for folder, key in newer:
+        if not key and not os.access(prefix + folder, os.F_OK):
+            continue  # still missing (CORRUPT.json, as a rule): no stat result, no exception to make
         if _stat_key(prefix + folder)[0] != key:
             return False
     if marker is not None and _stat_key(prefix + marker[0])[0] != marker[1]:
