@@ -83,6 +83,10 @@ class SummaryCache:
     ``stat`` calls; any difference, or a fingerprint too recent to trust (:data:`RACY_S`), means a
     fresh ``summarize``. The file is only a cache: unreadable or foreign content is ignored, writes
     are atomic, and concurrent writers at worst drop each other's new entries.
+
+    The same file keeps, per run, which files a running job's liveness is read from (the newest
+    attempt, its node logs, whether it has heartbeats: :meth:`liveness`), keyed on the stat of
+    ``logs/`` and of that attempt's folder, under the same :data:`RACY_S` rule.
     """
 
     def __init__(self, path: Path | None) -> None:
