@@ -11,6 +11,7 @@ registry's last known state is shown with a ``(stale)`` marker instead of failin
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -429,6 +430,9 @@ def run(args: argparse.Namespace) -> int:
                     print(note, file=sys.stderr)
                 sys.stdout.flush()
             if not args.watch:
+                # The process ends now: its objects need no collection on the way out (the final
+                # collection at interpreter exit walked all of them, ~2% of a 1,000-job call).
+                gc.freeze()
                 return 0
             if all((r.run_state or r.state).is_terminal() for r in rows):
                 # --watch ends with the outcome, like `wait`: 0 only if every shown run completed.
