@@ -288,18 +288,29 @@ class Registry(SubmissionsMixin, SweepsMixin):
             raise UserError(f"unknown job id '{job_id}' (see `orchestrator list`)")
         return bool(changed)
 
+    def scheduler_columns(self, job_ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        """``{job_id: (last_state, node_list, exit_code, reason)}`` of the ids that exist: what
+        :meth:`record_states` and :meth:`set_scheduler_info` compare against, read once for both."""
+        return self._columns(job_ids, "last_state, node_list, exit_code, reason")
+
     def record_states(
-        self, states: Mapping[str, JobState], source: str, at: float | None = None
+        self,
+        states: Mapping[str, JobState],
+        source: str,
+        at: float | None = None,
+        current: Mapping[str, tuple[Any, ...]] | None = None,
     ) -> list[str]:
         """Batch form of :meth:`record_state` in one transaction (``status`` over 1,000 jobs).
 
-        Unknown ids are ignored here; returns the ids whose state changed.
+        Unknown ids are ignored here; returns the ids whose state changed. ``current``: what
+        :meth:`scheduler_columns` read just before (else it is read here).
         """
         if not states:
             return []
         # Read first, write only what differs: a poll where nothing changed (the usual case) then
         # takes no write lock and writes nothing, instead of 1,000 no-op UPDATEs under the lock.
-        current = self._columns(states, "last_state")
+        if current is None:
+            current = self._columns(states, "last_state")
         todo = {j: s for j, s in states.items() if j in current and current[j][0] != s.value}
         if not todo:
             return []
@@ -351,17 +362,20 @@ class Registry(SubmissionsMixin, SweepsMixin):
     def set_scheduler_info(
         self,
         info: Mapping[str, tuple[str | None, str | None, str | None]],
+        current: Mapping[str, tuple[Any, ...]] | None = None,
     ) -> None:
         """Store ``{job_id: (node_list, exit_code, reason)}`` from squeue/sacct, keeping old values
-        where the scheduler now reports nothing (sacct forgets, the registry should not)."""
+        where the scheduler now reports nothing (sacct forgets, the registry should not).
+        ``current``: what :meth:`scheduler_columns` read just before (else it is read here)."""
         if not info:
             return
-        current = self._columns(info, "node_list, exit_code, reason")
+        if current is None:
+            current = self.scheduler_columns(info)
         todo = {
             j: v
             for j, v in info.items()
             if j in current
-            and tuple(new or old for new, old in zip(v, current[j], strict=True)) != current[j]
+            and tuple(new or old for new, old in zip(v, current[j][1:], strict=True)) != current[j][1:]
         }
         if not todo:
             return  # the usual poll: the scheduler says what the registry already holds

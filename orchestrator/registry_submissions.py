@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -49,6 +48,8 @@ class SubmissionIntent:
         age = time.time() - self.created_at
         if age > 3600:
             return False
+        import socket  # here: `status` opens the registry on every call and never submits
+
         if self.host != socket.gethostname():
             return age < 600  # another host: give it ten minutes
         try:
@@ -81,6 +82,8 @@ class SubmissionsMixin:
         job: dict[str, Any],
     ) -> None:
         """Phase one, before the scheduler is asked: what is about to be submitted, and where."""
+        import socket
+
         now = time.time()
         with self._write() as conn:
             conn.execute(

@@ -139,7 +139,6 @@ class RunSummary:
     attempts: int = 0
     corrupt_checkpoints: list[int] = field(default_factory=list)
     """Steps of checkpoints a restore found corrupt (CORRUPT.json) and skipped, newest first."""
-    job: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -304,5 +303,4 @@ def summarize(run_dir: Path | str, tail_bytes: int = TAIL_BYTES) -> RunSummary:
         corrupt_checkpoints=[step for step, _ in corrupt_checkpoints(run_dir)],
         resumes=count_resumes(run_dir),
         attempts=len(attempt_dirs(run_dir)),
-        job=job,
     )

@@ -158,9 +158,13 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
             proc.kill()
 
 
+#: What Slurm prints for "no value".
+_NULLS = frozenset({"", "(null)", "None", "Unknown", "N/A"})
+
+
 def _opt(text: str) -> str | None:
     text = text.strip()
-    return None if text in ("", "(null)", "None", "Unknown", "N/A") else text
+    return None if text in _NULLS else text
 
 
 _STATE_DEFAULTS = {"stale": False, "exit_code": None, "end": None}
@@ -169,24 +173,30 @@ _STATE_DEFAULTS = {"stale": False, "exit_code": None, "end": None}
 def parse_squeue(output: str) -> dict[str, SchedulerState]:
     """Parse ``squeue -h -o '%i|%T|%r|%N|%S|%M'`` output."""
     states: dict[str, SchedulerState] = {}
+    mapped: dict[str, tuple[JobState, str]] = {}  # a few distinct state words in 1,000 lines
     for line in output.splitlines():
         parts = line.strip().split("|")
         if len(parts) < 2 or not parts[0]:
             continue
-        parts += [""] * (6 - len(parts))
-        job_id, raw, reason, nodes, start, elapsed = (p.strip() for p in parts[:6])
+        if len(parts) < 6:
+            parts += [""] * (6 - len(parts))
+        job_id, raw, reason, nodes, start, elapsed = map(str.strip, parts[:6])
+        known = mapped.get(raw)
+        if known is None:
+            known = mapped[raw] = (from_slurm(raw), normalize_slurm_state(raw))
         # Not SchedulerState(...): its frozen __init__ is most of the cost of a 1,000-line answer.
+        # The fields already stripped, _opt is a set lookup.
         state = states[job_id] = SchedulerState.__new__(SchedulerState)
         state.__dict__.update(
             _STATE_DEFAULTS,
             job_id=job_id,
-            state=from_slurm(raw),
-            raw_state=normalize_slurm_state(raw),
+            state=known[0],
+            raw_state=known[1],
             source="squeue",
-            reason=_opt(reason),
-            node_list=_opt(nodes),
-            start=_opt(start),
-            elapsed=_opt(elapsed),
+            reason=None if reason in _NULLS else reason,
+            node_list=None if nodes in _NULLS else nodes,
+            start=None if start in _NULLS else start,
+            elapsed=None if elapsed in _NULLS else elapsed,
         )
     return states
 
@@ -378,13 +388,14 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
     for job_id, st in states.items():
         if not st.stale and st.source != "final":  # the registry's own values: nothing new to record
             by_source.setdefault(st.source, {})[job_id] = st.state
+    info = {
+        j: (s.node_list, s.exit_code, s.reason)
+        for j, s in states.items()
+        if not s.stale and s.source != "final" and (s.node_list or s.exit_code or s.reason)
+    }
+    # One read of what the registry holds for both comparisons (1,000 ids: a query per 500 each).
+    current = registry.scheduler_columns({j for batch in by_source.values() for j in batch}.union(info))
     for source, batch in by_source.items():
-        registry.record_states(batch, source=source)
-    registry.set_scheduler_info(
-        {
-            j: (s.node_list, s.exit_code, s.reason)
-            for j, s in states.items()
-            if not s.stale and s.source != "final" and (s.node_list or s.exit_code or s.reason)
-        }
-    )
+        registry.record_states(batch, source=source, current=current)
+    registry.set_scheduler_info(info, current=current)
     return _result(states, errors, calls)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.liveness import liveness_of, logs_folder, newest_attempt
 from orchestrator.run_dir import (
     _CHECKPOINT_RE,
     CHECKPOINTS_DIR,
@@ -29,7 +30,7 @@ from orchestrator.run_summary import RunSummary, _resume_cache, _resume_touched,
 #: to metrics.jsonl every step and so are simply re-read on every call, as before.
 RACY_S = 2.0
 SUMMARY_CACHE_FILE = "status_cache.json"
-_CACHE_VERSION = 4
+_CACHE_VERSION = 5
 _CACHE_MAX_ENTRIES = 20_000
 _SUMMARY_FIELDS = [f for f in RunSummary.__dataclass_fields__ if f not in ("run_dir", "checkpoint")]
 _CHECKPOINT_FIELDS = [f for f in CheckpointInfo.__dataclass_fields__ if f != "path"]
@@ -82,11 +83,17 @@ class SummaryCache:
     ``stat`` calls; any difference, or a fingerprint too recent to trust (:data:`RACY_S`), means a
     fresh ``summarize``. The file is only a cache: unreadable or foreign content is ignored, writes
     are atomic, and concurrent writers at worst drop each other's new entries.
+
+    The same file keeps, per run, which files a running job's liveness is read from (the newest
+    attempt, its node logs, whether it has heartbeats: :meth:`liveness`), keyed on the stat of
+    ``logs/`` and of that attempt's folder, under the same :data:`RACY_S` rule.
     """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._entries: dict[str, Any] = {}
+        self._attempts: dict[str, Any] = {}
+        self._logs_keys: dict[str, tuple[str, int]] = {}
         self._used: set[str] = set()
         self._dirty = False
         self._resumes_loaded: list[list[int]] = []
@@ -97,20 +104,23 @@ class SummaryCache:
                 if isinstance(data, dict) and data.get("version") == _CACHE_VERSION:
                     entries = data.get("entries")
                     self._entries = entries if isinstance(entries, dict) else {}
+                    attempts = data.get("attempts")
+                    self._attempts = attempts if isinstance(attempts, dict) else {}
                     for dev, ino, done, count in data.get("resumes") or []:
                         if all(type(v) is int for v in (dev, ino, done, count)):
                             _resume_cache.setdefault((dev, ino), (done, count))
                             self._resumes_loaded.append([dev, ino, done, count])
                     self._resumes_loaded.sort()
             except (OSError, ValueError, TypeError):
-                self._entries = {}
+                self._entries, self._attempts = {}, {}
 
     def summarize(self, run_dir: Path | str) -> RunSummary:
         if not isinstance(run_dir, Path):
             run_dir = Path(run_dir)
         key = str(run_dir)
         self._used.add(key)
-        base, newest = _base_fingerprint(key)
+        base, newest, logs = _base_fingerprint(key)
+        self._logs_keys[key] = logs
         entry = self._entries.get(key)
         if entry is not None:
             try:
@@ -127,20 +137,54 @@ class SummaryCache:
             self._dirty = True
         return summary
 
+    def liveness(self, run_dir: Path | str, now: float | None = None) -> dict[str, Any] | None:
+        """:func:`orchestrator.liveness.liveness`, with the listing of ``logs/`` and of the newest
+        attempt's folder kept while neither folder changed (a new attempt, node log or heartbeat
+        folder changes its folder's mtime). The node logs' mtimes and the heartbeats, the answer
+        itself, are read fresh on every call: only which files to look at is remembered."""
+        key = str(run_dir)
+        self._used.add(key)
+        logs = self._logs_keys.get(key) or _stat_key(logs_folder(key))
+        entry = self._attempts.get(key)
+        if entry is not None:
+            try:
+                logs_key, folder_key, attempt, name, node_logs, beats = entry
+                folder = logs_folder(key) + name
+                if logs_key == logs[0] and folder_key == _stat_key(folder)[0]:
+                    return liveness_of(attempt, folder, node_logs, beats, now)
+            except (TypeError, ValueError, AttributeError):
+                pass  # a malformed entry: list again
+        found = newest_attempt(key)
+        if found is None:
+            if self._attempts.pop(key, None) is not None:
+                self._dirty = True
+            return None
+        attempt, folder, node_logs, beats = found
+        # Kept only while both folders are older than RACY_S: a change made while they were being
+        # listed or stat'ed would carry a newer mtime, so such a listing is never cached.
+        folder_key, folder_mtime = _stat_key(folder)
+        if logs[0] and folder_key and max(logs[1], folder_mtime) < time.time_ns() - int(RACY_S * 1e9):
+            self._attempts[key] = [logs[0], folder_key, attempt, os.path.basename(folder), node_logs, beats]
+            self._dirty = True
+        elif self._attempts.pop(key, None) is not None:
+            self._dirty = True
+        return liveness_of(attempt, folder, node_logs, beats, now)
+
     def save(self) -> None:
         """Write the cache if anything changed (atomically; failures are ignored: it is a cache)."""
         resumes = sorted([*key, *_resume_cache[key]] for key in _resume_touched if key in _resume_cache)
         if self.path is None or not (self._dirty or resumes != self._resumes_loaded):
             return
-        entries = self._entries
-        if len(entries) > _CACHE_MAX_ENTRIES:
+        entries, attempts = self._entries, self._attempts
+        if len(entries) > _CACHE_MAX_ENTRIES or len(attempts) > _CACHE_MAX_ENTRIES:
             entries = {k: v for k, v in entries.items() if k in self._used}
+            attempts = {k: v for k, v in attempts.items() if k in self._used}
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(
-                    {"version": _CACHE_VERSION, "entries": entries, "resumes": resumes},
+                    {"version": _CACHE_VERSION, "entries": entries, "resumes": resumes, "attempts": attempts},
                     fh,
                     separators=(",", ":"),
                 )
@@ -151,14 +195,15 @@ class SummaryCache:
                 os.unlink(tmp)
 
 
-def _base_fingerprint(run_dir: str) -> tuple[str, int]:
-    """One string for job.json, metrics.jsonl, checkpoints/ and logs/, and the newest mtime."""
+def _base_fingerprint(run_dir: str) -> tuple[str, int, tuple[str, int]]:
+    """One string for job.json, metrics.jsonl, checkpoints/ and logs/, the newest mtime, and the key
+    of logs/ alone (what :meth:`SummaryCache.liveness` checks its listing against)."""
     prefix = run_dir if run_dir.endswith("/") else run_dir + "/"
     a, ma = _stat_key(prefix + JOB_FILE)
     b, mb = _stat_key(prefix + METRICS_FILE)
     c, mc = _stat_key(prefix + CHECKPOINTS_DIR)
-    d, md = _stat_key(prefix + LOGS_DIR)
-    return f"{a}|{b}|{c}|{d}", max(ma, mb, mc, md)
+    d, md = logs = _stat_key(prefix + LOGS_DIR)
+    return f"{a}|{b}|{c}|{d}", max(ma, mb, mc, md), logs
 
 
 def _checkpoint_fingerprint(run_dir: str, found: CheckpointInfo | None) -> tuple[list[Any], int] | None:
@@ -210,6 +255,8 @@ def _checkpoint_still(run_dir: str, ckpt: list[Any]) -> bool:
     newer, marker, files = ckpt
     prefix = run_dir if run_dir.endswith("/") else run_dir + "/"
     for folder, key in newer:
+        if not key and not os.access(prefix + folder, os.F_OK):
+            continue  # still missing (CORRUPT.json, as a rule): no stat result, no exception to make
         if _stat_key(prefix + folder)[0] != key:
             return False
     if marker is not None and _stat_key(prefix + marker[0])[0] != marker[1]:

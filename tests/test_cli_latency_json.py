@@ -88,3 +88,27 @@ def test_rows_with_a_nested_mapping_are_encoded_in_runs() -> None:
     ]
     for doc in (rows, {"jobs": rows}, [rows, {"x": rows[1]}]):
         assert dumps_indented(doc) == json.dumps(doc, indent=2)
+
+
+def test_rows_with_holes_alike_and_unlike() -> None:
+    """Rows alike in their keys (status's) fill their mappings and lists back in order: flat mappings
+    written together, others alone; rows whose keys differ, or whose other keys hold a mapping, or a
+    value equal to the stand-in string itself, still come out as indent=2 writes them."""
+    from orchestrator.table import _HOLE
+
+    def row(i: int, **kw: Any) -> dict[str, Any]:
+        return {
+            "job_id": str(i), "name": "},\n        {", "loss": i / 7, "corrupt": [3, i] if i == 4 else [],
+            "liveness": None if i == 3 else {"attempt": i, "silent_s": i / 3, "stragglers": None}, **kw,
+        }  # fmt: skip
+
+    rows = [row(i) for i in range(8)]
+    rows[5]["liveness"]["stragglers"] = {"slowest_rank": 1, "flagged_ranks": [1]}
+    rows[6] = {"liveness": rows[6]["liveness"], **row(6)}  # the same keys, in another order
+    rows[7]["extra"] = {"a": 1}  # a mapping under a key the others do not have
+    rows.append(row(8, liveness={}))
+    rows.append(row(9, after={"x": [1, 2]}))
+    for doc in (rows, {"jobs": rows}, rows[:3]):
+        assert dumps_indented(doc) == json.dumps(doc, indent=2)
+    hole = [row(0), row(1, name=_HOLE)]
+    assert dumps_indented(hole) == json.dumps(hole, indent=2)

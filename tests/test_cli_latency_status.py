@@ -30,7 +30,8 @@ def age(run_dir: Path) -> None:
 
 
 def make_run(run_dir: Path) -> None:
-    write_metrics(run_dir, [train_event(s, 1000.0 + s) for s in range(1, 41)])
+    # No max_steps in the events: summarize takes it from job.json (a script that does not log it).
+    write_metrics(run_dir, [train_event(s, 1000.0 + s, max_steps=None) for s in range(1, 41)])
     (run_dir / "job.json").write_text(json.dumps({"nodes": 1, "procs_per_node": 4, "max_steps": 100}))
     make_checkpoint(run_dir, 20, {"model.distcp": 64})
     make_checkpoint(run_dir, 40, {"model.distcp": 64, "optim/0.distcp": 32})
