@@ -14,7 +14,6 @@ scheduler object.
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,8 @@ def submission_token(run_dir: Path | str, attempt_base: int) -> str:
     registry before the scheduler is asked: one per run directory and attempt, so a job whose
     submitting command died can be told apart and adopted. Derived, so :meth:`Scheduler.dryrun`
     stays pure and shows it."""
+    import hashlib  # here, not at the top: status never needs it (11M instructions a call)
+
     digest = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
     return f"orchestrator-{digest}-a{attempt_base}"
 
