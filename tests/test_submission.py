@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.registry import Registry
 from orchestrator.run_dir import plan_file, reserve_attempt
+from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli
 
 TRAIN = str(REPO / "train" / "train.py")
@@ -151,6 +152,14 @@ def _sacct_job_ids() -> set[str]:
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 
+def _sacct_comments() -> set[str]:
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", "-o", "Comment"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
 def _cancel(job_id: str) -> None:
     subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
 
@@ -245,6 +254,8 @@ def test_submit_killed_while_sbatch_runs_is_adopted(
         )
         st = run_cli(["status", "--json", job_id], orch_env)
         assert json.loads(st.stdout)["jobs"][0]["state"] in ("RUNNING", "COMPLETING", "COMPLETED"), st.stdout
+        # Accounting shows the job's token (what the next test looks for, and must not find).
+        poll(lambda: submission_token(run_dir, 0) in _sacct_comments(), 60, "the token in sacct")
     finally:
         _cancel(job_id)
 
@@ -253,10 +264,12 @@ def test_submit_killed_while_sbatch_runs_is_adopted(
 def test_submit_killed_before_sbatch_leaves_nothing(
     slurm_cluster: dict, orch_env: dict[str, str], tmp_path: Path
 ) -> None:
-    before = _sacct_job_ids()
     _killed_submit(orch_env, tmp_path, after=False)
     assert len(_run_dirs(orch_env)) == 1, "the killed submit had made its run directory"
+    token = submission_token(_run_dirs(orch_env)[0], 0)
     res = run_cli(["list"], orch_env)
     assert res.returncode == 0 and "interrupted before the scheduler took it" in res.stderr, res.stderr
     assert _run_dirs(orch_env) == [] and _registry_jobs(orch_env) == []
-    assert _sacct_job_ids() - before == set()
+    # No job carries this submission's token (sbatch --comment). Not "no new job id in sacct":
+    # slurmdbd records the previous test's job a few seconds late, and it showed up as new.
+    assert token not in _sacct_comments()
