@@ -421,14 +421,13 @@ def _exit_code(code: object) -> int:
 
 def _leave(code: int) -> None:
     """Python's exit without its teardown: threads joined, atexit run, every open file flushed."""
-    steps: list[Callable[[], Any]] = []
-    shutdown = getattr(__import__("threading"), "_shutdown", None)
-    if shutdown is not None:
-        steps.append(shutdown)
     import atexit
+    import threading
 
-    steps.append(atexit._run_exitfuncs)
-    steps.append(_flush_open_files)
+    steps: list[Callable[[], Any]] = [atexit._run_exitfuncs, _flush_open_files]
+    shutdown = getattr(threading, "_shutdown", None)  # private: what Python's exit runs first
+    if shutdown is not None:
+        steps.insert(0, shutdown)
     for step in steps:
         try:
             step()

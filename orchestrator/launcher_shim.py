@@ -20,10 +20,12 @@ instead (``python -m orchestrator.launcher_shim launch ...``), it runs them at o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -45,15 +47,12 @@ def main() -> int:
     from orchestrator.direct_launch import prepare_titles
 
     prepare_titles()
-    nvml_added = NVML_CHECK not in os.environ
-    os.environ[NVML_CHECK] = os.environ.get(NVML_CHECK, "1")
-    # accelerate launch's own module only: the whole CLI (accelerate_cli) also imports `estimate`
-    # and with it transformers, 0.7 s more before any rank can start (python -X importtime).
-    import accelerate.commands.launch  # noqa: F401
+    with _cuda_checks_through_nvml():
+        # accelerate launch's own module only: the whole CLI (accelerate_cli) also imports `estimate`
+        # and with it transformers, 0.7 s more before any rank can start (python -X importtime).
+        import accelerate.commands.launch  # noqa: F401
 
     if len(sys.argv) > 1 and sys.argv[1] != PREWARMED_ARG:
-        if nvml_added:
-            os.environ.pop(NVML_CHECK)
         _accelerate(sys.argv[1:])
         return 0
     line = sys.stdin.readline()
@@ -69,7 +68,7 @@ def main() -> int:
     os.dup2(log, 2)
     os.environ.clear()
     os.environ.update(request["env"])
-    code = _direct_launch(request["argv"], NVML_CHECK not in os.environ)
+    code = _direct_launch(request["argv"])
     if code is not None:
         return code
     _accelerate(request["argv"])
@@ -89,7 +88,19 @@ def _accelerate(argv: list[str]) -> None:
     accelerate_main()
 
 
-def _direct_launch(argv: list[str], nvml_added: bool) -> int | None:
+@contextlib.contextmanager
+def _cuda_checks_through_nvml() -> Iterator[bool]:
+    """:data:`NVML_CHECK` set while inside (unless already set); yields whether it was added."""
+    added = NVML_CHECK not in os.environ
+    os.environ.setdefault(NVML_CHECK, "1")
+    try:
+        yield added
+    finally:
+        if added:
+            os.environ.pop(NVML_CHECK, None)
+
+
+def _direct_launch(argv: list[str]) -> int | None:
     """``accelerate launch`` of DDP/FSDP with its ranks forked here (orchestrator.direct_launch); None
     where the launch must go through torchrun (then nothing was started)."""
     if argv[:1] != ["launch"]:
@@ -98,12 +109,11 @@ def _direct_launch(argv: list[str], nvml_added: bool) -> int | None:
 
     from orchestrator import direct_launch
 
-    os.environ.setdefault(NVML_CHECK, "1")
-    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
-    reason = direct_launch.not_direct_reason(args, dict(os.environ))
-    envs = [] if reason else direct_launch.rank_environments(args)  # before torch._dynamo sets variables
-    if nvml_added:
-        os.environ.pop(NVML_CHECK)
+    with _cuda_checks_through_nvml() as added:
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+        reason = direct_launch.not_direct_reason(args, dict(os.environ))
+        envs = [] if reason else direct_launch.rank_environments(args)  # before torch._dynamo sets variables
+    if added:  # the ranks' environment is the node's, without it
         for env in envs:
             env.pop(NVML_CHECK, None)
     reason = reason or direct_launch.preimport()

@@ -144,17 +144,10 @@ def test_interrupted_submission_is_cleaned_up_by_the_next_list(
 
 
 # ---------------------------------------------------------------------------- on the real cluster
-def _sacct_job_ids() -> set[str]:
+def _sacct_column(field: str) -> set[str]:
+    """One column of every job accounting knows from the last hour."""
     out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", "-o", "JobID"],
-        capture_output=True, text=True, timeout=30, check=True,
-    ).stdout  # fmt: skip
-    return {line.strip() for line in out.splitlines() if line.strip()}
-
-
-def _sacct_comments() -> set[str]:
-    out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", "-o", "Comment"],
+        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hours", "-o", field],
         capture_output=True, text=True, timeout=30, check=True,
     ).stdout  # fmt: skip
     return {line.strip() for line in out.splitlines() if line.strip()}
@@ -180,11 +173,11 @@ def _cancel(job_id: str) -> None:
 def test_slurm_refusals_submit_nothing(
     slurm_cluster: dict, orch_env: dict[str, str], extra: list[str], words: list[str]
 ) -> None:
-    before = _sacct_job_ids()
+    before = _sacct_column("JobID")
     res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "2", *extra, "--", TRAIN], orch_env)
     _assert_refused(res, *words)
     assert _run_dirs(orch_env) == [] and _registry_jobs(orch_env) == []
-    assert _sacct_job_ids() - before == set(), "no Slurm job was submitted"
+    assert _sacct_column("JobID") - before == set(), "no Slurm job was submitted"
 
 
 def _slow_sbatch(tmp_path: Path, after: bool) -> dict[str, str]:
@@ -255,7 +248,7 @@ def test_submit_killed_while_sbatch_runs_is_adopted(
         st = run_cli(["status", "--json", job_id], orch_env)
         assert json.loads(st.stdout)["jobs"][0]["state"] in ("RUNNING", "COMPLETING", "COMPLETED"), st.stdout
         # Accounting shows the job's token (what the next test looks for, and must not find).
-        poll(lambda: submission_token(run_dir, 0) in _sacct_comments(), 60, "the token in sacct")
+        poll(lambda: submission_token(run_dir, 0) in _sacct_column("Comment"), 60, "the token in sacct")
     finally:
         _cancel(job_id)
 
@@ -272,4 +265,4 @@ def test_submit_killed_before_sbatch_leaves_nothing(
     assert _run_dirs(orch_env) == [] and _registry_jobs(orch_env) == []
     # No job carries this submission's token (sbatch --comment). Not "no new job id in sacct":
     # slurmdbd records the previous test's job a few seconds late, and it showed up as new.
-    assert token not in _sacct_comments()
+    assert token not in _sacct_column("Comment")
