@@ -247,6 +247,9 @@ def save_probe(cfg: Path, tmp: Path, env: dict, port: int, reps: int) -> dict:
         },
         "load_warm": pair("raw_read", "load"),
         "load_cold": pair("cold_raw_read", "cold_load"),
+        "load_vs_stock_warm": pair("load", "load_before"),
+        "load_vs_stock_cold": pair("cold_load", "cold_load_before"),
+        "direct_reads": rows[-1].get("direct_reads"),
         "resume_cold": pair("cold_raw_read", "cold_resume"),
     }
 
@@ -378,6 +381,27 @@ def goal_rows(c: dict) -> list[dict]:
                     ),
                     "ratio": f"{cold['ratio_median']:.2f}x of read",
                     "met": cold["ratio_median"] >= 0.5,
+                }
+            )
+        vc, vw = p.get("load_vs_stock_cold"), p.get("load_vs_stock_warm")
+        if vc and vw:
+            reads = p.get("direct_reads") or {}
+            rows.append(
+                {
+                    "item": "sharded load, base: with issue 16's direct reads (orchestrator.ranks.dcp_reader: "
+                    "preadv into each tensor, file order) vs DCP's stock FileSystemReader, same processes, "
+                    "interleaved",
+                    "goal": "report",
+                    "measured": f"cold {vc['cold_load_median_s']:.2f} s vs {vc['cold_load_before_median_s']:.2f} s "
+                    f"(pair ratios {min(vc['pair_ratios']):.2f}-{max(vc['pair_ratios']):.2f}); warm "
+                    f"{vw['load_median_s']:.2f} s vs {vw['load_before_median_s']:.2f} s"
+                    + (
+                        f"; {reads['direct']} tensors a rank read directly, {reads['through_dcp']} through DCP"
+                        if reads
+                        else ""
+                    ),
+                    "ratio": f"{1 / vc['ratio_median']:.2f}x faster cold, {1 / vw['ratio_median']:.2f}x warm",
+                    "met": None,
                 }
             )
     rows += [

@@ -13,7 +13,10 @@ flipped every repetition):
   AdamW's exp_avg / exp_avg_sq; each rank its own file) + fsync;
 * ``load``: ``train.checkpointing.load`` of the checkpoint just saved (``load_state``);
 * ``raw_read``: ``readinto`` of the raw file back into the same local shards;
-* ``cold_load`` / ``cold_raw_read``: the same two after dropping the page cache (root only), as a
+* ``load_before``: the same load through DCP's stock ``FileSystemReader`` (``stock_dcp_reads``), as
+  before issue 16's direct reads;
+* ``cold_load`` / ``cold_raw_read`` / ``cold_load_before``: the same three after dropping the page
+  cache (root only), as a
   resume on another node finds them;
 * ``cold_resume``: what a resumed attempt does, cold: rank 0's ``find_resumable`` (checks the marker's
   sha256 of every file) and then the load.
@@ -66,6 +69,39 @@ def as_before_issue_16() -> Iterator[None]:
         yield
     finally:
         checkpointing.without_zip_crc32, checkpointing.own_shard_digests = saved
+
+
+@contextlib.contextmanager
+def stock_dcp_reads() -> Iterator[None]:
+    """``load_before``: train/'s load with DCP's own FileSystemReader (no direct reads)."""
+    from orchestrator.ranks import dcp_reader
+
+    saved = dcp_reader.direct_dcp_reads
+    dcp_reader.direct_dcp_reads = contextlib.nullcontext  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dcp_reader.direct_dcp_reads = saved
+
+
+@contextlib.contextmanager
+def count_direct_reads(dcp_reader: Any) -> Iterator[dict[str, int]]:
+    """Rank 0's count of tensors the load read straight into place and of those left to DCP."""
+    real = dcp_reader.direct_dcp_reads
+    got: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def counting() -> Iterator[Any]:
+        with real() as counts:
+            yield counts
+        got["direct"] = got.get("direct", 0) + counts.direct
+        got["through_dcp"] = got.get("through_dcp", 0) + counts.through_dcp
+
+    dcp_reader.direct_dcp_reads = counting
+    try:
+        yield got
+    finally:
+        dcp_reader.direct_dcp_reads = real
 
 
 def main() -> None:
@@ -134,7 +170,8 @@ def main() -> None:
                 info["raw_bytes_rank"] = raw_write(raw_dir)
             dist.barrier()
             times[kind] = time.perf_counter() - t
-        warm, cold = ("load", "raw_read"), ("cold_load", "cold_raw_read", "cold_resume")
+        warm = ("load", "raw_read", "load_before")
+        cold = ("cold_load", "cold_raw_read", "cold_resume", "cold_load_before")
         for kind in (warm + cold) if rep % 2 == 0 else (warm[::-1] + cold[::-1]):
             if kind.startswith("cold_"):
                 if not can_drop_caches:
@@ -153,7 +190,14 @@ def main() -> None:
                 dist.barrier()
                 checkpointing.load(acc, folder, dict(current), opt, current)
             elif kind.endswith("load"):
-                checkpointing.load(acc, folder, dict(current), opt, current)
+                from orchestrator.ranks import dcp_reader
+
+                with count_direct_reads(dcp_reader) as counts:
+                    checkpointing.load(acc, folder, dict(current), opt, current)
+                info["direct_reads"] = counts
+            elif kind.endswith("load_before"):
+                with stock_dcp_reads():
+                    checkpointing.load(acc, folder, dict(current), opt, current)
             else:
                 raw_read(raw_dir)
             dist.barrier()
@@ -169,6 +213,7 @@ def main() -> None:
                         "save_phases_s": {k: round(v, 4) for k, v in info["phases"].items()},
                         "save_before_phases_s": {k: round(v, 4) for k, v in info["phases_before"].items()},
                         "checkpoint_bytes": info["bytes"],
+                        "direct_reads": info.get("direct_reads"),
                         "raw_bytes": int(raw_total),
                     }
                 ),

@@ -397,9 +397,12 @@ def load(accelerator, folder: Path, marker: dict, optimizer, current: dict, warn
     accelerate_workarounds.before_load_state(accelerator, optimizer)
     import logging
 
+    from orchestrator.ranks.dcp_reader import direct_dcp_reads
+
     logging.getLogger("accelerate.checkpointing").setLevel(logging.ERROR)  # the RNG note above says it better
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         prefetch_own_shards(folder, accelerator.process_index)
-        accelerator.load_state(str(folder))
+        with direct_dcp_reads():
+            accelerator.load_state(str(folder))
     return notes
