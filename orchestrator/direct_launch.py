@@ -7,8 +7,9 @@ prewarmed launcher (:mod:`orchestrator.launcher_shim`) has paid for those import
 Accelerate for the environment its launch would give the ranks (``prepare_multi_gpu_env``, the
 code ``accelerate launch`` runs), adds what torchrun's agent adds per worker (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ...), and forks one child per rank that runs the script with
-:mod:`runpy`. Rank 0 hosts the rendezvous store itself (``init_process_group``'s ``env://``), so
-no agent and no rendezvous round trip sit between the node and its ranks.
+:mod:`runpy`. Node 0's launcher hosts the rendezvous store, as torchrun's agent does
+(:mod:`orchestrator.launch_store`); no agent and no rendezvous round trip sit between the node and
+its ranks.
 
 What torchrun did and this module does too: every rank's output goes to the node log with its
 ``[default<L>]:`` prefix (``--tee``) and to its own file; the first rank that fails ends the
@@ -140,8 +141,16 @@ def say(line: str) -> None:
     print(f"[orchestrator launch] {line}", flush=True)
 
 
-def run_ranks(script: str, script_args: list[str], envs: list[dict[str, str]], log_dir: str | None) -> int:
-    """Fork the ranks, relay their output, end them all when one fails; the node's exit code."""
+def run_ranks(
+    script: str,
+    script_args: list[str],
+    envs: list[dict[str, str]],
+    log_dir: str | None,
+    store_listener: socket.socket | None = None,
+) -> int:
+    """Fork the ranks, relay their output, end them all when one fails; the node's exit code.
+    ``store_listener``: node 0's rendezvous store socket (:mod:`orchestrator.launch_store`), served
+    here once the ranks are forked."""
     for sig in PARENT_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _parent_signal)
@@ -154,6 +163,8 @@ def run_ranks(script: str, script_args: list[str], envs: list[dict[str, str]], l
             os.close(read_fd)
             for other in ranks.values():
                 os.close(other.fd)
+            if store_listener is not None:
+                store_listener.close()  # the launcher's; a rank is the store's client
             _rank_main(script, script_args, env, write_fd)
         os.close(write_fd)
         rank = _Rank(local, int(env["RANK"]), pid, read_fd, _rank_log(log_dir, env["RANK"]))
@@ -161,13 +172,30 @@ def run_ranks(script: str, script_args: list[str], envs: list[dict[str, str]], l
         sel.register(read_fd, selectors.EVENT_READ, rank)
     if log_dir:
         _record_pids(Path(log_dir), ranks.values())
+    store = _serve_store(store_listener, envs[0], ranks) if store_listener is not None else None
     say(
         f"started {len(envs)} rank(s) by fork: pids {' '.join(str(r.pid) for r in ranks.values())} "
         f"(ranks {envs[0]['RANK']}..{envs[-1]['RANK']} of {envs[0]['WORLD_SIZE']})"
     )
     code = _supervise(ranks, sel)
     sel.close()
+    del store  # served until every rank is done
     return code
+
+
+def _serve_store(listener: socket.socket, env: dict[str, str], ranks: dict[int, _Rank]) -> Any:
+    """The rendezvous store, after the fork; if it cannot be served, the ranks (its clients) would
+    wait for it until their timeout: they are stopped now and the error says why."""
+    from orchestrator import launch_store
+
+    try:
+        return launch_store.serve(listener, env)
+    except Exception as exc:
+        say(f"cannot serve the rendezvous store on port {env.get('MASTER_PORT')}: {exc}")
+        for rank in ranks.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank.pid, signal.SIGKILL)
+        raise
 
 
 def _record_pids(log_dir: Path, ranks: Any) -> None:

@@ -107,7 +107,7 @@ def _direct_launch(argv: list[str]) -> int | None:
         return None
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-    from orchestrator import direct_launch
+    from orchestrator import direct_launch, launch_store
 
     with _cuda_checks_through_nvml() as added:
         args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
@@ -116,11 +116,16 @@ def _direct_launch(argv: list[str]) -> int | None:
     if added:  # the ranks' environment is the node's, without it
         for env in envs:
             env.pop(NVML_CHECK, None)
+    listener = None if reason else launch_store.listen_early(envs)  # before the ~1 s of preimport
     reason = reason or direct_launch.preimport()
     if reason is not None:
+        if listener is not None:
+            listener.close()  # torchrun's agent binds the port itself
         direct_launch.say(f"ranks started by torchrun ({reason})")
         return None
-    return direct_launch.run_ranks(args.training_script, list(args.training_script_args), envs, args.log_dir)
+    return direct_launch.run_ranks(
+        args.training_script, list(args.training_script_args), envs, args.log_dir, listener
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ PROBE = str(REPO / "tests" / "scripts" / "rank_probe.py")
 CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")
 #: Variables that differ by design between the two launchers, each for a stated reason.
 LAUNCHER_SPECIFIC = {
-    "TORCHELASTIC_USE_AGENT_STORE",  # no agent: rank 0 hosts the store (init_process_group's env://)
     "TORCHELASTIC_ERROR_FILE",  # torchrun's @record error files; there is no agent to read them
     "TORCHELASTIC_RUN_ID",  # torchrun: a random id per launch
     "TORCHELASTIC_SIGNALS_TO_HANDLE",  # torchrun's own signal list, left in its environment
@@ -91,6 +90,9 @@ def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
         if launcher == "direct":
             log = _node_log(run_dir, 0)
             assert "[orchestrator launch] started 2 rank(s) by fork" in log, log
+            # Every rank, rank 0 too, a client of the store node 0's launcher serves (launch_store):
+            # with no server the ranks could not have done their all_reduce.
+            assert all(r["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "True" for r in seen[launcher].values())
             # ps shows the rank's own command; orchestrator stacks finds the ranks by these pids.
             assert all("rank_probe.py --out" in r["cmdline"] for r in seen[launcher].values())
             # ... without overwriting /proc/<pid>/environ, which tools read (SLURM_JOB_ID).
