@@ -887,7 +887,7 @@ def main() -> int:
         if "startup" in parts:
             from bench_startup import bench_startup
 
-            item("startup", lambda: bench_startup(tmp / "startup", 2 if q else 3, log))
+            item("startup", lambda: bench_startup(tmp / "startup", 2 if q else 5, log))
         if "nodes" in parts:
             from bench_nodes import bench_nodes
 
