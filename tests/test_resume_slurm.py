@@ -4,7 +4,6 @@ and each option (``--strategy``, ``--profile``, ``--nodes``) reaching the new jo
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import yaml
 
 from orchestrator.run_summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, run_cli, sacct_state
+from tests.helpers.slurm_cluster import controller_job_ids
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TRAIN = str(REPO / "train" / "train.py")
@@ -19,13 +19,6 @@ PLAIN = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"]
 #: The run never ends by itself in these tests: it is cancelled once it has a checkpoint.
 LONG = [*TINY, "--max-steps", "100000", "--ckpt-every", "3"]
-
-
-def slurm_job_count() -> int:
-    out = subprocess.run(
-        ["sacct", "-nX", "-o", "JobID", "-S", "now-1hour"], capture_output=True, text=True, timeout=30
-    )
-    return len(out.stdout.split())
 
 
 def checkpointed_then_cancelled(env: dict[str, str], *options: str) -> tuple[str, Path]:
@@ -44,11 +37,11 @@ def wait_until_ended(env: dict[str, str], job_id: str) -> None:
 
 
 def refused(env: dict[str, str], args: list[str], needle: str) -> None:
-    before = slurm_job_count()
+    before = controller_job_ids()
     res = run_cli(["resume", *args], env, timeout=60)
     assert res.returncode == 2, res.stdout + res.stderr
     assert needle in res.stderr and "Traceback" not in res.stderr, res.stderr
-    assert slurm_job_count() == before  # nothing submitted
+    assert controller_job_ids() - before == set(), "nothing submitted"
 
 
 def test_resume_refusals(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:

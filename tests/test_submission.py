@@ -19,6 +19,7 @@ from orchestrator.registry import Registry
 from orchestrator.run_dir import plan_file, reserve_attempt
 from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli
+from tests.helpers.slurm_cluster import controller_job_ids
 
 TRAIN = str(REPO / "train" / "train.py")
 
@@ -173,11 +174,11 @@ def _cancel(job_id: str) -> None:
 def test_slurm_refusals_submit_nothing(
     slurm_cluster: dict, orch_env: dict[str, str], extra: list[str], words: list[str]
 ) -> None:
-    before = _sacct_column("JobID")
+    before = controller_job_ids()
     res = run_cli(["submit", "--profile", "slurm_test", "--nodes", "2", *extra, "--", TRAIN], orch_env)
     _assert_refused(res, *words)
     assert _run_dirs(orch_env) == [] and _registry_jobs(orch_env) == []
-    assert _sacct_column("JobID") - before == set(), "no Slurm job was submitted"
+    assert controller_job_ids() - before == set(), "no Slurm job was submitted"
 
 
 def _slow_sbatch(tmp_path: Path, after: bool) -> dict[str, str]:

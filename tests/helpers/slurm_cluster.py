@@ -176,6 +176,14 @@ def sbatch(*args: str, timeout: float = 30) -> str:
     return out.split(";")[0]  # "<id>[;<cluster>]"
 
 
+def controller_job_ids() -> set[str]:
+    """Every job id the controller knows: the live queue and finished jobs it keeps for MinJobAge
+    (300 s). For "nothing was submitted" checks: a job sbatch accepted is here at once, while
+    accounting (sacct) may record an earlier test's job seconds late and look like a new one."""
+    out = slurm("squeue", "-h", "-t", "all", "-o", "%i", timeout=15).stdout
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
 def job_state(job_id: str | int) -> str | None:
     """Current state of a job (``RUNNING``, ``COMPLETED``, ...), or None if Slurm does not know it.
 
