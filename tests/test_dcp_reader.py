@@ -78,7 +78,8 @@ def test_a_truncated_shard_file_fails_the_load_and_is_not_read_directly(tmp_path
 
 def _resharded_load(rank: int, folder: str, port: int, out: str) -> None:
     """Rank ``rank`` of 2 loads the one-chunk checkpoint into DTensors sharded along dim 0 (rows 4+3:
-    one byte range each, rank 1's at an offset) and along dim 1 (not one range: DCP's path)."""
+    one byte range each, rank 1's at an offset) and along dim 1 (not one range: DCP's path), then
+    saves a 2-chunk checkpoint."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -101,6 +102,11 @@ def _resharded_load(rank: int, folder: str, port: int, out: str) -> None:
             "through_dcp": counts.through_dcp,
         }
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        # And a checkpoint written by the two ranks (one chunk each) for a 1-process load.
+        dcp.save(
+            {"w": distribute_tensor(full * 10, mesh, [Shard(0)])},
+            storage_writer=dcp.FileSystemWriter(str(Path(out, "two_ranks"))),
+        )
     finally:
         dist.destroy_process_group()
 
@@ -117,3 +123,9 @@ def test_resharded_loads_read_the_right_rows_over_gloo(tmp_path: Path) -> None:
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got == {"rows_ok": True, "cols_ok": True, "direct": 1, "through_dcp": 1}, (rank, got)
+    # Two stored chunks into one tensor: each lands in a row range of the target (rows 4.. at an offset).
+    whole = {"w": torch.zeros(7, 6)}
+    with direct_dcp_reads() as counts:
+        _load(tmp_path / "two_ranks", whole)
+    assert torch.equal(whole["w"], full * 10)
+    assert (counts.direct, counts.through_dcp) == (2, 0)
