@@ -127,12 +127,9 @@ class ResumableLoop:
 
             for optimizer in getattr(self.accelerator, "_optimizers", []):
                 init_fsdp1_optimizer_state(self.accelerator, optimizer)
-            from orchestrator.ranks.checkpoint_io import prefetch_own_shards
-            from orchestrator.ranks.dcp_reader import direct_dcp_reads
+            from orchestrator.ranks.checkpoint_io import load_state
 
-            prefetch_own_shards(Path(choice), self.accelerator.process_index)
-            with direct_dcp_reads():
-                self.accelerator.load_state(choice)
+            load_state(self.accelerator, Path(choice))
             self.resumed_from = Path(choice)
             self.last_saved_step = self.state.step
             self._event({"event": "resume", "step": self.state.step, "checkpoint": choice})

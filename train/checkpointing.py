@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.checkpoint_files import finalize, prune
-from orchestrator.ranks.checkpoint_io import own_shard_digests, prefetch_own_shards, without_zip_crc32
+from orchestrator.ranks.checkpoint_io import load_state, own_shard_digests, without_zip_crc32
 from orchestrator.run_dir import (
     COMPLETE_MARKER,
     check_checkpoint,
@@ -397,12 +397,8 @@ def load(accelerator, folder: Path, marker: dict, optimizer, current: dict, warn
     accelerate_workarounds.before_load_state(accelerator, optimizer)
     import logging
 
-    from orchestrator.ranks.dcp_reader import direct_dcp_reads
-
     logging.getLogger("accelerate.checkpointing").setLevel(logging.ERROR)  # the RNG note above says it better
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        prefetch_own_shards(folder, accelerator.process_index)
-        with direct_dcp_reads():
-            accelerator.load_state(str(folder))
+        load_state(accelerator, folder)
     return notes

@@ -1,8 +1,8 @@
-"""Rank-side speed-ups of a sharded save, shared by train/ and :mod:`orchestrator.loop`.
+"""Rank-side speed-ups of a sharded save and load, shared by train/ and :mod:`orchestrator.loop`.
 
-Both keep the files and the marker protocol of :mod:`orchestrator.checkpoint_files` unchanged; they
-only move work off rank 0's critical path and drop a checksum nobody reads (figures in bench/README.md,
-item ``ckpt_base``).
+All keep the files and the marker protocol of :mod:`orchestrator.checkpoint_files` unchanged; they
+only move work off rank 0's critical path, drop a checksum nobody reads, and read shards ahead and
+straight into place (figures in bench/README.md, item ``ckpt_base``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -71,3 +72,13 @@ def prefetch_own_shards(folder: Path, rank: int) -> int:
         finally:
             os.close(fd)
     return asked
+
+
+def load_state(accelerator: Any, folder: Path) -> None:
+    """``accelerator.load_state(folder)`` as train/ and the loop restore: this rank's shard files
+    read ahead, then every DCP tensor read straight into place (:mod:`orchestrator.ranks.dcp_reader`)."""
+    from orchestrator.ranks.dcp_reader import direct_dcp_reads
+
+    prefetch_own_shards(folder, accelerator.process_index)
+    with direct_dcp_reads():
+        accelerator.load_state(str(folder))

@@ -90,7 +90,7 @@ def _read_header(record: Any) -> _StoredTensor | None:
     (dtype, key, numel), storage_offset, size, stride = got
     return _StoredTensor(
         dtype,
-        numel * torch.empty((), dtype=dtype).element_size(),
+        numel * dtype.itemsize,
         storage_offset,
         size,
         stride,
@@ -116,7 +116,7 @@ def _byte_range(
     if partial and any(lengths[i] != 1 for i in range(partial[-1])):
         return None
     first = stored.storage_offset + sum(o * st for o, st in zip(offsets, stored.stride, strict=True))
-    element = torch.empty((), dtype=stored.dtype).element_size()
+    element = stored.dtype.itemsize
     start, length = first * element, math.prod(lengths) * element
     return (start, length) if start + length <= stored.storage_bytes else None
 
