@@ -141,7 +141,7 @@ def one(kind: str, cfg: Path, run_dir: Path, env: dict, port, load: bool = True)
     split = {k: float(v) for k, v in re.findall(r"(write|finalize) ([\d.]+)s", out)}
     # The marker's digests, serial (as before issue 16) against the threads finalize now uses,
     # interleaved on the same files (page cache warm, as finalize found them).
-    from orchestrator.checkpoint_files import file_digest, file_digests
+    from orchestrator.contract.checkpoints import file_digest, file_digests
 
     rels = list(marker["files"])
     t = time.perf_counter()
@@ -388,7 +388,7 @@ def goal_rows(c: dict) -> list[dict]:
             reads = p.get("direct_reads") or {}
             rows.append(
                 {
-                    "item": "sharded load, base: with issue 16's direct reads (orchestrator.ranks.dcp_reader: "
+                    "item": "sharded load, base: with issue 16's direct reads (orchestrator.rank.dcp_reader: "
                     "preadv into each tensor, file order) vs DCP's stock FileSystemReader, same processes, "
                     "interleaved",
                     "goal": "report",

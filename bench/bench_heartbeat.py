@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from orchestrator.heartbeat import Heartbeat  # noqa: E402
+from orchestrator.contract.heartbeat import Heartbeat  # noqa: E402
 from train.model import build_model  # noqa: E402
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
-from orchestrator.run_dir import preflight_dir, read_json  # noqa: E402
+from orchestrator.contract.run_dir import preflight_dir, read_json  # noqa: E402
 
 FLOOR_RE = re.compile(r"bench_srun_floor ([0-9.]+) ([0-9.]+)")
 

@@ -35,9 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.job_states import JobState  # noqa: E402
-from orchestrator.registry import Registry  # noqa: E402
-from orchestrator.run_summary import summarize  # noqa: E402
+from orchestrator.contract.job_states import JobState  # noqa: E402
+from orchestrator.core.run_summary import summarize  # noqa: E402
+from orchestrator.registry.store import Registry  # noqa: E402
 
 
 def make_run_dir(run_dir: Path, steps: int) -> None:

@@ -39,8 +39,8 @@ def build(tmp: Path, log: Callable[[str], None]) -> dict[str, dict[str, str]]:
     """The four registries; returns ``{name: env}``."""
     from bench_status import make_run_dir, write_script
 
-    from orchestrator.job_states import JobState
-    from orchestrator.registry import Registry
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import Registry
 
     runs = tmp / "runs"
     ids = [str(7_000_000 + i) for i in range(10_000)]

@@ -11,7 +11,7 @@ one JSON line per repetition.
 
 Not part of ``bench/run.py``: a tool for trying DCP writer options side by side. The third argument
 names the variants (default ``dcp,raw``): ``dcp_nocrc`` (torch.save without its zip CRC-32, what
-orchestrator.ranks.checkpoint_io does), ``dcp_threads2`` (FileSystemWriter thread_count=2).
+orchestrator.rank.checkpoint_io does), ``dcp_threads2`` (FileSystemWriter thread_count=2).
 
     torchrun --nproc-per-node 2 bench/ckpt_dcp_probe.py /tmp/probe 6 dcp,raw,dcp_nocrc,dcp_threads2
 """

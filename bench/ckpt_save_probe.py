@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from orchestrator.checkpoint_files import find_resumable  # noqa: E402
-from orchestrator.ranks import workarounds  # noqa: E402
+from orchestrator.contract.checkpoints import find_resumable  # noqa: E402
+from orchestrator.rank import workarounds  # noqa: E402
 from train import checkpointing  # noqa: E402
 from train.model import build_model  # noqa: E402
 
@@ -74,7 +74,7 @@ def as_before_issue_16() -> Iterator[None]:
 @contextlib.contextmanager
 def stock_dcp_reads() -> Iterator[None]:
     """``load_before``: train/'s load with DCP's own FileSystemReader (no direct reads)."""
-    from orchestrator.ranks import dcp_reader
+    from orchestrator.rank import dcp_reader
 
     saved = dcp_reader.direct_dcp_reads
     dcp_reader.direct_dcp_reads = contextlib.nullcontext  # type: ignore[assignment]
@@ -190,7 +190,7 @@ def main() -> None:
                 dist.barrier()
                 checkpointing.load(acc, folder, dict(current), opt, current)
             elif kind.endswith("load"):
-                from orchestrator.ranks import dcp_reader
+                from orchestrator.rank import dcp_reader
 
                 with count_direct_reads(dcp_reader) as counts:
                     checkpointing.load(acc, folder, dict(current), opt, current)

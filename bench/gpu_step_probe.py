@@ -24,7 +24,7 @@ import torch
 TREE = Path(os.environ.get("BENCH_TREE", Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(TREE))
 
-from orchestrator.ranks import workarounds as accelerate_workarounds  # noqa: E402
+from orchestrator.rank import workarounds as accelerate_workarounds  # noqa: E402
 from train.model import build_model  # noqa: E402
 
 

@@ -4,7 +4,7 @@
         --preset small --steps 2 --out /tmp/mem.json
 
 Builds the model from train/model.py and prepares it exactly like train/train.py (the CPU
-workarounds of orchestrator/ranks/workarounds.py, imported, not copied), then runs ``--steps`` steps
+workarounds of orchestrator/rank/workarounds.py, imported, not copied), then runs ``--steps`` steps
 of AdamW on synthetic data and measures on every rank:
 
 * model state after the last ``optimizer.step()`` (before ``zero_grad``): the bytes of the local
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from orchestrator.ranks import workarounds as accelerate_workarounds  # noqa: E402
+from orchestrator.rank import workarounds as accelerate_workarounds  # noqa: E402
 from train.model import build_model, count_params  # noqa: E402
 
 
@@ -113,7 +113,7 @@ def main() -> int:
     ):
         # FSDP2 CPU offload pins its CPU copies (pin_memory=True by default, Accelerate has no option):
         # on a machine without an accelerator that raises "Cannot access accelerator device when none
-        # is available". orchestrator/ranks/workarounds.py has no fix for it yet; the probe turns pinning off.
+        # is available". orchestrator/rank/workarounds.py has no fix for it yet; the probe turns pinning off.
         from torch.distributed.fsdp import CPUOffloadPolicy
 
         plugin.cpu_offload = CPUOffloadPolicy(pin_memory=False)

@@ -128,8 +128,8 @@ def importtime_top(args: list[str], env: dict, k: int = 6) -> list[dict]:
 def bench_cli(tmp: Path, reps: int, warmup: int, jobs: int) -> dict:
     from bench_status import make_run_dir, write_script
 
-    from orchestrator.job_states import JobState
-    from orchestrator.registry import Registry
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import Registry
 
     home, runs_root, bin_dir = tmp / "home", tmp / "runs", tmp / "bin"
     bin_dir.mkdir(parents=True)

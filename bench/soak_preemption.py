@@ -53,8 +53,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.run_dir import verify_checkpoint  # noqa: E402
-from orchestrator.run_summary import iter_metrics  # noqa: E402
+from orchestrator.contract.run_dir import verify_checkpoint  # noqa: E402
+from orchestrator.core.run_summary import iter_metrics  # noqa: E402
 
 TRAIN = str(REPO / "train" / "train.py")
 CKPT_EVERY = 5

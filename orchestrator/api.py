@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator.errors import UserError
+from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
     import signal
 
-    from orchestrator.commands.status import StatusRow
-    from orchestrator.job_states import JobState
-    from orchestrator.plan import LaunchPlan
-    from orchestrator.registry import Registry
-    from orchestrator.scheduler_query import QueryResult
+    from orchestrator.cli.status import StatusRow
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import Registry
     from orchestrator.schedulers.base import Request
+    from orchestrator.schedulers.slurm.query import QueryResult
 
 __all__ = [
     "Job",
@@ -63,7 +63,7 @@ def parse_after(text: str) -> str:
 
 
 def _registry(registry: Registry | None) -> Registry:
-    from orchestrator.registry import Registry
+    from orchestrator.registry.store import Registry
 
     return registry if registry is not None else Registry.open()
 
@@ -88,8 +88,8 @@ def make_plan(
 ) -> LaunchPlan:
     """The checked plan of a job, exactly as ``submit`` builds it from its flags. ``options``: strategy
     options by name (``{"mixed_precision": "bf16"}``), the ``--`` flags of ``orchestrator submit``."""
-    from orchestrator.commands.plan_args import plan_from_args
-    from orchestrator.options import OPTIONS
+    from orchestrator.cli.plan_args import plan_from_args
+    from orchestrator.config.options import OPTIONS
 
     known = {o.name for o in OPTIONS}
     given = dict(options or {})
@@ -126,13 +126,13 @@ class Job:
     _home: Path | None = field(default=None, repr=False, compare=False)
 
     def _open(self) -> Registry:
-        from orchestrator.registry import Registry
+        from orchestrator.registry.store import Registry
 
         return Registry.open(self._home)
 
     def status(self, timeout_s: float = 5.0) -> StatusRow:
         """State (one scheduler query) and training progress, as one row of ``orchestrator status``."""
-        from orchestrator.commands.status import collect_status
+        from orchestrator.cli.status import collect_status
 
         with self._open() as registry:
             rows, _ = collect_status(registry, [registry.get(self.job_id)], timeout_s=timeout_s)
@@ -143,7 +143,7 @@ class Job:
         where progress lines go (default nowhere). ``timeout`` passed: :class:`TimeoutError`."""
         import time
 
-        from orchestrator.progress import WaitTimeout, wait_for_job
+        from orchestrator.core.progress import WaitTimeout, wait_for_job
 
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._open() as registry:
@@ -156,7 +156,7 @@ class Job:
 
     def logs(self, node: int = 0, attempt: int | None = None) -> str:
         """The node entry point's log (launcher and rank output) of one attempt (default: the last)."""
-        from orchestrator.run_dir import attempt_dirs, node_log_file
+        from orchestrator.contract.run_dir import attempt_dirs, node_log_file
 
         attempts = dict(attempt_dirs(self.run_dir))
         if not attempts:
@@ -169,7 +169,7 @@ class Job:
 
     def metrics(self) -> list[dict[str, Any]]:
         """Every complete event of the run's metrics.jsonl (train, eval, resume...)."""
-        from orchestrator.run_summary import iter_metrics
+        from orchestrator.core.run_summary import iter_metrics
 
         return list(iter_metrics(self.run_dir))
 
@@ -184,7 +184,7 @@ class Job:
 
 
 def get_job(job_id: str, home: Path | None = None) -> Job:
-    from orchestrator.registry import Registry
+    from orchestrator.registry.store import Registry
 
     with Registry.open(home) as registry:
         record = registry.get(job_id)
@@ -193,7 +193,7 @@ def get_job(job_id: str, home: Path | None = None) -> Job:
 
 def submit_plan(plan: LaunchPlan, *, snapshot: bool = False, registry: Registry | None = None) -> Job:
     """Submit a checked plan (``submit``'s one path); the job and its run directory."""
-    from orchestrator.submission import submit as submit_
+    from orchestrator.core.submission import submit as submit_
 
     reg = _registry(registry)
     submitted = submit_(plan, snapshot=snapshot, registry=reg)
@@ -202,7 +202,7 @@ def submit_plan(plan: LaunchPlan, *, snapshot: bool = False, registry: Registry 
 
 def dry_run(plan: LaunchPlan) -> Request:
     """The request ``submit`` would make for ``plan`` now (``submit --dry-run`` prints it)."""
-    from orchestrator.submission import dry_run as dry_run_
+    from orchestrator.core.submission import dry_run as dry_run_
 
     return dry_run_(plan)
 
@@ -216,9 +216,9 @@ def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | No
     """Cancel a job (or signal it), under its run's lock; the line to print."""
     from contextlib import AbstractContextManager, nullcontext
 
-    from orchestrator.commands.cancel import cancel_job, parse_signal
-    from orchestrator.registry import Registry
-    from orchestrator.run_lock import RunLocked, run_lock
+    from orchestrator.cli.cancel import cancel_job, parse_signal
+    from orchestrator.core.run_lock import RunLocked, run_lock
+    from orchestrator.registry.store import Registry
 
     signum = parse_signal(sig) if isinstance(sig, str) else sig
     with Registry.open(home) as registry:
@@ -237,8 +237,8 @@ def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | No
 
 def resume(job_id: str, home: Path | None = None, **overrides: Any) -> tuple[Job, list[str]]:
     """``orchestrator resume``: the new job and the lines the command prints."""
-    from orchestrator.commands.resume import resume_job
-    from orchestrator.registry import Registry
+    from orchestrator.cli.resume import resume_job
+    from orchestrator.registry.store import Registry
 
     allowed = {"nodes", "procs_per_node", "strategy", "profile", "profiles_dir"}
     unknown = sorted(set(overrides) - allowed)
@@ -290,7 +290,7 @@ class Sweep:
     @property
     def jobs(self) -> list[Job]:
         """The tasks' jobs in task order (a local sweep's tasks appear as they start)."""
-        from orchestrator.registry import Registry
+        from orchestrator.registry.store import Registry
 
         with Registry.open(self._home) as registry:
             record = registry.get_sweep(self.sweep_id)
@@ -299,7 +299,7 @@ class Sweep:
 
     def status(self, metric: str = "loss", timeout_s: float = 5.0) -> SweepStatus:
         """Every task's row (one scheduler query for the whole sweep) and the best by ``metric``."""
-        from orchestrator.registry import Registry
+        from orchestrator.registry.store import Registry
 
         with Registry.open(self._home) as registry:
             return sweep_status(registry, self.sweep_id, metric, timeout_s)
@@ -324,7 +324,7 @@ class Sweep:
                 states[job.job_id] = job.wait(timeout=left, poll=poll)
 
     def _task_count(self) -> int:
-        from orchestrator.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
+        from orchestrator.contract.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
 
         if (self.sweep_dir / CANCEL_MARKER).exists():
             return len(self.jobs)
@@ -352,7 +352,7 @@ class Sweep:
         """Cancel every task still going (and start no more of a local sweep's)."""
         import getpass
 
-        from orchestrator.run_dir import write_cancel_marker
+        from orchestrator.contract.run_dir import write_cancel_marker
 
         write_cancel_marker(self.sweep_dir, "CANCEL", getpass.getuser())
         lines = []
@@ -367,7 +367,7 @@ class Sweep:
 def sweep_status(
     registry: Registry, sweep_id: str, metric: str = "loss", timeout_s: float = 5.0
 ) -> SweepStatus:
-    from orchestrator.commands.status import collect_status
+    from orchestrator.cli.status import collect_status
 
     if metric not in SWEEP_METRICS:
         raise UserError(f"--metric {metric!r}: expected one of {', '.join(SWEEP_METRICS)}")
@@ -377,7 +377,7 @@ def sweep_status(
     scored = [(getattr(r, metric), i) for i, r in enumerate(rows) if getattr(r, metric) is not None]
     best = (max(scored) if higher else min(scored))[1] if scored else None
     started = {t.task for t in record.tasks}
-    from orchestrator.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
+    from orchestrator.contract.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
 
     planned = (read_json(record.sweep_dir / SWEEP_FILE) or {}).get("tasks", [])
     queued = [(int(t["task"]), dict(t["params"])) for t in planned if int(t["task"]) not in started]
@@ -396,7 +396,7 @@ def sweep_status(
 
 
 def get_sweep(sweep_id: str, home: Path | None = None) -> Sweep:
-    from orchestrator.registry import Registry
+    from orchestrator.registry.store import Registry
 
     with Registry.open(home) as registry:
         record = registry.get_sweep(sweep_id)
@@ -407,7 +407,7 @@ def sweep_plan_points(
     grid: Mapping[str, Sequence[Any]], *, script: str, args: Sequence[str] = (), **kwargs: Any
 ) -> tuple[LaunchPlan, dict[str, list[str]]]:
     """The base plan and the grid as text (``{"lr": [1e-3, 3e-4]}`` -> ``["0.001", "0.0003"]``)."""
-    from orchestrator.sweep_plan import parse_grid
+    from orchestrator.config.sweep_plan import parse_grid
 
     specs = [f"{k}=" + ",".join(str(v) for v in values) for k, values in grid.items()]
     return make_plan(script=script, args=args, **kwargs), parse_grid(specs)
@@ -419,7 +419,7 @@ def submit_sweep_plan(
     max_parallel: int | None,
     registry: Registry | None = None,
 ) -> Sweep:
-    from orchestrator.sweep_submit import submit_sweep
+    from orchestrator.core.sweep_submit import submit_sweep
 
     reg = _registry(registry)
     tasks = 1

@@ -8,14 +8,14 @@
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.output_dir))
 
 Submitted through ``orchestrator submit``, an *unchanged* ``Trainer`` script gets both lines from the
-node's import hook (:mod:`orchestrator.ranks.script_hooks`; ``--no-script-hooks`` turns it off).
+node's import hook (:mod:`orchestrator.rank.script_hooks`; ``--no-script-hooks`` turns it off).
 
 * Transformers writes ``checkpoint-N`` in place, so a kill mid-save leaves a folder that looks like a
   checkpoint. The callback marks each one complete (``COMPLETE.json``: every file's size and digest)
   once every rank has finished writing it, and :func:`last_complete_checkpoint` takes the newest one
   that is marked by this run and intact; a torn one is skipped with a warning.
 * The stop request (USR2 or TERM) is agreed by all ranks at a step boundary
-  (:mod:`orchestrator.ranks.stop`); they save that step, and the job leaves with exit 75 for a requeue.
+  (:mod:`orchestrator.rank.stop`); they save that step, and the job leaves with exit 75 for a requeue.
   (Transformers' own ``enable_jit_checkpoint`` handles TERM only, on a timer per rank: see README.)
 * ``on_log`` and each step feed ``metrics.jsonl`` for ``status``, ``logs``, ``plot`` and the ETA.
 """
@@ -31,11 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempt_start import write_attempt_start
-from orchestrator.checkpoint_files import mark_complete_in_place, newest_complete
-from orchestrator.heartbeat import Heartbeat
-from orchestrator.ranks.stop import StopRequest, any_rank, barrier, broadcast_from_main
-from orchestrator.run_dir import COMPLETE_MARKER, EXIT_REQUEUE, METRICS_FILE, read_json, write_exit_status
+from orchestrator.contract.attempt_start import write_attempt_start
+from orchestrator.contract.checkpoints import mark_complete_in_place, newest_complete
+from orchestrator.contract.heartbeat import Heartbeat
+from orchestrator.contract.run_dir import (
+    COMPLETE_MARKER,
+    EXIT_REQUEUE,
+    METRICS_FILE,
+    read_json,
+    write_exit_status,
+)
+from orchestrator.rank.stop import StopRequest, any_rank, barrier, broadcast_from_main
 
 HOOK = "trainer"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")

@@ -45,11 +45,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.attempt_start import write_attempt_start
-from orchestrator.checkpoint_files import checkpoints_dir, finalize, find_resumable, prune
-from orchestrator.heartbeat import Heartbeat
-from orchestrator.ranks.stop import StopRequest, barrier, broadcast_from_main
-from orchestrator.run_dir import EXIT_REQUEUE, METRICS_FILE, checkpoint_folder_name, write_exit_status
+from orchestrator.contract.attempt_start import write_attempt_start
+from orchestrator.contract.checkpoints import checkpoints_dir, finalize, find_resumable, prune
+from orchestrator.contract.heartbeat import Heartbeat
+from orchestrator.contract.run_dir import (
+    EXIT_REQUEUE,
+    METRICS_FILE,
+    checkpoint_folder_name,
+    write_exit_status,
+)
+from orchestrator.rank.stop import StopRequest, barrier, broadcast_from_main
 
 #: The ``hook`` this module names in start records and checkpoint markers.
 HOOK = "accelerate"
@@ -123,11 +128,11 @@ class ResumableLoop:
             choice = str(found[0]) if found else None
         choice = broadcast_from_main(choice)
         if choice is not None:
-            from orchestrator.ranks.workarounds import init_fsdp1_optimizer_state
+            from orchestrator.rank.workarounds import init_fsdp1_optimizer_state
 
             for optimizer in getattr(self.accelerator, "_optimizers", []):
                 init_fsdp1_optimizer_state(self.accelerator, optimizer)
-            from orchestrator.ranks.checkpoint_io import load_state
+            from orchestrator.rank.checkpoint_io import load_state
 
             load_state(self.accelerator, Path(choice))
             self.resumed_from = Path(choice)
@@ -205,7 +210,7 @@ class ResumableLoop:
         if self.accelerator.is_main_process:
             root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".tmp-{final.name}-{broadcast_from_main(uuid.uuid4().hex[:8])}"
-        from orchestrator.ranks.checkpoint_io import own_shard_digests, without_zip_crc32
+        from orchestrator.rank.checkpoint_io import own_shard_digests, without_zip_crc32
 
         with without_zip_crc32():
             self.accelerator.save_state(str(tmp))

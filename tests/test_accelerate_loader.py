@@ -29,11 +29,11 @@ require_modules("accelerate", "torch")
 from accelerate.commands.config.config_args import load_config_from_file  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
 
-from orchestrator.errors import UserError  # noqa: E402
-from orchestrator.plan import LaunchPlan, build_plan, merge_options  # noqa: E402
-from orchestrator.profiles import ClusterProfile, parse_profile  # noqa: E402
-from orchestrator.render import NodeRuntime, render_accelerate_config, sample_runtime  # noqa: E402
-from orchestrator.strategies import STRATEGIES  # noqa: E402
+from orchestrator.config.plan import LaunchPlan, build_plan, merge_options  # noqa: E402
+from orchestrator.config.profiles import ClusterProfile, parse_profile  # noqa: E402
+from orchestrator.config.render import NodeRuntime, render_accelerate_config, sample_runtime  # noqa: E402
+from orchestrator.config.strategies import STRATEGIES  # noqa: E402
+from orchestrator.contract.errors import UserError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT = 90

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import UserError
+from orchestrator.contract.errors import UserError
 from tests.helpers.cli import REPO, run_cli
 
 SCRIPT = str(REPO / "tests" / "scripts" / "sweep_task.py")
@@ -18,7 +18,7 @@ SCRIPT = str(REPO / "tests" / "scripts" / "sweep_task.py")
 def test_import_orchestrator_and_its_api_import_no_torch() -> None:
     code = (
         "import sys, orchestrator; orchestrator.submit; orchestrator.sweep; orchestrator.get_job; "
-        "import orchestrator.api, orchestrator.sweep_submit, orchestrator.sweep_status; "
+        "import orchestrator.api, orchestrator.core.sweep_submit, orchestrator.core.sweep_status; "
         "print(sorted(m for m in ('torch', 'accelerate', 'transformers', 'deepspeed', 'submitit') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -45,7 +45,7 @@ def test_the_api_and_the_cli_build_the_same_plan(orch_env: dict[str, str]) -> No
         orch_env,
     )
     assert res.returncode == 0, res.stderr
-    from orchestrator.render import render_sbatch
+    from orchestrator.config.render import render_sbatch
 
     assert plan.after == ("afterany:12",) and plan.options.mixed_precision == "bf16"
     sbatch = render_sbatch(plan, "/SAMPLE/run_dir", "/SAMPLE/run_dir/submitit", sys.executable)
@@ -59,7 +59,7 @@ def test_the_api_and_the_cli_build_the_same_plan(orch_env: dict[str, str]) -> No
 
 def test_sweep_plans_fill_each_grid_point(tmp_path: Path) -> None:
     import orchestrator
-    from orchestrator.sweep_plan import grid_from_yaml, parse_grid, sweep_plans
+    from orchestrator.config.sweep_plan import grid_from_yaml, parse_grid, sweep_plans
 
     base = orchestrator.make_plan(profile="slurm_a100", script=SCRIPT, args=["--lr={lr}", "--seed", "{seed}"])
     points = sweep_plans(base, parse_grid(["lr=1e-3,3e-4", "seed=0,1"]))
@@ -80,7 +80,7 @@ def test_sweep_plans_fill_each_grid_point(tmp_path: Path) -> None:
 
 
 def test_the_registry_keeps_sweeps(tmp_path: Path) -> None:
-    from orchestrator.registry import Registry
+    from orchestrator.registry.store import Registry
 
     with Registry.open(tmp_path) as reg:
         for i in range(3):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import run_dir
+from orchestrator.contract import run_dir
 from tests.helpers.cli import REPO
 
 PACKAGE = REPO / "orchestrator"
@@ -42,7 +42,7 @@ def test_only_the_slurm_scheduler_reads_slurm_variables() -> None:
     hits = [
         f"{p.relative_to(REPO)}:{n}"
         for p in sources(PACKAGE)
-        if p != SCHEDULERS / "slurm.py"
+        if p != SCHEDULERS / "slurm" / "scheduler.py"
         for n, line in enumerate(p.read_text().splitlines(), 1)
         if reads.search(line)
     ]
@@ -60,11 +60,11 @@ def test_each_exit_code_is_defined_once(name: str) -> None:
     defined_in = [
         str(p.relative_to(REPO)) for p in sources(PACKAGE, REPO / "train") if definition.search(p.read_text())
     ]
-    assert defined_in == ["orchestrator/run_dir.py"]
+    assert defined_in == ["orchestrator/contract/run_dir.py"]
 
 
 def test_the_training_program_uses_the_contract_objects_themselves() -> None:
-    from orchestrator.ranks import selfcheck
+    from orchestrator.rank import selfcheck
     from train import checkpointing
     from train import train as train_main
 
@@ -87,7 +87,7 @@ def _checkpoint(root: Path, name: str, files: dict[str, bytes], marker: object) 
 
 
 def test_one_rule_for_a_complete_checkpoint(tmp_path: Path) -> None:
-    """``resume`` and ``status`` (orchestrator.run_dir) and training itself (train/checkpointing) agree
+    """``resume`` and ``status`` (orchestrator.contract.run_dir) and training itself (train/checkpointing) agree
     on every kind of checkpoint, complete or torn."""
     from train import checkpointing
 
@@ -113,13 +113,13 @@ def test_one_rule_for_a_complete_checkpoint(tmp_path: Path) -> None:
 
 def test_the_run_dir_contract_needs_only_the_standard_library() -> None:
     code = (
-        "import sys, orchestrator.run_dir as r; "
+        "import sys, orchestrator.contract.run_dir as r; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('orchestrator', 'yaml', 'pydantic', 'jinja2', 'psutil', 'submitit', 'torch', 'accelerate')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "['orchestrator', 'orchestrator.run_dir']"
+    assert out.stdout.strip() == "['orchestrator', 'orchestrator.contract', 'orchestrator.contract.run_dir']"
 
 
 def test_every_scheduler_name_has_its_implementation() -> None:

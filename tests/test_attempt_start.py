@@ -1,4 +1,4 @@
-"""What an attempt started from (orchestrator.attempt_start) and how Trainer checkpoints are chosen
+"""What an attempt started from (orchestrator.contract.attempt_start) and how Trainer checkpoints are chosen
 (orchestrator.hf.last_complete_checkpoint): real files, no cluster."""
 
 from __future__ import annotations
@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.attempt_start import NO_HOOK, describe_newest_start, describe_start, write_attempt_start
-from orchestrator.checkpoint_files import mark_complete_in_place
+from orchestrator.contract.attempt_start import (
+    NO_HOOK,
+    describe_newest_start,
+    describe_start,
+    write_attempt_start,
+)
+from orchestrator.contract.checkpoints import mark_complete_in_place
+from orchestrator.contract.run_dir import attempt_dir
 from orchestrator.hf import last_complete_checkpoint
-from orchestrator.run_dir import attempt_dir
 
 
 def _attempt(run_dir: Path, attempt: int, ended: bool = True) -> Path:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import auto_resume as ar
-from orchestrator.batch_step import TASK_FAILURE_RE
-from orchestrator.plan import build_plan, merge_options
-from orchestrator.profiles import load_profile
+from orchestrator.config.plan import build_plan, merge_options
+from orchestrator.config.profiles import load_profile
+from orchestrator.schedulers.slurm import auto_resume as ar
+from orchestrator.schedulers.slurm.batch_step import TASK_FAILURE_RE
 
 
 @pytest.fixture()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import checkpoint_files
-from orchestrator.checkpoint_files import check_checkpoint_content
-from orchestrator.run_dir import (
+from orchestrator.contract import checkpoints
+from orchestrator.contract.checkpoints import check_checkpoint_content
+from orchestrator.contract.run_dir import (
     CORRUPT_MARKER,
     check_checkpoint,
     corrupt_checkpoints,
@@ -53,7 +53,7 @@ def test_flipped_byte_is_found_and_the_older_checkpoint_chosen(tmp_path: Path) -
     assert "optimizer.bin" in check_checkpoint_content(newest, marker)
 
     warnings: list[str] = []
-    found = checkpoint_files.find_resumable(tmp_path, warnings.append)
+    found = checkpoints.find_resumable(tmp_path, warnings.append)
     assert found is not None and found[0].name == "step_00000005"
     assert any("step_00000010" in w and "content does not match" in w for w in warnings), warnings
     # Marked: neither status's rule nor a later resume picks it again, and it is listed with why.
@@ -66,7 +66,7 @@ def test_flipped_byte_is_found_and_the_older_checkpoint_chosen(tmp_path: Path) -
 def test_checkpoint_without_digests_still_resumes(tmp_path: Path) -> None:
     """Checkpoints written before digests existed are not refused."""
     make_checkpoint(tmp_path, 5, {"model.bin": 8})
-    found = checkpoint_files.find_resumable(tmp_path, print)
+    found = checkpoints.find_resumable(tmp_path, print)
     assert found is not None and found[0].name == "step_00000005"
 
 
@@ -110,7 +110,7 @@ def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(t
 def _two_rank_save(rank: int, folder: str, port: int) -> None:
     import torch.distributed as dist
 
-    from orchestrator.ranks.checkpoint_io import own_shard_digests
+    from orchestrator.rank.checkpoint_io import own_shard_digests
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -122,7 +122,7 @@ def _two_rank_save(rank: int, folder: str, port: int) -> None:
         dist.barrier()
         digests = own_shard_digests(root, rank, 2)
         if rank == 0:
-            checkpoint_files.finalize(root, root.parent / "step_00000001", {"step": 1}, digests)
+            checkpoints.finalize(root, root.parent / "step_00000001", {"step": 1}, digests)
             (root.parent / "known.json").write_text(json.dumps(digests))
         dist.barrier()
     finally:

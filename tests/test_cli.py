@@ -1,4 +1,4 @@
-"""The command line guides (orchestrator/cli.py, commands/profiles.py, commands/submit.py): usage
+"""The command line guides (orchestrator/cli/main.py, commands/profiles.py, commands/submit.py): usage
 errors are one line with a did-you-mean, `--version`, options after the action, `profiles validate`
 refuses what `render` refuses, and submit names the next commands."""
 

@@ -1,7 +1,7 @@
 """Commands that do not train import neither torch nor accelerate, and every --help works.
 
 Each command runs in a fresh interpreter through a small wrapper that calls
-``orchestrator.cli.main`` and then reports which torch/accelerate modules are in
+``orchestrator.cli.main.main`` and then reports which torch/accelerate modules are in
 ``sys.modules``. No timing assertions: the import list is what keeps start-up fast.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import COMMANDS, MODULES
+from orchestrator.cli.main import COMMANDS, MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "accelerate")
@@ -26,7 +26,7 @@ import json, sys
 args = json.loads(sys.argv[1])
 rc = 0
 try:
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
     rc = main(args)
 except SystemExit as exc:  # argparse's --help and usage errors
     rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -101,15 +101,13 @@ def test_importtime_render(tmp_path: Path) -> None:
         for line in proc.stderr.splitlines()
         if line.startswith("import time:")
     ]
-    assert "orchestrator.render" in imported
+    assert "orchestrator.config.render" in imported
     assert not [m for m in imported if m.split(".")[0] in HEAVY]
 
 
 def test_every_command_has_its_module() -> None:
     """A command listed in the CLI whose module is missing is a broken command, not one to skip."""
-    missing = [
-        n for n in COMMANDS if not importlib.util.find_spec(f"orchestrator.commands.{MODULES.get(n, n)}")
-    ]
+    missing = [n for n in COMMANDS if not importlib.util.find_spec(f"orchestrator.cli.{MODULES.get(n, n)}")]
     assert missing == []
 
 

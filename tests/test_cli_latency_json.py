@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.table import dumps_indented
+from orchestrator.cli.table import dumps_indented
 
 scalars = st.one_of(
     st.none(),
@@ -94,7 +94,7 @@ def test_rows_with_holes_alike_and_unlike() -> None:
     """Rows alike in their keys (status's) fill their mappings and lists back in order: flat mappings
     written together, others alone; rows whose keys differ, or whose other keys hold a mapping, or a
     value equal to the stand-in string itself, still come out as indent=2 writes them."""
-    from orchestrator.table import _HOLE
+    from orchestrator.cli.table import _HOLE
 
     def row(i: int, **kw: Any) -> dict[str, Any]:
         return {

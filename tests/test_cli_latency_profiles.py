@@ -1,6 +1,6 @@
 """The fast profile check (no pydantic) against the pydantic schema it stands in for.
 
-``orchestrator.profiles`` validates plainly valid profiles without importing pydantic (CLI start-up
+``orchestrator.config.profiles`` validates plainly valid profiles without importing pydantic (CLI start-up
 time) and hands everything else to the pydantic schema. That is only sound if the fast path
 accepts a subset of what pydantic accepts, with identical values, and if both layers declare the
 same keys and defaults. Checked here on the fuzz generators of test_profile_fuzz.py and on the
@@ -20,9 +20,9 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
-from orchestrator import profile_records as R
-from orchestrator import profile_schema as S
-from orchestrator import profiles as P
+from orchestrator.config import profile_records as R
+from orchestrator.config import profile_schema as S
+from orchestrator.config import profiles as P
 from tests.helpers.profile_docs import FAST, documents, profile_like
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_records_behave_like_the_models() -> None:
 def test_valid_render_imports_no_pydantic(tmp_path: Path) -> None:
     """The point of the fast path: rendering a valid profile never imports pydantic."""
     code = (
-        "import sys\nfrom orchestrator.cli import main\n"
+        "import sys\nfrom orchestrator.cli.main import main\n"
         "rc = main(['render', '--profile', 'slurm_a100', '--strategy', 'full_shard', '--', 'train/train.py'])\n"
         "print('PYDANTIC' if 'pydantic' in sys.modules else 'NO_PYDANTIC', file=sys.stderr)\nsys.exit(rc)\n"
     )
@@ -187,7 +187,7 @@ def test_cached_parse_gives_the_same_profile(cache_dir: Path) -> None:
 def test_warm_render_imports_no_yaml(cache_dir: Path) -> None:
     """The point of the cache: a second render of an unchanged profile does not import PyYAML."""
     code = (
-        "import sys\nfrom orchestrator.cli import main\n"
+        "import sys\nfrom orchestrator.cli.main import main\n"
         "rc = main(['render', '--profile', 'slurm_a100', '--', 'train/train.py'])\n"
         "print('YAML' if 'yaml' in sys.modules else 'NO_YAML', file=sys.stderr)\nsys.exit(rc)\n"
     )

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run_summary import summarize
-from orchestrator.summary_cache import SummaryCache
+from orchestrator.core.run_summary import summarize
+from orchestrator.core.summary_cache import SummaryCache
 from tests.helpers.run_dirs import make_checkpoint, train_event, write_metrics
 
 _AGES = itertools.count(1)
@@ -143,7 +143,7 @@ def test_bad_cache_file_is_ignored(tmp_path: Path, content: str) -> None:
 def test_resume_scan_progress_carries_over_between_processes(tmp_path: Path) -> None:
     """A live run is re-summarised on every call; its whole-file resume count must not mean reading
     the whole metrics.jsonl every time: the scan position is kept in the cache file."""
-    from orchestrator import run_summary as R
+    from orchestrator.core import run_summary as R
 
     R._resume_cache.clear()  # this process's earlier tests
     R._resume_touched.clear()
@@ -172,7 +172,7 @@ def test_a_checkpoint_marked_corrupt_after_caching_is_seen(tmp_path: Path) -> No
     """A restore that finds the newest checkpoint's bytes bad writes CORRUPT.json inside its folder:
     no folder or marker stat the cache keys on shows that, yet the next status must not call it the
     last checkpoint, and must say it was skipped."""
-    from orchestrator.checkpoint_files import mark_checkpoint_corrupt
+    from orchestrator.contract.checkpoints import mark_checkpoint_corrupt
 
     run = tmp_path / "run"
     make_run(run)

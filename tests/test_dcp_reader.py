@@ -1,4 +1,4 @@
-"""orchestrator.ranks.dcp_reader: DCP checkpoints read straight into place, byte-equal to DCP's own
+"""orchestrator.rank.dcp_reader: DCP checkpoints read straight into place, byte-equal to DCP's own
 reader, with every case it cannot prove safe left to DCP (counted, so a reader that silently falls
 back everywhere fails too). Real DCP files, a real 2-process gloo group for the resharded loads."""
 
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from orchestrator.ranks.dcp_reader import DirectReader, direct_dcp_reads  # noqa: E402
+from orchestrator.rank.dcp_reader import DirectReader, direct_dcp_reads  # noqa: E402
 from tests.helpers import train_launch as tl  # noqa: E402
 
 

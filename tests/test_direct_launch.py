@@ -1,4 +1,4 @@
-"""The direct launcher (orchestrator/direct_launch.py): a node's ranks forked from the launcher.
+"""The direct launcher (orchestrator/node/direct_launch.py): a node's ranks forked from the launcher.
 
 Real local jobs (the ``local`` profile: real ``accelerate``, real gloo process groups). What a
 rank sees must be what torchrun would have given it; output, exit codes and the end of a failed

@@ -1,4 +1,4 @@
-"""Failures explain themselves (orchestrator/failure_report.py): the failing node and rank, the
+"""Failures explain themselves (orchestrator/core/failure_report.py): the failing node and rank, the
 first error lines, and the exact `orchestrator logs` command, in `--wait`, `status` and end_reason.
 
 The end-to-end tests crash a real rank (tests/scripts/crash_rank.py) under real local and Slurm
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.failure_report import explain_failure, scan_errors
+from orchestrator.core.failure_report import explain_failure, scan_errors
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli
 
 CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")
@@ -83,7 +83,7 @@ def test_error_only_in_the_scheduler_files_is_surfaced(tmp_path: Path) -> None:
         "submitit ERROR (2026-11-22) - Submitted job triggered an exception\n"
         "Traceback (most recent call last):\n"
         '  File "node_entry.py", line 9, in main_ip\n'
-        "orchestrator.errors.RunFailure: network_interface 'ib9' does not exist on n2 (have: lo, eth0)\n"
+        "orchestrator.contract.errors.RunFailure: network_interface 'ib9' does not exist on n2 (have: lo, eth0)\n"
     )
     why = explain_failure(tmp_path, "44", procs_per_node=2, scheduler_logs=[err])
     assert why is not None and why.node == 1 and why.rank is None
@@ -168,8 +168,8 @@ def test_slurm_crashed_rank_is_explained(slurm_cluster: dict, orch_env: dict[str
 
 
 def test_logs_points_at_an_error_only_the_scheduler_saw(orch_env: dict[str, str], tmp_path: Path) -> None:
-    from orchestrator.job_states import JobState
-    from orchestrator.registry import Registry
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import Registry
 
     run_dir = tmp_path / "runs" / "r"
     _attempt(run_dir, {0: "[orchestrator node] received SIGTERM while no training runs\n"}, {})

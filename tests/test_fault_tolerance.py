@@ -29,9 +29,9 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.auto_resume import read_decisions
-from orchestrator.run_dir import last_complete_checkpoint
-from orchestrator.run_summary import iter_metrics
+from orchestrator.contract.run_dir import last_complete_checkpoint
+from orchestrator.core.run_summary import iter_metrics
+from orchestrator.schedulers.slurm.auto_resume import read_decisions
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state
 from tests.helpers.preconditions import require
 from tests.helpers.slurm_cluster import (
@@ -431,7 +431,7 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(
     assert "exit=75" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
     assert "exit=0" in (run_dir / "logs" / f"attempt_{attempts[-1]}" / "node_0.log").read_text()
     # the registry knows each requeued attempt and the checkpoint it started from
-    from orchestrator.registry import Registry
+    from orchestrator.registry.store import Registry
 
     recorded = Registry.open(Path(ft_env["ORCHESTRATOR_HOME"])).attempts(job_id)
     assert [a.attempt for a in recorded] == attempts, recorded

@@ -5,7 +5,7 @@ and at 2 nodes where the default is 1) is either rendered into
 ``tests/golden/<profile>/<combination>.txt`` or listed with its refusal reason in
 ``tests/golden/refused.txt``. Fixed inputs keep the text stable: python ``python3``,
 run dir ``/RUN``, submitit folder ``/RUN/submitit``, and the sample runtime values
-(``orchestrator.render.sample_runtime``).
+(``orchestrator.config.render.sample_runtime``).
 
 Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_golden.py``: that
 run rewrites the files and fails with a summary; read ``git diff tests/golden``, then run again
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.errors import UserError
-from orchestrator.plan import LaunchPlan
-from orchestrator.render import sample_runtime
-from orchestrator.strategies import STRATEGIES
+from orchestrator.config.plan import LaunchPlan
+from orchestrator.config.render import sample_runtime
+from orchestrator.config.strategies import STRATEGIES
+from orchestrator.contract.errors import UserError
 from tests.helpers.golden import (
     GOLDEN,
     RUN_DIR,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.job_states import (
+from orchestrator.contract.job_states import (
     SLURM_COMPACT_CODES,
     SLURM_STATE_MAP,
     TERMINAL_STATES,

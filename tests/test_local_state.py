@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.job_states import JobState
-from orchestrator.local_state import local_state
-from orchestrator.run_dir import write_cancel_marker
+from orchestrator.contract.job_states import JobState
+from orchestrator.contract.run_dir import write_cancel_marker
+from orchestrator.schedulers.local.state import local_state
 
 
 def _spawn_group_leader() -> subprocess.Popen[bytes]:

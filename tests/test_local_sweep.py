@@ -46,7 +46,7 @@ def test_a_local_sweep_runs_k_tasks_at_a_time(orch_env: dict[str, str], reap_swe
     assert data["best_task"] == 1 and data["queued"] == []
     # K = 2: the third task was submitted only after one of the first two had ended.
     ended = [(t / "local_state.json").stat().st_mtime for t in tasks]
-    from orchestrator.registry import Registry
+    from orchestrator.registry.store import Registry
 
     with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as registry:
         submitted = [registry.get(t["job_id"]).submitted_at for t in data["tasks"]]

@@ -1,4 +1,4 @@
-"""orchestrator.options: one declaration per training option, and every place that derives from it.
+"""orchestrator.config.options: one declaration per training option, and every place that derives from it.
 
 The CLI flags, the profile's ``defaults:`` record, its fast checks and its pydantic model, the merge
 of command line over profile, the plan checks, the blame map and resume's carry-over all read
@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import options as O
-from orchestrator import profile_schema as S
-from orchestrator.commands.plan_args import _PROFILE_KEYS, add_plan_arguments, plan_from_args
-from orchestrator.commands.resume import resume_plan
-from orchestrator.errors import UserError
-from orchestrator.options import OPTIONS, TrainingOptions
-from orchestrator.plan import LaunchPlan, build_plan, check_combination, merge_options
-from orchestrator.profile_records import ClusterProfile, TrainingDefaults
-from orchestrator.profiles import load_profile, parse_profile
-from orchestrator.strategies import STRATEGIES, STRATEGY_NAMES
+from orchestrator.cli.plan_args import _PROFILE_KEYS, add_plan_arguments, plan_from_args
+from orchestrator.cli.resume import resume_plan
+from orchestrator.config import options as O
+from orchestrator.config import profile_schema as S
+from orchestrator.config.options import OPTIONS, TrainingOptions
+from orchestrator.config.plan import LaunchPlan, build_plan, check_combination, merge_options
+from orchestrator.config.profile_records import ClusterProfile, TrainingDefaults
+from orchestrator.config.profiles import load_profile, parse_profile
+from orchestrator.config.strategies import STRATEGIES, STRATEGY_NAMES
+from orchestrator.contract.errors import UserError
 
 NAMES = [f.name for f in dataclasses.fields(TrainingOptions)]
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingOptions)}
@@ -277,14 +277,14 @@ def test_options_json_is_unchanged() -> None:
 
 
 def test_plan_reexports_training_options() -> None:
-    from orchestrator import plan
+    from orchestrator.config import plan
 
     assert plan.TrainingOptions is TrainingOptions
     assert isinstance(parse_profile("scheduler: local\n", "p.yaml").defaults, TrainingOptions)
 
 
 def test_selfcheck_uses_the_strategy_table() -> None:
-    from orchestrator.ranks import selfcheck
+    from orchestrator.rank import selfcheck
 
     assert tuple(selfcheck.STRATEGIES) == STRATEGY_NAMES
     assert set(selfcheck.HYBRID) == {n for n, s in STRATEGIES.items() if s.hybrid}

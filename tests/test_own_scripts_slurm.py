@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.attempt_start import NO_HOOK, read_attempt_start
-from orchestrator.node_entry import tracker_run_id
-from orchestrator.run_summary import iter_metrics
+from orchestrator.contract.attempt_start import NO_HOOK, read_attempt_start
+from orchestrator.core.run_summary import iter_metrics
+from orchestrator.node.entry import tracker_run_id
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm
 

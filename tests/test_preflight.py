@@ -1,4 +1,4 @@
-"""The preflight's decision (orchestrator.preflight.judge) on synthetic figures: which node it names.
+"""The preflight's decision (orchestrator.supervise.preflight.judge) on synthetic figures: which node it names.
 
 The figures are what the nodes' reports hold (``node_<N>.json``); the real measurement runs on the
 Slurm test cluster in tests/test_preflight_slurm.py.
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.preflight import judge
-from orchestrator.profile_records import Preflight
+from orchestrator.config.profile_records import Preflight
+from orchestrator.supervise.preflight import judge
 
 LIMITS = Preflight.model_validate({"max_latency_ms": 20.0, "min_bandwidth_mbps": 200.0})
 GOOD = {"rtt_ms": 0.4, "in_mbps": 3000.0}

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.run_dir import attempt_dir, preflight_dir, read_json
+from orchestrator.contract.run_dir import attempt_dir, preflight_dir, read_json
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, user_profile_dir
 from tests.helpers.slurm_cluster import slurm
 

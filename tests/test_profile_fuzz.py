@@ -19,13 +19,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.errors import UserError
-from orchestrator.plan import build_plan, merge_options
-from orchestrator.profiles import (
+from orchestrator.config.plan import build_plan, merge_options
+from orchestrator.config.profiles import (
     ClusterProfile,
     parse_profile,
 )
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
+from orchestrator.config.render import render_accelerate_config, render_sbatch, sample_runtime
+from orchestrator.contract.errors import UserError
 from tests.helpers.profile_docs import FAST, documents, profile_like
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,20 +1,20 @@
 """The README's profile reference is generated from the one declaration of profile keys
-(orchestrator/profile_reference.py), and is never stale."""
+(orchestrator/config/profile_reference.py), and is never stale."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.options import OPTIONS
-from orchestrator.profile_records import ClusterProfile
-from orchestrator.profile_reference import README, readme_section, reference_markdown, write_readme
+from orchestrator.config.options import OPTIONS
+from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.config.profile_reference import README, readme_section, reference_markdown, write_readme
 
 
 def test_readme_copy_is_current() -> None:
     current = readme_section(README.read_text())
     assert current is not None, "README.md lost its profile-reference markers"
     assert current == reference_markdown(), (
-        "README.md's profile reference is stale: run `python -m orchestrator.profile_reference --write`"
+        "README.md's profile reference is stale: run `python -m orchestrator.config.profile_reference --write`"
     )
 
 
@@ -37,7 +37,7 @@ def test_a_changed_declaration_makes_the_copy_stale(tmp_path: Path) -> None:
         README.read_text().split("<!-- profile-reference:start", 1)[0],
         "<!-- profile-reference:end -->",
     )
-    from orchestrator.profile_reference import END, START
+    from orchestrator.config.profile_reference import END, START
 
     body = "\n".join(line for line in fresh.splitlines() if "`max_requeues`" not in line) + "\n"
     stale_readme.write_text(f"{start}{START}\n{body}{end}\n")

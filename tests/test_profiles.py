@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import UserError
-from orchestrator.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.profiles import (
+from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.config.profiles import (
     ClusterProfile,
     available_profiles,
     builtin_profiles_dir,
@@ -20,6 +19,7 @@ from orchestrator.profiles import (
     parse_profile,
     profile_search_path,
 )
+from orchestrator.contract.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 BUILTINS = sorted(p.stem for p in (REPO / "cluster_profiles").glob("*.yaml"))

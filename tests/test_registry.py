@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import UserError
-from orchestrator.job_states import JobState
-from orchestrator.registry import MIGRATIONS, SCHEMA_VERSION, Registry
+from orchestrator.contract.errors import UserError
+from orchestrator.contract.job_states import JobState
+from orchestrator.registry.store import MIGRATIONS, SCHEMA_VERSION, Registry
 from tests.helpers.cli import run_cli
 
 
@@ -343,7 +343,7 @@ def test_list_cli_bad_input(orch_env: dict[str, str], args: list[str], needle: s
 
 def test_rows_read_back_are_complete_records(tmp_path: Path) -> None:
     """Rows become JobRecords without the dataclass __init__ (speed): every field must be there."""
-    from orchestrator.registry import JobRecord
+    from orchestrator.registry.store import JobRecord
 
     with Registry.open(tmp_path) as reg:
         _add(reg, "local-1")

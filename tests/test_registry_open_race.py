@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.registry import SCHEMA_VERSION, Registry
+from orchestrator.registry.store import SCHEMA_VERSION, Registry
 
 N_PROCS = 16
 ROUNDS = 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator import run_dir as rd
-from orchestrator.run_dir import last_complete_checkpoint
+from orchestrator.contract import run_dir as rd
+from orchestrator.contract.run_dir import last_complete_checkpoint
 from tests.helpers.run_dirs import make_checkpoint
 
 

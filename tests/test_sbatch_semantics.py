@@ -14,10 +14,10 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from orchestrator.errors import UserError
-from orchestrator.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.profiles import parse_profile
-from orchestrator.render import PYTHON_VAR, render_sbatch
+from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.config.profiles import parse_profile
+from orchestrator.config.render import PYTHON_VAR, render_sbatch
+from orchestrator.contract.errors import UserError
 from tests.helpers.golden import PYTHON, REPO, RUN_DIR, SUBMITIT, Combo, builtin_profiles, combos, plan_for
 
 
@@ -112,7 +112,7 @@ def check_script(plan: LaunchPlan, script: str, attempt_base: int = 0) -> None:
         "exec",
         f"${PYTHON_VAR}",
         "-m",
-        "orchestrator.batch_step",
+        "orchestrator.schedulers.slurm.batch_step",
         "--attempt-base",
         str(attempt_base),
     ]
@@ -173,7 +173,7 @@ def test_a_profile_using_every_key() -> None:
         ("#SBATCH --requeue\n", ""),
         ("#SBATCH --signal=USR2@180\n", ""),
         ("--kill-on-bad-exit=1 ", ""),
-        (" -m orchestrator.batch_step --attempt-base 0 --", ""),
+        (" -m orchestrator.schedulers.slurm.batch_step --attempt-base 0 --", ""),
         ('source "$HOME/venvs/train/bin/activate"\n', ""),
         ("export NCCL_IB_HCA=mlx5\n", "export NCCL_IB_HCA=mlx4\n"),
         ("#SBATCH --time=2-00:00:00\n", "#SBATCH --time=01:00:00\n"),

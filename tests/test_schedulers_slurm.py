@@ -96,7 +96,7 @@ def test_resume_keeps_auto_resume_and_excluded_nodes(
         )
         sbatch = (run_dir / "sbatch.sh").read_text()
         assert "#SBATCH --exclude=n3\n" in sbatch
-        assert "-m orchestrator.batch_step --attempt-base 1 --auto-resume -- srun" in sbatch
+        assert "-m orchestrator.schedulers.slurm.batch_step --attempt-base 1 --auto-resume -- srun" in sbatch
         # Each submission keeps its own plan; the first one is unchanged.
         assert json.loads((run_dir / "job.attempt_0.json").read_text())["attempt_base"] == 0
         poll(lambda: (run_dir / "logs" / "attempt_1" / "node_0.log").is_file(), 120, "the new job's node log")

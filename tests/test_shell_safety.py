@@ -25,21 +25,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.plan import build_plan, merge_options
-from orchestrator.profiles import parse_profile
-from orchestrator.render import render_accelerate_config, render_sbatch, sample_runtime
+from orchestrator.config.plan import build_plan, merge_options
+from orchestrator.config.profiles import parse_profile
+from orchestrator.config.render import render_accelerate_config, render_sbatch, sample_runtime
 
 REPO = Path(__file__).resolve().parents[1]
 BASH = shutil.which("bash")
 
 
 SUPERVISOR_RE = re.compile(
-    r"^exec (.*) -m orchestrator\.batch_step --attempt-base \d+( --auto-resume)? -- (?=srun )", re.M
+    r"^exec (.*) -m orchestrator\.schedulers\.slurm\.batch_step --attempt-base \d+( --auto-resume)? -- (?=srun )", re.M
 )
 
 
 def strip_supervisor(script: str) -> str:
-    """The step runs as ``exec "$ORCHESTRATOR_PYTHON" -m orchestrator.batch_step ... -- srun ...``; a
+    """The step runs as ``exec "$ORCHESTRATOR_PYTHON" -m orchestrator.schedulers.slurm.batch_step ... -- srun ...``; a
     bash function cannot stand in for an interpreter path, so drop the prefix (checked to be the one
     quoted variable the script resolved after its set-up lines) and let the stubbed ``srun`` run in
     the script itself."""

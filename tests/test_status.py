@@ -1,4 +1,4 @@
-"""`orchestrator status` (orchestrator/commands/status.py): REQUEUES counts this job's requeues,
+"""`orchestrator status` (orchestrator/cli/status.py): REQUEUES counts this job's requeues,
 never the attempts of earlier jobs of the same run (`resume` continues the attempt numbering in
 the run directory)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.job_states import JobState
-from orchestrator.registry import Registry
+from orchestrator.contract.job_states import JobState
+from orchestrator.registry.store import Registry
 from tests.helpers.cli import run_cli
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.registry import Registry
-from orchestrator.run_dir import plan_file, reserve_attempt
+from orchestrator.contract.run_dir import plan_file, reserve_attempt
+from orchestrator.registry.store import Registry
 from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli
 from tests.helpers.slurm_cluster import controller_job_ids

@@ -139,7 +139,7 @@ def test_prewarmed_launcher_runs_the_command_with_the_env_and_log_handed_over(tm
     that environment (not the one it was started with), output appended to the node log."""
     import os
 
-    from orchestrator.node_entry import PrewarmedLauncher
+    from orchestrator.node.entry import PrewarmedLauncher
 
     script = tmp_path / "show_env.py"
     script.write_text("import os\nprint('MARK=' + os.environ.get('ORCH_TEST_MARK', 'missing'), flush=True)\n")
@@ -174,7 +174,7 @@ def test_prewarmed_launcher_runs_the_command_with_the_env_and_log_handed_over(tm
 
 
 def test_prewarmed_launcher_discarded_before_hand_off_leaves_nothing_running() -> None:
-    from orchestrator.node_entry import PrewarmedLauncher
+    from orchestrator.node.entry import PrewarmedLauncher
 
     prewarmed = PrewarmedLauncher()
     proc = prewarmed.proc

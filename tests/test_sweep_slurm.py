@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.run_summary import iter_metrics
+from orchestrator.core.run_summary import iter_metrics
 from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm
@@ -152,8 +152,8 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     slurm_cluster: dict, orch_env: dict, monkeypatch: pytest.MonkeyPatch, cleanup: list[str]
 ) -> None:
     import orchestrator
-    from orchestrator.job_states import JobState
-    from orchestrator.scheduler_query import parse_sacct
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.schedulers.slurm.query import parse_sacct
 
     monkeypatch.setenv("PYTHONPATH", orch_env["PYTHONPATH"])  # the jobs run this checkout
     quick = ["--steps", "2", "--step-s", "0.1"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import checkpoint_files
+from orchestrator.contract import checkpoints
 from tests.helpers import train_launch as tl
 
 STEPS = 20
@@ -200,9 +200,7 @@ def _fake_checkpoint(root: Path, step: int, complete: bool = True) -> Path:
     if not complete:
         return tmp
     final = root / "checkpoints" / f"step_{step:08d}"
-    checkpoint_files.finalize(
-        tmp, final, {"step": step, "world_size": 1, "strategy": "ddp", "fsdp_version": None}
-    )
+    checkpoints.finalize(tmp, final, {"step": step, "world_size": 1, "strategy": "ddp", "fsdp_version": None})
     return final
 
 
@@ -230,7 +228,7 @@ def test_resume_picks_newest_complete_and_skips_torn(tmp_path):
     (no_marker / "COMPLETE.json").unlink()
     _fake_checkpoint(tmp_path, 13, complete=False)
     warnings: list[str] = []
-    found = checkpoint_files.find_resumable(tmp_path, warnings.append)
+    found = checkpoints.find_resumable(tmp_path, warnings.append)
     assert found is not None and found[0].name == "step_00000009"
     text = "\n".join(warnings)
     assert "step_00000012" in text and "truncated" in text
@@ -242,10 +240,10 @@ def test_prune_keeps_last_k_complete(tmp_path):
     for step in (1, 2, 3, 4):
         _fake_checkpoint(tmp_path, step)
     _fake_checkpoint(tmp_path, 5, complete=False)
-    checkpoint_files.prune(tmp_path, keep_last=2)
+    checkpoints.prune(tmp_path, keep_last=2)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step_00000003", "step_00000004"]
 
 
 def test_no_checkpoint_means_fresh_start(tmp_path):
-    assert checkpoint_files.find_resumable(tmp_path, lambda _line: None) is None
+    assert checkpoints.find_resumable(tmp_path, lambda _line: None) is None

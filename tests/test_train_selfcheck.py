@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from orchestrator.ranks import selfcheck
+from orchestrator.rank import selfcheck
 from tests.helpers import train_launch as tl
 
 ORCHESTRATOR_EXPECTATIONS = (

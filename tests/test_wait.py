@@ -1,4 +1,4 @@
-"""`orchestrator wait JOB` (orchestrator/commands/wait.py), and the outcome as exit code of the other
+"""`orchestrator wait JOB` (orchestrator/cli/wait.py), and the outcome as exit code of the other
 commands that follow a job: `logs -f`, `status --watch`.
 
 A local job's state lives in its run directory (local_state.json, written by node 0 when a real job
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.job_states import JobState
-from orchestrator.registry import Registry
+from orchestrator.contract.job_states import JobState
+from orchestrator.registry.store import Registry
 from tests.helpers.cli import run_cli
 
 NODE1_LOG = (

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.heartbeat import RECENT_STEPS, Heartbeat, read_heartbeats, stragglers
-from orchestrator.run_dir import attempt_dir, heartbeat_file
-from orchestrator.stacks import find_culprit
-from orchestrator.watchdog import CHECKPOINT_FACTOR, DERIVED_FLOOR_S, FIRST_STEP_FACTOR, Watchdog
+from orchestrator.contract.heartbeat import RECENT_STEPS, Heartbeat, read_heartbeats, stragglers
+from orchestrator.contract.run_dir import attempt_dir, heartbeat_file
+from orchestrator.supervise.stacks import find_culprit
+from orchestrator.supervise.watchdog import CHECKPOINT_FACTOR, DERIVED_FLOOR_S, FIRST_STEP_FACTOR, Watchdog
 
 
 def beats(run_dir: Path, rank: int, steps: int) -> Heartbeat:
@@ -142,7 +142,8 @@ def test_hang_timeout_reaches_the_batch_step_and_bad_values_are_refused(tmp_path
     }
     res = run_cli(["render", "--profile", "slurm_test", "--hang-timeout", "45", "--", "train/train.py"], env)
     assert (
-        res.returncode == 0 and "orchestrator.batch_step --attempt-base 0 --hang-timeout 45 --" in res.stdout
+        res.returncode == 0
+        and "orchestrator.schedulers.slurm.batch_step --attempt-base 0 --hang-timeout 45 --" in res.stdout
     )
     res = run_cli(["render", "--profile", "slurm_test", "--", "train/train.py"], env)
     assert res.returncode == 0 and "--hang-timeout" not in res.stdout  # derived from step times

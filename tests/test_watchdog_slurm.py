@@ -24,8 +24,8 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator.heartbeat import read_heartbeats
-from orchestrator.run_dir import attempt_dir, hang_dir, last_complete_checkpoint, read_json
+from orchestrator.contract.heartbeat import read_heartbeats
+from orchestrator.contract.run_dir import attempt_dir, hang_dir, last_complete_checkpoint, read_json
 from tests.helpers import train_launch
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm, slurm_node_pids
@@ -241,7 +241,7 @@ def test_uneven_inputs_hang_without_heartbeats_status_silence_and_stacks(env: di
     """A script without hooks hangs in collectives: ``status`` shows how long no rank wrote anything,
     and ``orchestrator stacks`` shows both ranks inside a collective (rank 0 in the barrier, rank 1
     in the backward whose all-reduce rank 0 never joins)."""
-    from orchestrator.liveness import SILENT_NOTE_S
+    from orchestrator.core.liveness import SILENT_NOTE_S
 
     script = str(REPO / "tests" / "scripts" / "uneven_inputs.py")
     res = run_cli(["submit", "--profile", "slurm_test", *TWO_NODES, "--", script], env, timeout=90)

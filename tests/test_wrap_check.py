@@ -1,4 +1,4 @@
-"""Wrapping is checked at start (orchestrator/ranks/selfcheck.py: check_wrap_class, candidate_layer_classes): a
+"""Wrapping is checked at start (orchestrator/rank/selfcheck.py: check_wrap_class, candidate_layer_classes): a
 ``--wrap-cls`` the model lacks stops the run within the first minute, naming the classes it has,
 instead of failing inside ``accelerator.prepare`` after the job queued; built-in profiles name no
 model's class."""
@@ -20,7 +20,7 @@ TRAIN = str(REPO / "train" / "train.py")
 def test_candidates_are_repeated_layers_or_hf_no_split_modules() -> None:
     import torch
 
-    from orchestrator.ranks import selfcheck
+    from orchestrator.rank import selfcheck
     from train.model import build_model
 
     gpt = build_model("tiny", 32, seed=0)

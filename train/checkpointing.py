@@ -42,14 +42,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from orchestrator.checkpoint_files import finalize, prune
-from orchestrator.ranks.checkpoint_io import load_state, own_shard_digests, without_zip_crc32
-from orchestrator.run_dir import (
+from orchestrator.contract.checkpoints import finalize, prune
+from orchestrator.contract.run_dir import (
     COMPLETE_MARKER,
     check_checkpoint,
     checkpoint_folder_name,
     checkpoint_folders,
 )
+from orchestrator.rank.checkpoint_io import load_state, own_shard_digests, without_zip_crc32
 
 MARKER = COMPLETE_MARKER
 CHECKPOINTS = "checkpoints"
@@ -371,7 +371,7 @@ def load(accelerator, folder: Path, marker: dict, optimizer, current: dict, warn
     """Restore model, optimizer, scheduler, train state and RNG from ``folder``; all ranks.
 
     Returns the warnings (what could not be carried over)."""
-    from orchestrator.ranks import workarounds as accelerate_workarounds
+    from orchestrator.rank import workarounds as accelerate_workarounds
 
     notes: list[str] = []
     saved_strategy = marker.get("strategy")

@@ -38,15 +38,15 @@ if __package__ in (None, ""):
 import torch
 import torch.distributed as dist
 
-from orchestrator import checkpoint_files
-from orchestrator.attempt_start import write_attempt_start
+from orchestrator.contract import checkpoints
+from orchestrator.contract.attempt_start import write_attempt_start
 
 # Exit codes and the exit-status file: the run directory's contract with the launcher.
-from orchestrator.heartbeat import Heartbeat
-from orchestrator.ranks import selfcheck
-from orchestrator.ranks import workarounds as accelerate_workarounds
-from orchestrator.ranks.script_hooks import SCRIPT_HOOKS_ENV
-from orchestrator.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
+from orchestrator.contract.heartbeat import Heartbeat
+from orchestrator.contract.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
+from orchestrator.rank import selfcheck
+from orchestrator.rank import workarounds as accelerate_workarounds
+from orchestrator.rank.script_hooks import SCRIPT_HOOKS_ENV
 from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
 from train.checksum import checksums as _checksums
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if accelerator.is_main_process and args.resume != "never":
         found_ckpt: tuple[Path, dict] | tuple[str, str] | None
         if args.resume == "auto":
-            found_ckpt = checkpoint_files.find_resumable(run_dir, warn)
+            found_ckpt = checkpoints.find_resumable(run_dir, warn)
         else:
             folder = Path(args.resume)
             marker, why = checkpointing.validate(folder)

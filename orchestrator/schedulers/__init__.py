@@ -18,8 +18,8 @@ SchedulerName = Literal["slurm", "local"]
 SCHEDULER_NAMES: tuple[str, ...] = get_args(SchedulerName)
 #: name -> "module:class". A new scheduler is its name above, one entry here, and its module.
 IMPLEMENTATIONS: dict[str, str] = {
-    "slurm": "orchestrator.schedulers.slurm:SlurmScheduler",
-    "local": "orchestrator.schedulers.local:LocalScheduler",
+    "slurm": "orchestrator.schedulers.slurm.scheduler:SlurmScheduler",
+    "local": "orchestrator.schedulers.local.scheduler:LocalScheduler",
 }
 
 

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import signal
 
-    from orchestrator.job_states import JobState
-    from orchestrator.plan import LaunchPlan
-    from orchestrator.profiles import ClusterProfile
-    from orchestrator.registry import JobRecord, Registry
-    from orchestrator.scheduler_query import QueryResult
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.config.profiles import ClusterProfile
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import JobRecord, Registry
+    from orchestrator.schedulers.slurm.query import QueryResult
 
 
 def submission_token(run_dir: Path | str, attempt_base: int) -> str:

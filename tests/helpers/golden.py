@@ -8,16 +8,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.profiles import ClusterProfile, parse_profile
-from orchestrator.render import (
+from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.config.profiles import ClusterProfile, parse_profile
+from orchestrator.config.render import (
     needs_deepspeed_config_file,
     render_accelerate_config,
     render_deepspeed_config,
     render_sbatch,
     sample_runtime,
 )
-from orchestrator.strategies import STRATEGIES
+from orchestrator.config.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"

@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from orchestrator.options import OPTIONS
-from orchestrator.profiles import (
+from orchestrator.config.options import OPTIONS
+from orchestrator.config.profiles import (
     ClusterProfile,
     NodeLimits,
     PortRange,

@@ -1,8 +1,8 @@
 """Test helper: launch N simulated nodes x K processes of train/train.py on this machine.
 
 Each node is one ``accelerate launch --config_file <cfg>`` where cfg is what the
-orchestrator renders for that node (``orchestrator.render.render_accelerate_config``
-on a plan from ``orchestrator.plan.build_plan`` with the ``local`` profile), with
+orchestrator renders for that node (``orchestrator.config.render.render_accelerate_config``
+on a plan from ``orchestrator.config.plan.build_plan`` with the ``local`` profile), with
 the environment the orchestrator's launcher sets (``ACCELERATE_USE_CPU=1``,
 ``OMP_NUM_THREADS=1``, ``ORCHESTRATOR_*`` expectations). Every launch is bounded
 by a timeout, and teardown kills the whole psutil process tree of every launcher
@@ -56,9 +56,9 @@ def render_configs(
     folder: Path,
     wrap_cls: str | None = None,
 ) -> list[Path]:
-    from orchestrator.plan import build_plan, merge_options
-    from orchestrator.profiles import load_profile
-    from orchestrator.render import (
+    from orchestrator.config.plan import build_plan, merge_options
+    from orchestrator.config.profiles import load_profile
+    from orchestrator.config.render import (
         NodeRuntime,
         needs_deepspeed_config_file,
         render_accelerate_config,
@@ -110,8 +110,8 @@ def launch_env(
         }
     )
     if strategy.startswith("deepspeed_"):
-        # What orchestrator.node_entry.training_environment does for DeepSpeed on CPU.
-        from orchestrator.node_entry import NODE_SITE_DIR
+        # What orchestrator.node.entry.training_environment does for DeepSpeed on CPU.
+        from orchestrator.node.entry import NODE_SITE_DIR
 
         env["ACCELERATE_USE_CPU"] = None
         env["PYTHONPATH"] = NODE_SITE_DIR + os.pathsep + env["PYTHONPATH"]

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.checkpoint_files import file_digest
-from orchestrator.run_dir import (
+from orchestrator.contract.checkpoints import file_digest
+from orchestrator.contract.run_dir import (
     EXIT_REQUEUE,
     METRICS_FILE,
     last_complete_checkpoint,

@@ -1,0 +1,173 @@
+"""Options shared by ``render``, ``submit`` and ``resume``: they all build a LaunchPlan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from orchestrator.config.options import OPTIONS, add_option_arguments, given_options
+from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.config.profiles import display_path, load_profile
+from orchestrator.contract.errors import UserError
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A number of seconds > 0 (``--poll``): checked by argparse, before anything is submitted."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = True) -> None:
+    parser.add_argument(
+        "--profile",
+        default=os.environ.get("ORCHESTRATOR_PROFILE", "local"),
+        help="cluster profile name or YAML path (default: local, or $ORCHESTRATOR_PROFILE)",
+    )
+    parser.add_argument(
+        "--profiles-dir",
+        default=None,
+        help="folder of your own profiles; overrides built-ins by name (also $ORCHESTRATOR_PROFILES, ./cluster_profiles)",
+    )
+    parser.add_argument(
+        "--nodes", type=positive_int, default=None, help="default: the profile's nodes.default"
+    )
+    parser.add_argument(
+        "--procs-per-node",
+        type=positive_int,
+        default=None,
+        help="processes per node (default: the profile's procs_per_node, else its gpus_per_node, else 1; local: 2)",
+    )
+    add_option_arguments(parser)
+    parser.add_argument("--name", default=None, help="job name (default: <strategy>-<nodes>n)")
+    parser.add_argument("--time", default=None, help="time limit, Slurm format (default: the profile's)")
+    parser.add_argument(
+        "--max-requeues",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requeues after preemption/time limit, and auto-resumes (default: the profile's max_requeues)",
+    )
+    parser.add_argument(
+        "--auto-resume",
+        action="store_true",
+        help="after a node failure, submit a new attempt without the lost node from the last checkpoint (Slurm)",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="end the job when no rank progresses for this long, saving every rank's stacks "
+        "(default: the profile's hang_timeout, else derived from step times)",
+    )
+    parser.add_argument(
+        "--exclude",
+        default=None,
+        metavar="NODES",
+        help="nodes not to run on (Slurm host list, comma-separated)",
+    )
+    parser.add_argument(
+        "--after",
+        action="append",
+        default=[],
+        metavar="JOB[:ok|any]",
+        help="start only after JOB (a job or sweep id) COMPLETED (:ok, the default) or ended at all (:any); repeatable",
+    )
+    parser.add_argument(
+        "script_and_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- SCRIPT [ARGS...]",
+        help="training script and its arguments, after --",
+    )
+    parser.set_defaults(script_required=script_required)
+
+
+def parse_after(text: str) -> str:
+    from orchestrator.api import parse_after as parse
+
+    return parse(text)
+
+
+def parse_exclude(text: str | None) -> tuple[str, ...]:
+    """``n1,n2`` -> ("n1", "n2"); Slurm expands bracketed host lists itself, so they pass as they are."""
+    if text is None:
+        return ()
+    names = (
+        tuple(part.strip() for part in text.split(",") if part.strip())
+        if "[" not in text
+        else (text.strip(),)
+    )
+    for name in names:
+        if not all(c.isalnum() or c in "-_.[]," for c in name):
+            raise UserError(f"--exclude: expected node names such as n1,n2 or n[1-2], got {text!r}")
+    return names
+
+
+def split_script(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    rest = list(args.script_and_args or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest:
+        if args.script_required:
+            raise UserError("no training script: add `-- SCRIPT [ARGS...]` at the end")
+        return None, []
+    return rest[0], rest[1:]
+
+
+def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.py") -> LaunchPlan:
+    script, script_args = split_script(args)
+    name, _path, profile = load_profile(args.profile, args.profiles_dir)
+    if args.name is not None and (not args.name or any(c in args.name for c in "\n\r\0")):
+        raise UserError(f"--name: expected a non-empty single-line name, got {args.name!r}")
+    options = merge_options(profile, **given_options(args))
+    try:
+        return build_plan(
+            name,
+            profile,
+            options,
+            script=script or default_script,
+            script_args=script_args,
+            nodes=args.nodes,
+            procs_per_node=args.procs_per_node,
+            job_name=args.name,
+            time_limit=args.time,
+            max_requeues=args.max_requeues,
+            auto_resume=args.auto_resume,
+            exclude_nodes=parse_exclude(args.exclude),
+            after=tuple(parse_after(a) for a in getattr(args, "after", None) or ()),
+            hang_timeout=getattr(args, "hang_timeout", None),
+        )
+    except UserError as exc:
+        raise UserError(blame_profile(str(exc), args, display_path(_path))) from None
+
+
+#: flag -> (argparse dest, the profile key that supplies it when the flag is not given)
+_PROFILE_KEYS = {
+    **{o.flag: (o.name, o.profile_key) for o in OPTIONS},
+    "--nodes": ("nodes", "nodes.default"),
+    "--procs-per-node": ("procs_per_node", "procs_per_node"),
+}
+
+
+def blame_profile(message: str, args: argparse.Namespace, source: str) -> str:
+    """A refused value the user did not type came from the profile: say which file and key."""
+    flag = message.split(":", 1)[0].split(" ", 1)[0]
+    entry = _PROFILE_KEYS.get(flag)
+    if entry is None or getattr(args, entry[0], None) is not None:
+        return message
+    return f"{message} ({flag} not given; set by {source}: {entry[1]})"

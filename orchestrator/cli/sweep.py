@@ -1,0 +1,91 @@
+"""``orchestrator sweep``: a grid of runs as one job array (Slurm ``--array=0-N%K``).
+
+``--grid lr=1e-3,3e-4 --grid seed=0,1 -- script.py --lr {lr} --seed {seed}`` submits one task per
+grid point, each a job of its own (own run directory, requeue and resume), at most ``--max-parallel``
+running at once. Prints the sweep id (the array's), and a line per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from orchestrator.cli.plan_args import add_plan_arguments, plan_from_args, positive_int
+from orchestrator.contract.errors import EXIT_OK, UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="one axis of the grid; the script's arguments name its value as {NAME} (repeatable)",
+    )
+    parser.add_argument(
+        "--file", default=None, metavar="SWEEP.yaml", help="the grid (and max_parallel) from a YAML file"
+    )
+    parser.add_argument(
+        "--max-parallel",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="tasks running at once (default: all)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the job array's script; submit nothing")
+    add_plan_arguments(parser, script_required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator import api
+    from orchestrator.config.sweep_plan import grid_from_yaml, parse_grid
+
+    grid = parse_grid(args.grid)
+    max_parallel = args.max_parallel
+    if args.file:
+        file_grid, rest = grid_from_yaml(Path(args.file))
+        clash = sorted(set(file_grid) & set(grid))
+        if clash:
+            raise UserError(f"--grid {clash[0]}: also in --file {args.file}; give each axis once")
+        grid = {**file_grid, **grid}
+        max_parallel = max_parallel or rest.get("max_parallel")
+    if not grid:
+        raise UserError("no grid: add --grid NAME=V1,V2,... (or --file SWEEP.yaml)")
+    base = plan_from_args(args)
+    if args.dry_run:
+        from orchestrator.core.sweep_submit import dry_run_sweep
+
+        tasks = 1
+        for values in grid.values():
+            tasks *= len(values)
+        request, points = dry_run_sweep(base, grid, max_parallel or tasks)
+        if request is not None:
+            print(f"==> {request.file_name} <==")
+            print(request.materialize().rstrip("\n"))
+            print()
+        for i, (_params, plan) in enumerate(points):
+            print(f"task {i}: {' '.join([plan.script, *plan.script_args])}")
+        where = f"; sweep directory would be {request.run_dir}" if request is not None else ""
+        print(f"# dry run: nothing submitted ({len(points)} tasks{where})")
+        return EXIT_OK
+    done = api.submit_sweep_plan(base, grid, max_parallel)
+    count = 1
+    for values in grid.values():
+        count *= len(values)
+    print(f"submitted sweep {done.sweep_id} ({count} tasks)")
+    print(f"sweep directory {done.sweep_dir}")
+    from orchestrator.registry.store import Registry
+
+    with Registry.open() as registry:
+        record = registry.get_sweep(done.sweep_id)
+    for task in record.tasks:
+        point = " ".join(f"{k}={v}" for k, v in task.params.items())
+        print(f"task {task.task}: job {task.job_id}  {point}")
+    if not record.tasks:
+        print(
+            f"tasks start {max_parallel or 'all'} at a time on this machine (see `orchestrator status {done.sweep_id}`)"
+        )
+    print(f"next: `orchestrator status {done.sweep_id}` (a line per task and the best one)")
+    sys.stdout.flush()
+    return EXIT_OK

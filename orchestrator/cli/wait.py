@@ -1,0 +1,58 @@
+"""``orchestrator wait JOB [--poll S] [--timeout S]``: follow a submitted job to its end.
+
+What ``submit --wait`` does, for a job submitted without it (or one whose ``--wait`` was
+interrupted): progress lines, then how it ended and, for a failure, why (the failing node and
+rank, its first error lines, the ``logs`` command). The exit code is the outcome: 0 COMPLETED,
+1 anything else (a run continued as another job answers for that job), 124 ``--timeout`` passed
+with the job still going, 130 interrupted (the job goes on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, UserError
+
+EXIT_WAIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="job id")
+    parser.add_argument(
+        "--poll", type=float, default=2.0, metavar="S", help="seconds between updates (default 2)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"give up after S seconds, exit {EXIT_WAIT_TIMEOUT} (default: wait for the end)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.core.progress import WaitTimeout, follow_hint, wait_for_job
+    from orchestrator.registry.store import Registry
+
+    if args.poll <= 0:
+        raise UserError(f"--poll must be positive, not {args.poll}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UserError(f"--timeout must be positive, not {args.timeout}")
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    with Registry.open() as registry:
+        job = registry.get(args.job)  # an unknown id: one line, exit 2
+        try:
+            state = wait_for_job(registry, job.job_id, poll_s=args.poll, deadline=deadline)
+        except WaitTimeout as exc:
+            print(
+                f"job {exc.job_id} still {exc.state.value} after {args.timeout:g} s; {follow_hint(exc.job_id)}",
+                file=sys.stderr,
+            )
+            return EXIT_WAIT_TIMEOUT
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: job {job.job_id} goes on; {follow_hint(job.job_id)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    return EXIT_OK if state.is_success() else EXIT_RUN_FAILURE

@@ -1,0 +1,285 @@
+"""Planning: profile + options + command in, a checked ``LaunchPlan`` out.
+
+Pure functions only. Every impossible combination is refused here, before any
+rendering or submission, with the reason in one line; the dry run, ``render``
+and ``submit`` all share this one path (torchx's split of plan and execution).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.config.options import (
+    TrainingOptions,
+    check_option_values,
+    deepspeed_only_given,
+    fsdp_only_given,
+    options_from_json,
+)
+from orchestrator.config.options import merge_options as _merge
+from orchestrator.config.profiles import ClusterProfile
+from orchestrator.config.strategies import STRATEGIES, Strategy
+from orchestrator.contract.errors import UserError
+
+__all__ = ["LaunchPlan", "TrainingOptions", "build_plan", "check_combination", "merge_options"]
+
+#: Processes per node on a CPU profile without ``max_procs_per_node`` (the scheduler may bound it
+#: further: Slurm by the partition's CPUs per node).
+CPU_MAX_PROCS_PER_NODE = 256
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to render and submit one job; JSON-serialisable."""
+
+    profile_name: str
+    profile: ClusterProfile
+    options: TrainingOptions
+    nodes: int
+    procs_per_node: int
+    script: str
+    script_args: list[str] = field(default_factory=list)
+    job_name: str = "orchestrator"
+    time_limit: str = "01:00:00"
+    max_requeues: int = 3
+    auto_resume: bool = False
+    """After a node failure (a node stops answering), submit a new attempt without that node, from the
+    last complete checkpoint. Bounded by ``max_requeues`` like the scheduler's own requeues."""
+    exclude_nodes: tuple[str, ...] = ()
+    """Nodes this job must not run on (``--exclude``): the ones earlier attempts lost."""
+    after: tuple[str, ...] = ()
+    """Scheduler dependencies (``--after JOB[:ok|any]``), e.g. ``("afterok:123",)``. Not carried by
+    ``resume``: a new attempt of a run has no reason to wait again."""
+    hang_timeout: int | None = None
+    """Seconds without progress of any rank before the hang watchdog ends the step (None: derived
+    from the step times the ranks report; see orchestrator.supervise.watchdog)."""
+
+    @property
+    def strategy(self) -> Strategy:
+        return STRATEGIES[self.options.strategy]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def uses_cpu(self) -> bool:
+        return self.profile.gpus_per_node == 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved submission, enough to re-submit by hand."""
+        return {
+            "profile_name": self.profile_name,
+            "profile": self.profile.model_dump(mode="json"),
+            "options": asdict(self.options),
+            "nodes": self.nodes,
+            "procs_per_node": self.procs_per_node,
+            "world_size": self.world_size,
+            "script": self.script,
+            "script_args": list(self.script_args),
+            "job_name": self.job_name,
+            "time_limit": self.time_limit,
+            "max_requeues": self.max_requeues,
+            "auto_resume": self.auto_resume,
+            "exclude_nodes": list(self.exclude_nodes),
+            **({"after": list(self.after)} if self.after else {}),
+            "hang_timeout": self.hang_timeout,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchPlan:
+        return cls(
+            profile_name=data["profile_name"],
+            profile=ClusterProfile.model_validate(data["profile"], strict=False),
+            options=options_from_json(data["options"]),
+            nodes=int(data["nodes"]),
+            procs_per_node=int(data["procs_per_node"]),
+            script=data["script"],
+            script_args=list(data["script_args"]),
+            job_name=data["job_name"],
+            time_limit=data["time_limit"],
+            max_requeues=int(data["max_requeues"]),
+            auto_resume=bool(data.get("auto_resume", False)),
+            exclude_nodes=tuple(data.get("exclude_nodes", ())),
+            after=tuple(data.get("after", ())),
+            hang_timeout=data.get("hang_timeout"),
+        )
+
+
+def merge_options(profile: ClusterProfile, **given: Any) -> TrainingOptions:
+    """Command-line values (keyword per option, None: not given) win over the profile's ``defaults``."""
+    return _merge(profile.defaults, given)
+
+
+def check_combination(
+    profile_name: str, profile: ClusterProfile, options: TrainingOptions, nodes: int, procs_per_node: int
+) -> None:
+    """Refuse what cannot work, saying why. Order: most basic problem first."""
+    problem = check_option_values(options)
+    if problem:
+        raise UserError(problem)
+    strategy = STRATEGIES[options.strategy]
+    if nodes < 1:
+        raise UserError(f"--nodes: expected an integer >= 1, got {nodes}")
+    if nodes > profile.nodes.max:
+        raise UserError(
+            f"--nodes: {nodes} nodes requested but profile '{profile_name}' allows at most {profile.nodes.max} (nodes.max)"
+        )
+    if procs_per_node < 1:
+        raise UserError(f"--procs-per-node: expected an integer >= 1, got {procs_per_node}")
+    if profile.max_procs_per_node is not None and procs_per_node > profile.max_procs_per_node:
+        raise UserError(
+            f"--procs-per-node: {procs_per_node} processes per node but profile '{profile_name}' "
+            f"allows at most {profile.max_procs_per_node} (max_procs_per_node)"
+        )
+    if profile.gpus_per_node and procs_per_node > profile.gpus_per_node:
+        raise UserError(
+            f"--procs-per-node: {procs_per_node} processes per node but profile '{profile_name}' "
+            f"has {profile.gpus_per_node} GPUs per node (one process per GPU)"
+        )
+    if (
+        not profile.gpus_per_node
+        and profile.max_procs_per_node is None
+        and procs_per_node > CPU_MAX_PROCS_PER_NODE
+    ):
+        raise UserError(
+            f"--procs-per-node: {procs_per_node} processes per node on CPU profile '{profile_name}'; at most "
+            f"{CPU_MAX_PROCS_PER_NODE} unless the profile sets max_procs_per_node"
+        )
+    if strategy.hybrid and nodes < 2:
+        raise UserError(
+            f"--strategy {strategy.name}: replicates across nodes and shards within one, so it needs >= 2 nodes "
+            f"(got {nodes}); use full_shard or shard_grad_op on one node"
+        )
+    if strategy.hybrid and procs_per_node < 2:
+        raise UserError(
+            f"--strategy {strategy.name}: shards within a node, so it needs >= 2 processes per node "
+            f"(got {procs_per_node}); use ddp"
+        )
+    if strategy.uses_fsdp and options.fsdp_version == 2 and strategy.fsdp2_reshard_after_forward is None:
+        raise UserError(
+            f"--strategy {strategy.name}: FSDP2 has no unsharded mode (Accelerate rejects dp_shard=1); "
+            "use ddp, or --fsdp-version 1"
+        )
+    if options.mixed_precision == "fp16" and not profile.supports_fp16:
+        raise UserError(
+            f"--mixed-precision fp16: profile '{profile_name}' has no GPUs and fp16 autocast needs one; use bf16 or no"
+        )
+    if options.mixed_precision == "bf16" and not profile.supports_bf16:
+        raise UserError(
+            f"--mixed-precision bf16: profile '{profile_name}' has {profile.gpu_type} GPUs, which have no bf16 "
+            "support (needs Ampere or newer); use fp16"
+        )
+    fsdp_only = fsdp_only_given(options)
+    if fsdp_only and not strategy.uses_fsdp:
+        raise UserError(
+            f"{fsdp_only[0].flag}: only FSDP strategies support it, not {strategy.name}; drop {fsdp_only[0].flag} "
+            f"(or pick an FSDP strategy such as full_shard)"
+        )
+    deepspeed_only = deepspeed_only_given(options)
+    if deepspeed_only and not strategy.uses_deepspeed:
+        raise UserError(
+            f"{deepspeed_only[0].flag}: only DeepSpeed strategies support it, not {strategy.name}; drop "
+            f"{deepspeed_only[0].flag} (or pick a DeepSpeed strategy such as deepspeed_zero3)"
+        )
+    _check_deepspeed(profile_name, profile, options, strategy)
+    if strategy.uses_fsdp and options.offload and profile.gpus_per_node == 0:
+        # Measured with torch 2.13: FSDP1 pins its CPU gradient buffers and FSDP2's CPUOffloadPolicy pins
+        # the sharded parameters; both fail with "Cannot access accelerator device when none is available".
+        raise UserError(
+            f"--offload: moves parameters and optimizer state from GPU to host memory, but profile "
+            f"'{profile_name}' has no GPUs (they already live in host memory, and FSDP's offload pins memory, "
+            "which needs a GPU); drop --offload"
+        )
+    if (
+        strategy.uses_fsdp
+        and options.state_dict == "full"
+        and options.fsdp_version == 1
+        and profile.gpus_per_node == 0
+    ):
+        raise UserError(
+            "--state-dict full: FSDP1 gathers full state dicts with offload_to_cpu, which crashes on CPU-only "
+            "nodes; use --state-dict sharded or --fsdp-version 2"
+        )
+
+
+def _check_deepspeed(
+    profile_name: str, profile: ClusterProfile, options: TrainingOptions, strategy: Strategy
+) -> None:
+    clip = options.gradient_clipping
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip < 0:
+        raise UserError(f"--gradient-clipping: expected a finite number >= 0 (0: off), got {clip!r}")
+    if not strategy.uses_deepspeed:
+        return
+    if strategy.deepspeed_stage != 3:
+        for flag, on in (("--offload-params", options.offload_params), ("--zero3-save-16bit-model",
+                         options.zero3_save_16bit_model)):  # fmt: skip
+            if on:
+                raise UserError(
+                    f"{flag}: ZeRO-3 only (parameters are partitioned only at stage 3), not {strategy.name}; "
+                    "use deepspeed_zero3"
+                )
+    if profile.gpus_per_node == 0 and (options.offload_optimizer or options.offload_params):
+        flag = "--offload-optimizer" if options.offload_optimizer else "--offload-params"
+        raise UserError(
+            f"{flag}: moves state from GPU to host memory, but profile '{profile_name}' has no GPUs (it "
+            f"already lives in host memory, and DeepSpeed's offload needs its compiled CPU Adam); drop {flag}"
+        )
+
+
+def build_plan(
+    profile_name: str,
+    profile: ClusterProfile,
+    options: TrainingOptions,
+    script: str,
+    script_args: list[str] | None = None,
+    nodes: int | None = None,
+    procs_per_node: int | None = None,
+    job_name: str | None = None,
+    time_limit: str | None = None,
+    max_requeues: int | None = None,
+    auto_resume: bool = False,
+    exclude_nodes: tuple[str, ...] = (),
+    after: tuple[str, ...] = (),
+    hang_timeout: int | None = None,
+) -> LaunchPlan:
+    """Check everything and return the plan; raises UserError with the reason."""
+    node_count = profile.nodes.default if nodes is None else nodes
+    procs = profile.default_procs_per_node if procs_per_node is None else procs_per_node
+    check_combination(profile_name, profile, options, node_count, procs)
+    from orchestrator.schedulers import get_scheduler
+
+    if auto_resume and not get_scheduler(profile.scheduler).can_lose_nodes:
+        raise UserError(
+            f"--auto-resume: profile '{profile_name}' runs locally, where there is no node to lose or exclude; "
+            "use `orchestrator resume JOB` after a failure"
+        )
+    if hang_timeout is not None and not 1 <= hang_timeout <= 86400:
+        raise UserError(f"--hang-timeout: expected seconds from 1 to 86400, got {hang_timeout}")
+    if max_requeues is not None and max_requeues < 0:
+        raise UserError(f"--max-requeues: expected an integer >= 0, got {max_requeues}")
+    if time_limit is not None:
+        from orchestrator.config.profiles import _TIME_RE
+
+        if not _TIME_RE.match(time_limit):
+            raise UserError(
+                f"--time: expected a Slurm time such as '04:00:00' or '90' (minutes), got {time_limit!r}"
+            )
+    return LaunchPlan(
+        profile_name=profile_name,
+        profile=profile,
+        options=options,
+        nodes=node_count,
+        procs_per_node=procs,
+        script=script,
+        script_args=list(script_args or []),
+        job_name=job_name or f"{options.strategy}-{node_count}n",
+        time_limit=time_limit or profile.time_limit,
+        max_requeues=profile.max_requeues if max_requeues is None else max_requeues,
+        auto_resume=auto_resume,
+        exclude_nodes=tuple(sorted(set(exclude_nodes))),
+        after=tuple(after),
+        hang_timeout=profile.hang_timeout if hang_timeout is None else hang_timeout,
+    )

@@ -1,0 +1,69 @@
+"""What an attempt's training started from, and the words the node log and ``status`` use for it.
+
+A script with a checkpoint hook (``train/``, :mod:`orchestrator.loop`, :mod:`orchestrator.hf`) writes
+``logs/attempt_<A>/start.json`` from rank 0 once it has restored (or found nothing to restore). A
+script without one writes nothing, and then a requeued attempt trained from step 0 again: that is
+said as such, never as a resume. Standard library only (the node entry and ``status`` read it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.run_dir import (
+    ATTEMPT_START_FILE,
+    attempt_dir,
+    attempt_dirs,
+    read_json,
+    write_json_atomic,
+)
+
+#: The words for an attempt that trained again from step 0 because nothing could restore it.
+NO_HOOK = "restarted from step 0: the script has no checkpoint hook"
+
+
+def write_attempt_start(step: int, checkpoint: str | None, hook: str, run_dir: Path | None = None) -> None:
+    """Rank 0, after restoring. The attempt comes from ``ORCHESTRATOR_ATTEMPT`` (set by the node entry);
+    outside a job (no run directory or attempt in the environment) nothing is written."""
+    attempt = os.environ.get("ORCHESTRATOR_ATTEMPT", "")
+    root = run_dir or (
+        Path(os.environ["ORCHESTRATOR_RUN_DIR"]) if os.environ.get("ORCHESTRATOR_RUN_DIR") else None
+    )
+    if root is None or not attempt.isdigit():
+        return
+    folder = attempt_dir(root, int(attempt))
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / ATTEMPT_START_FILE, {"step": step, "checkpoint": checkpoint, "hook": hook})
+
+
+def read_attempt_start(run_dir: Path, attempt: int) -> dict[str, Any] | None:
+    return read_json(attempt_dir(run_dir, attempt) / ATTEMPT_START_FILE)
+
+
+def describe_start(run_dir: Path, attempt: int, first_attempt: int) -> str | None:
+    """How ``attempt`` started, for the node log and ``status``; None for the run's first attempt
+    without a hook (nothing to say: it started from scratch as it should)."""
+    record = read_attempt_start(run_dir, attempt)
+    if record is None:
+        return None if attempt <= first_attempt else NO_HOOK
+    step, checkpoint = record.get("step"), record.get("checkpoint")
+    if checkpoint:
+        return f"resumed at step {step} from {Path(str(checkpoint)).name} ({record.get('hook', '?')} hook)"
+    if attempt <= first_attempt:
+        return None
+    return f"restarted from step 0: no complete checkpoint to resume from ({record.get('hook', '?')} hook)"
+
+
+def describe_newest_start(run_dir: Path) -> str | None:
+    """:func:`describe_start` for the newest attempt that has ended (its node 0 wrote an exit file) or
+    has a start record: an attempt still importing its script has not said anything yet."""
+    attempts = attempt_dirs(run_dir)
+    if len(attempts) < 2:
+        return None
+    first = attempts[0][0]
+    for attempt, path in reversed(attempts):
+        if (path / ATTEMPT_START_FILE).exists() or any(path.glob("node_*.exit")):
+            return describe_start(run_dir, attempt, first)
+    return None

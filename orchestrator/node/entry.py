@@ -1,0 +1,344 @@
+"""The per-node entry point: runs inside the allocation, once per node.
+
+submitit starts one task per node (Slurm) or one per simulated node (local) and calls
+``NodeTask()``. Everything known only on the node is decided here, at run time: this node's rank,
+the main process address, the port, and from those the node's Accelerate config. Then it runs
+``accelerate launch`` (whose DDP/FSDP ranks :mod:`orchestrator.node.direct_launch` forks) and stays in
+the middle as a signal relay (:mod:`orchestrator.node.launcher`).
+The plan comes from the run directory (the submission's own ``job.attempt_<A>.json``), the node's
+place in the job from the scheduler's :class:`~orchestrator.schedulers.base.NodeEnvironment`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.contract.attempt_start import NO_HOOK, describe_start, read_attempt_start
+from orchestrator.contract.errors import RunFailure
+from orchestrator.contract.run_dir import (
+    EXIT_REQUEUE,
+    TENSORBOARD_DIR,
+    attempt_dir,
+    attempt_dirs,
+    attempt_number,
+    node_config_file,
+    node_deepspeed_config_file,
+    node_exit_file,
+    node_log_file,
+    node_pid_file,
+    node_ranks_dir,
+    read_plan_json,
+)
+from orchestrator.node.direct_launch import LAUNCHER_ENV
+from orchestrator.node.launcher import (
+    FORWARDED_SIGNALS,
+    PrewarmedLauncher,
+    SignalRelay,
+    kill_tree,
+    stop_signal,
+)
+from orchestrator.rank.script_hooks import SCRIPT_HOOKS_ENV
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.schedulers.base import NodeEnvironment
+
+#: Put first on the ranks' PYTHONPATH: the script hooks and DeepSpeed on CPU (see its sitecustomize).
+NODE_SITE_DIR = str(Path(__file__).resolve().parent / "site")
+
+
+def tracker_run_id(run_dir: Path) -> str:
+    """One id for every attempt of a run (requeues, ``resume``): W&B's ``WANDB_RUN_ID`` allows letters,
+    digits, ``-`` and ``_``; the digest keeps two runs with the same folder name apart."""
+    import hashlib
+    import re
+
+    resolved = str(Path(run_dir).resolve())
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(resolved).name).strip("-")[:40] or "run"
+    return f"{name}-{hashlib.sha1(resolved.encode()).hexdigest()[:8]}"
+
+
+# orchestrator.config.plan/render (pydantic profiles, jinja2: ~0.35 s of imports on 2 busy cores) are imported
+# inside the functions that need them: submitit imports this module to unpickle NodeTask, and
+# NodeTask starts the launcher's interpreter before paying for them (see PrewarmedLauncher).
+
+
+def training_environment(
+    plan: LaunchPlan, node: NodeEnvironment, run_dir: Path, attempt: int
+) -> dict[str, str]:
+    """Environment for ``accelerate launch`` and, through it, every rank."""
+    env = dict(os.environ)
+    for name, value in plan.profile.env.items():
+        env[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    if plan.uses_cpu and plan.strategy.uses_deepspeed:
+        # ACCELERATE_USE_CPU=1 would silently make a DeepSpeed config MULTI_CPU DDP. Instead every rank
+        # gets the gloo backend (and no JIT-compiled shm op) from node_site/sitecustomize.py, and one
+        # thread per rank (measured: 8x slower steps with one process per node otherwise).
+        env.pop("ACCELERATE_USE_CPU", None)
+        env.setdefault("OMP_NUM_THREADS", "1")
+    elif plan.uses_cpu:
+        # Scripts written for GPUs call plain Accelerator(); without this each rank trains alone.
+        env["ACCELERATE_USE_CPU"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (NODE_SITE_DIR, env.get("PYTHONPATH", "")) if p)
+    env[SCRIPT_HOOKS_ENV] = "1" if plan.options.script_hooks else "0"
+    env[LAUNCHER_ENV] = plan.profile.launcher
+    # Trackers keep one run across requeues and resumes (the user's own values win).
+    env.setdefault("WANDB_RUN_ID", tracker_run_id(run_dir))
+    env.setdefault("WANDB_RESUME", "allow")
+    env.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(run_dir) / TENSORBOARD_DIR))
+    if not plan.uses_cpu:
+        # Hang evidence on GPUs: NCCL's flight recorder keeps the last collectives of every rank and
+        # dumps them into the attempt's log folder when NCCL's own timeout fires (profile env wins).
+        env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        env.setdefault(
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(attempt_dir(run_dir, attempt) / "nccl_trace_rank_")
+        )
+    env.update(
+        {
+            "ORCHESTRATOR_RUN_DIR": str(run_dir),
+            "ORCHESTRATOR_JOB_ID": node.job_id,
+            "ORCHESTRATOR_ATTEMPT": str(attempt),
+            "ORCHESTRATOR_NODE_RANK": str(node.node_rank),
+            "ORCHESTRATOR_EXPECTED_WORLD_SIZE": str(plan.world_size),
+            "ORCHESTRATOR_EXPECTED_NUM_NODES": str(plan.nodes),
+            "ORCHESTRATOR_PROCS_PER_NODE": str(plan.procs_per_node),
+            "ORCHESTRATOR_STRATEGY": plan.options.strategy,
+            "ORCHESTRATOR_FSDP_VERSION": str(plan.options.fsdp_version),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def run_node(
+    plan: LaunchPlan,
+    run_dir: Path,
+    node: NodeEnvironment,
+    attempt: int,
+    prewarmed: PrewarmedLauncher | None = None,
+) -> int:
+    """Render this node's config, launch training, relay signals; return the exit code.
+
+    ``prewarmed``: a launcher interpreter already importing accelerate (started by ``NodeTask``)."""
+    if prewarmed is None:
+        prewarmed = PrewarmedLauncher()
+    if node.num_nodes != plan.nodes:
+        raise RunFailure(
+            f"allocation has {node.num_nodes} task(s) but the plan asks for {plan.nodes} node(s)"
+        )
+    path = attempt_dir(run_dir, attempt)
+    path.mkdir(parents=True, exist_ok=True)
+    log_path = node_log_file(path, node.node_rank)
+    with open(log_path, "ab", buffering=0) as node_log_bin:
+        log = open(node_log_bin.fileno(), "w", closefd=False, buffering=1)  # noqa: SIM115 (shares the fd)
+        relay = SignalRelay(
+            None, log, stop_signals=(stop_signal(plan.profile.signal.name), int(signal.SIGTERM))
+        )
+        relay.install()
+        try:
+            code = _launch_and_wait(
+                plan, node, run_dir, attempt, path, log, node_log_bin, relay, prewarmed, log_path
+            )
+        finally:
+            relay.restore()
+            prewarmed.discard()  # no-op once handed off
+        node_exit_file(path, node.node_rank).write_text(str(code))
+        log.close()
+    return code
+
+
+def _launch_and_wait(
+    plan: LaunchPlan,
+    node: NodeEnvironment,
+    run_dir: Path,
+    attempt: int,
+    path: Path,
+    log: Any,
+    node_log_bin: Any,
+    relay: SignalRelay,
+    prewarmed: PrewarmedLauncher,
+    log_path: Path,
+) -> int:
+    from orchestrator.config.render import (
+        NodeRuntime,
+        accelerate_launch_command,
+        needs_deepspeed_config_file,
+        port_for_job,
+        render_accelerate_config,
+        render_deepspeed_config,
+    )
+    from orchestrator.contract.requeue import wait_for_requeue_record
+
+    host = socket.gethostname()
+    main_ip = node.main_ip(plan, path)
+    port = port_for_job(node.job_id, plan.profile.port_range.start, plan.profile.port_range.end)
+    runtime = NodeRuntime(machine_rank=node.node_rank, main_process_ip=main_ip, main_process_port=port)
+    config_path = node_config_file(path, node.node_rank)
+    deepspeed_path = None
+    if needs_deepspeed_config_file(plan):
+        deepspeed_path = node_deepspeed_config_file(path, node.node_rank)
+        deepspeed_path.write_text(render_deepspeed_config(plan))
+    config_path.write_text(
+        render_accelerate_config(plan, runtime, str(deepspeed_path.resolve()) if deepspeed_path else None)
+    )
+    argv = accelerate_launch_command(
+        str(config_path), plan.script, plan.script_args, log_dir=str(node_ranks_dir(path, node.node_rank))
+    )
+    print(
+        f"[orchestrator node] host={host} node_rank={node.node_rank}/{node.num_nodes} job={node.job_id} "
+        f"attempt={attempt} main={main_ip}:{port} world_size={plan.world_size} "
+        f"strategy={plan.options.strategy} python={sys.executable}",
+        file=log,
+        flush=True,
+    )
+    stop = stop_signal(plan.profile.signal.name)
+    if relay.received:
+        # Stopped before training started: nothing to checkpoint. The pre-timeout signal asks
+        # for a requeue (the next attempt resumes from the last complete checkpoint).
+        code = EXIT_REQUEUE if stop in relay.received else 128 + relay.received[0]
+        print(
+            f"[orchestrator node] not launched: {signal.Signals(relay.received[0]).name} came first",
+            file=log,
+            flush=True,
+        )
+        print(
+            f"[orchestrator node] host={host} node_rank={node.node_rank} exit={code} after 0.0 s",
+            file=log,
+            flush=True,
+        )
+        return code
+    print(f"[orchestrator node] exec: {' '.join(argv)}", file=log, flush=True)
+    env = training_environment(plan, node, run_dir, attempt)
+    started = time.monotonic()
+    launched_at = time.time()
+    launcher = prewarmed.hand_off(argv, env, log_path, node_log_bin)
+    node_pid_file(path, node.node_rank).write_text(str(launcher.pid))
+    relay.launcher = launcher
+    try:
+        code = _wait_or_stop_on_failed_peer(launcher, node, path, log)
+    finally:
+        kill_tree(launcher.pid)
+    elapsed = time.monotonic() - started
+    pre_timeout = stop in relay.received
+    if code != 0 and wait_for_requeue_record(run_dir, launched_at, pre_timeout):
+        code = EXIT_REQUEUE
+    elif code != 0 and pre_timeout:
+        # The pre-timeout/preemption signal reached workers before their handlers were installed
+        # (start-up) or training could not checkpoint: still a preemption, not a failure of the
+        # run. What the next attempt starts from depends on whether the script can restore at all.
+        hooked = read_attempt_start(run_dir, attempt) is not None
+        then = (
+            "requeue: the next attempt resumes from the last complete checkpoint"
+            if hooked
+            else f"requeue: the next attempt starts again from step 0 ({NO_HOOK.split(': ', 1)[1]})"
+        )
+        print(
+            f"[orchestrator node] training ended by {signal.Signals(stop).name} without a checkpoint record "
+            f"(exit {code}): {then}",
+            file=log,
+            flush=True,
+        )
+        code = EXIT_REQUEUE
+    if node.is_first_node:
+        first = min((a for a, _ in attempt_dirs(run_dir)), default=attempt)
+        note = describe_start(run_dir, attempt, first)
+        if note:
+            print(f"[orchestrator node] attempt {attempt} {note}", file=log, flush=True)
+    print(
+        f"[orchestrator node] host={host} node_rank={node.node_rank} exit={code} after {elapsed:.1f} s",
+        file=log,
+        flush=True,
+    )
+    return code
+
+
+#: How often a running node looks for a failed peer (local jobs; see NodeEnvironment.failed_peer).
+PEER_CHECK_S = 0.5
+#: This node's exit code when its training was stopped because another node failed (SIGTERM's).
+EXIT_PEER_FAILED = 128 + int(signal.SIGTERM)
+
+
+def _wait_or_stop_on_failed_peer(launcher: Any, node: NodeEnvironment, path: Path, log: Any) -> int:
+    """Wait for the launcher; if another node of the job fails meanwhile, stop this node's training
+    (as ``srun --kill-on-bad-exit`` does on Slurm) and return :data:`EXIT_PEER_FAILED`."""
+    import subprocess
+
+    while True:
+        try:
+            return int(launcher.wait(timeout=PEER_CHECK_S))
+        except subprocess.TimeoutExpired:
+            pass
+        peer = node.failed_peer(path)
+        if peer is None:
+            continue
+        print(
+            f"[orchestrator node] stopped because node {peer[0]} failed (exit {peer[1]}): "
+            f"one failed node ends the job",
+            file=log,
+            flush=True,
+        )
+        kill_tree(launcher.pid)
+        with contextlib.suppress(OSError):
+            launcher.kill()
+        launcher.wait()
+        return EXIT_PEER_FAILED
+
+
+@dataclass
+class NodeTask:
+    """What submitit pickles and calls on each node (must be importable there). It carries where
+    to look, not what to do: the plan is read from the run directory."""
+
+    run_dir: str
+    scheduler: str
+    attempt_base: int = 0
+    """The attempt this submission started at (``resume`` continues the numbering)."""
+    job_key: str = ""
+    """The registry's id for a local job (Slurm jobs know their own id)."""
+
+    def __call__(self) -> int:
+        # Outside the launch (run_node relays), a stop signal is noted and otherwise ignored:
+        # submitit's own USR2 handler would raise (or requeue) while node 0 decides on the requeue.
+        for sig in FORWARDED_SIGNALS:
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored on purpose: a local job's SIGINT
+                signal.signal(sig, _note_signal)
+        # First of all, so that its imports overlap the plan's and the config rendering.
+        prewarmed = PrewarmedLauncher()
+        run_dir = Path(self.run_dir)
+        try:
+            from orchestrator.config.plan import LaunchPlan
+            from orchestrator.schedulers import get_scheduler
+
+            data = read_plan_json(run_dir, self.attempt_base)
+            if data is None:
+                raise RunFailure(f"no plan for attempt {self.attempt_base} in {run_dir}")
+            plan = LaunchPlan.from_json(data)
+            node = get_scheduler(self.scheduler).node_environment(self.job_key)
+            attempt = attempt_number(self.attempt_base, node.restarts)
+            code = run_node(plan, run_dir, node, attempt, prewarmed)
+        finally:
+            prewarmed.discard()
+        handed_over = node.finish(plan, run_dir, attempt, code)
+        if code not in (0, EXIT_REQUEUE) or (code == EXIT_REQUEUE and node.is_first_node and not handed_over):
+            # A raised error makes the task exit non-zero, so the scheduler says FAILED. Nodes other
+            # than node 0 return quietly on a requeue: node 0 decides it.
+            raise RunFailure(f"training exited with code {code} on node {socket.gethostname()}")
+        return code
+
+
+def _note_signal(signum: int, frame: FrameType | None) -> None:
+    print(
+        f"[orchestrator node] {signal.Signals(signum).name} ignored: training is not running",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -1,0 +1,132 @@
+"""``python -m orchestrator.node.launcher_shim``: ``accelerate <args>`` that survives USR1/USR2, started early.
+
+Slurm delivers ``scancel --signal`` and the pre-timeout ``--signal`` to every process of the step,
+and torchrun has no handler for USR1/USR2: their default action would kill it mid-checkpoint. So
+the launcher gets no-op Python handlers for them. A caught signal is reset to its default at exec,
+so the workers torchrun starts keep their ordinary disposition (SIG_IGN would be inherited and
+silence them too).
+
+Prewarmed (:class:`orchestrator.node.launcher.PrewarmedLauncher`): started before the node knows its
+command, it imports ``accelerate launch``'s module (and with it torch, the longest serial step of
+a launch)
+while the node entry point renders the node's config; then it reads one JSON line on stdin
+``{"argv", "env", "log"}``, takes that environment, sends its output to the node log and runs
+``accelerate <argv>``. An empty line or EOF (the node decided not to launch) exits 0 at once.
+A DDP or FSDP launch does not go to torchrun: its ranks are forked here, from this interpreter's
+imports (:mod:`orchestrator.node.direct_launch`; profile ``launcher: torchrun`` turns that off).
+Its arguments are then ``--prewarmed`` and room for a rank's process title. Given other arguments
+instead (``python -m orchestrator.node.launcher_shim launch ...``), it runs them at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler, not SIG_IGN: handlers are reset at exec, SIG_IGN would be inherited."""
+
+
+#: First argument of the prewarmed launcher; the second is TITLE_ROOM blanks, the argv area a rank
+#: forked from it rewrites to show its own command (orchestrator.node.direct_launch._set_title).
+PREWARMED_ARG = "--prewarmed"
+TITLE_ROOM = 2048
+#: Makes torch ask NVML, not the CUDA driver, whether CUDA is there: ranks forked from this process
+#: cannot use a driver initialized in it (orchestrator.node.direct_launch). Never passed on to the ranks.
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def main() -> int:
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, _ignore)
+    from orchestrator.node.direct_launch import prepare_titles
+
+    prepare_titles()
+    with _cuda_checks_through_nvml():
+        # accelerate launch's own module only: the whole CLI (accelerate_cli) also imports `estimate`
+        # and with it transformers, 0.7 s more before any rank can start (python -X importtime).
+        import accelerate.commands.launch  # noqa: F401
+
+    if len(sys.argv) > 1 and sys.argv[1] != PREWARMED_ARG:
+        _accelerate(sys.argv[1:])
+        return 0
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    request = json.loads(line)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    code = _direct_launch(request["argv"])
+    if code is not None:
+        return code
+    _accelerate(request["argv"])
+    return 0
+
+
+def _accelerate(argv: list[str]) -> None:
+    """``accelerate <argv>``: ``launch`` straight through its own module, anything else via the CLI."""
+    sys.argv = ["accelerate", *argv]
+    if argv[:1] == ["launch"]:
+        from accelerate.commands.launch import launch_command, launch_command_parser
+
+        launch_command(launch_command_parser().parse_args(argv[1:]))
+        return
+    from accelerate.commands.accelerate_cli import main as accelerate_main
+
+    accelerate_main()
+
+
+@contextlib.contextmanager
+def _cuda_checks_through_nvml() -> Iterator[bool]:
+    """:data:`NVML_CHECK` set while inside (unless already set); yields whether it was added."""
+    added = NVML_CHECK not in os.environ
+    os.environ.setdefault(NVML_CHECK, "1")
+    try:
+        yield added
+    finally:
+        if added:
+            os.environ.pop(NVML_CHECK, None)
+
+
+def _direct_launch(argv: list[str]) -> int | None:
+    """``accelerate launch`` of DDP/FSDP with its ranks forked here (orchestrator.node.direct_launch); None
+    where the launch must go through torchrun (then nothing was started)."""
+    if argv[:1] != ["launch"]:
+        return None
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    from orchestrator.node import direct_launch, launch_store
+
+    with _cuda_checks_through_nvml() as added:
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+        reason = direct_launch.not_direct_reason(args, dict(os.environ))
+        envs = [] if reason else direct_launch.rank_environments(args)  # before torch._dynamo sets variables
+    if added:  # the ranks' environment is the node's, without it
+        for env in envs:
+            env.pop(NVML_CHECK, None)
+    listener = None if reason else launch_store.listen_early(envs)  # before the ~1 s of preimport
+    reason = reason or direct_launch.preimport()
+    if reason is not None:
+        if listener is not None:
+            listener.close()  # torchrun's agent binds the port itself
+        direct_launch.say(f"ranks started by torchrun ({reason})")
+        return None
+    return direct_launch.run_ranks(
+        args.training_script, list(args.training_script_args), envs, args.log_dir, listener
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

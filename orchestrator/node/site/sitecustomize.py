@@ -1,0 +1,130 @@
+"""Fix-ups every rank of a job gets without a line in the user's script, applied at import time.
+
+Two groups, each patching a module when (and only if) the script imports it:
+
+* the script hooks (``ORCHESTRATOR_SCRIPT_HOOKS=1``, set by the node entry unless
+  ``--no-script-hooks``): workarounds and self-check in ``Accelerator``, resume and the agreed stop
+  in ``Trainer``; the patches live in :mod:`orchestrator.rank.script_hooks`;
+* DeepSpeed on CPU, below.
+
+DeepSpeed on CPU nodes gets the gloo backend:
+
+On a machine without CUDA, ``PartialState`` (accelerate 1.15) finds no backend for a DeepSpeed launch:
+DeepSpeed starts its process group, but Accelerate keeps ``backend=None``, believes the world size
+is 1, and DeepSpeed asserts on ``train_batch_size`` (it sees the real world). Scripts avoid that with
+``Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])``; users' unmodified scripts
+do not have that line. The node entry point puts this folder first on ``PYTHONPATH`` for DeepSpeed jobs
+on CPU profiles only; Python imports ``sitecustomize`` at start-up in every rank, and this one wraps
+``PartialState._prepare_backend`` when (and only if) ``accelerate.state`` is imported, so that a
+missing backend becomes gloo exactly as that line would make it, and makes
+``deepspeed.comm.torch.build_shm_op`` find no op. Nothing is imported eagerly. A
+``sitecustomize`` further down the path (the distribution's own) still runs.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_HERE = str(Path(__file__).resolve().parent)
+
+
+def _wanted() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def _patch(module: ModuleType) -> None:
+    state = module.PartialState
+    original = state._prepare_backend
+    if getattr(original, "_orchestrator_gloo", False):
+        return
+
+    def _prepare_backend(
+        self: Any, cpu: bool = False, sagemaker_dp: bool = False, backend: Any = None
+    ) -> Any:
+        import torch
+
+        if backend is None and not cpu and _wanted() and not torch.cuda.is_available():
+            backend = "gloo"
+        return original(self, cpu, sagemaker_dp, backend)
+
+    _prepare_backend._orchestrator_gloo = True  # type: ignore[attr-defined]
+    state._prepare_backend = _prepare_backend
+
+
+def _no_shm_op(module: ModuleType) -> None:
+    def build_shm_op() -> None:
+        return None
+
+    module.build_shm_op = build_shm_op  # type: ignore[attr-defined]
+
+
+_DEEPSPEED_PATCHES = {"accelerate.state": _patch, "deepspeed.comm.torch": _no_shm_op}
+
+
+def _patches() -> dict[str, Any]:
+    patches: dict[str, Any] = dict(_DEEPSPEED_PATCHES) if _wanted() else {}
+    if os.environ.get("ORCHESTRATOR_SCRIPT_HOOKS", "0") == "1":
+        from orchestrator.rank.script_hooks import PATCHES
+
+        patches.update(PATCHES)
+    return patches
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the modules of ``patches`` as the path finder would, and patches each right after it ran."""
+
+    def __init__(self, patches: dict[str, Any]) -> None:
+        self.patches = patches
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        patch = self.patches.get(fullname)
+        if patch is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            patch(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _chain_next_sitecustomize() -> None:
+    """Run the ``sitecustomize`` this one shadows, if any (Debian's python has one)."""
+    rest = [p for p in sys.path if p and str(Path(p).resolve()) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or spec.origin == __file__:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def apply(chain: bool = True) -> None:
+    """Patch the modules already imported, hook the others. A rank forked from a launcher that
+    imported accelerate (orchestrator.node.direct_launch) calls this itself, with ``chain=False``: the
+    distribution's ``sitecustomize`` already ran in that interpreter."""
+    patches = _patches()
+    for name, patch in patches.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    rest = {name: patch for name, patch in patches.items() if name not in sys.modules}
+    if rest:
+        sys.meta_path.insert(0, _Finder(rest))
+    if chain:
+        _chain_next_sitecustomize()
+
+
+if __name__ == "sitecustomize":
+    apply()

@@ -1,0 +1,139 @@
+"""What every rank of a user's script gets without a line of its own, installed by the node's import hook.
+
+``orchestrator/node/site/sitecustomize.py`` runs at start-up in every rank of a job (the node entry
+puts that folder first on ``PYTHONPATH``) and calls these patches when, and only when, the script
+imports the module they patch:
+
+* ``accelerate.accelerator``: ``Accelerator()`` applies the CPU workarounds ``train/`` uses
+  (:mod:`orchestrator.rank.workarounds`: FSDP is otherwise silently dropped on CPU, also a
+  ``FullyShardedDataParallelPlugin`` built in code) and then the launch self-check; ``prepare`` runs
+  the model self-check (FSDP really sharding, DeepSpeed really active). A mismatch stops the job at
+  start (exit 3) naming what was asked and what Accelerate did: it never completes as something else.
+* ``transformers.trainer``: every ``Trainer`` gets :class:`orchestrator.hf.OrchestratorCallback`, and
+  ``train()`` without an explicit checkpoint resumes from :func:`orchestrator.hf.last_complete_checkpoint`.
+
+``ORCHESTRATOR_SCRIPT_HOOKS=0`` (``submit --no-script-hooks``) turns all of it off; ``train/`` sets it for
+its own process, since it makes the same calls itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+#: The switch: "1" set by the node entry, "0" to opt out.
+SCRIPT_HOOKS_ENV = "ORCHESTRATOR_SCRIPT_HOOKS"
+
+
+def enabled() -> bool:
+    return os.environ.get(SCRIPT_HOOKS_ENV, "0") == "1"
+
+
+def _rank() -> int:
+    value = os.environ.get("RANK", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def patch_accelerator(module: ModuleType) -> None:
+    cls = module.Accelerator
+    if getattr(cls, "_orchestrator_patched", False):
+        return
+    original_init, original_prepare = cls.__init__, cls.prepare
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not enabled():
+            original_init(self, *args, **kwargs)
+            return
+        from orchestrator.rank import selfcheck, workarounds
+
+        try:
+            expectation = selfcheck.expectations_from_env()
+        except selfcheck.SelfCheckError as exc:
+            selfcheck.fail([str(exc)], selfcheck.Expectation(source="the environment"), "", None, _rank())
+        pending = workarounds.before_accelerator()
+        if kwargs.get("fsdp_plugin") is not None:
+            # A plugin built in code asks for FSDP as clearly as the launch config does; on CPU
+            # Accelerate drops it, so keep it for enable_fsdp_on_cpu.
+            pending.fsdp_requested = True
+            pending.fsdp_plugin = kwargs["fsdp_plugin"]
+        original_init(self, *args, **kwargs)
+        applied = workarounds.after_accelerator(self, pending)
+        problems = selfcheck.check_launch(self, expectation)
+        if problems:
+            selfcheck.fail(problems, expectation, selfcheck._found_launch(self), _run_dir(), _rank())
+        self._orchestrator_expectation = expectation
+        self._orchestrator_workarounds = applied
+
+    def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+        expectation = getattr(self, "_orchestrator_expectation", None)
+        if expectation is None or not enabled():
+            return original_prepare(self, *args, **kwargs)
+        import torch
+
+        sizes = [
+            sum(p.numel() for p in arg.parameters()) if isinstance(arg, torch.nn.Module) else None
+            for arg in args
+        ]
+        result = original_prepare(self, *args, **kwargs)
+        prepared = result if isinstance(result, (tuple, list)) and len(args) > 1 else (result,)
+        from orchestrator.rank import selfcheck
+
+        for size, obj in zip(sizes, prepared):
+            if size is None:
+                continue
+            problems, found = selfcheck.check_model(self, obj, expectation, size)
+            if problems:
+                selfcheck.fail(problems, expectation, found, _run_dir(), _rank())
+            if self.is_main_process:
+                applied = ", ".join(getattr(self, "_orchestrator_workarounds", [])) or "none"
+                print(
+                    f"[orchestrator] self-check ok: {expectation.describe()} ({found}); workarounds: {applied}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return result
+
+    cls.__init__ = __init__
+    cls.prepare = prepare
+    cls._orchestrator_patched = True
+
+
+def patch_trainer(module: ModuleType) -> None:
+    cls = module.Trainer
+    if getattr(cls, "_orchestrator_patched", False):
+        return
+    original_init, original_train = cls.__init__, cls.train
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if not enabled():
+            return
+        from orchestrator.hf import OrchestratorCallback, _Callback
+
+        if not any(isinstance(cb, _Callback) for cb in self.callback_handler.callbacks):
+            self.add_callback(OrchestratorCallback())
+
+    def train(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if enabled() and (resume_from_checkpoint is None or resume_from_checkpoint is True):
+            from orchestrator.hf import _Callback, last_complete_checkpoint
+
+            # True would make Transformers take its newest checkpoint-N, torn or not.
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            for cb in self.callback_handler.callbacks:
+                if isinstance(cb, _Callback):
+                    cb.resumed_from = resume_from_checkpoint
+        return original_train(self, resume_from_checkpoint, *args, **kwargs)
+
+    cls.__init__ = __init__
+    cls.train = train
+    cls._orchestrator_patched = True
+
+
+def _run_dir() -> str | None:
+    return os.environ.get("ORCHESTRATOR_RUN_DIR")
+
+
+#: Module name -> patch, for the import hook.
+PATCHES = {"accelerate.accelerator": patch_accelerator, "transformers.trainer": patch_trainer}

@@ -1,0 +1,355 @@
+"""Local: simulated nodes as processes on this machine (submitit's LocalExecutor), no Slurm.
+
+There is no scheduler to remember a local job, so its state lives in the run directory
+(:mod:`orchestrator.schedulers.local.state` reads it): node 0 writes the final outcome when every simulated
+node has written its exit code, and ``cancel`` signals the recorded process groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.contract.errors import RunFailure, UserError
+from orchestrator.contract.run_dir import (
+    EXIT_REQUEUE,
+    JOB_ID_FILE,
+    LOCAL_PIDS_FILE,
+    LOCAL_STATE_FILE,
+    SUBMITIT_DIR,
+    attempt_dir,
+    cancel_requested,
+    node_exit_file,
+    write_cancel_marker,
+    write_json_atomic,
+)
+from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler
+from orchestrator.schedulers.slurm.scheduler import time_minutes
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.config.profiles import ClusterProfile
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import JobRecord, Registry
+    from orchestrator.schedulers.slurm.query import QueryResult
+
+LOCALHOST = "127.0.0.1"
+#: How long node 0 of a local job waits for the other simulated nodes' exit codes.
+LOCAL_PEER_WAIT_S = 60.0
+CONTROLLER_LOG = "controller.log"
+
+
+class LocalNodeEnvironment(NodeEnvironment):
+    def __init__(self, job_key: str) -> None:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        self.node_rank = env.global_rank
+        self.num_nodes = env.num_tasks
+        self.hostnames = [LOCALHOST] * env.num_tasks
+        self.job_id = job_key
+        self.restarts = 0
+
+    def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
+        return LOCALHOST
+
+    def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
+        """What ``srun --kill-on-bad-exit`` does on Slurm: a simulated node whose training exited
+        non-zero (not a requeue) ends the others. Without it node 0's torchrun sat in its 300 s exit
+        barrier after node 1 had crashed, and the job read RUNNING for five and a half minutes."""
+        for node in range(self.num_nodes):
+            if node == self.node_rank:
+                continue
+            try:
+                text = node_exit_file(attempt_path, node).read_text().strip()
+            except OSError:
+                continue
+            try:
+                code = int(text or 1)
+            except ValueError:
+                code = 1
+            if code not in (0, EXIT_REQUEUE):
+                return node, code
+        return None
+
+    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
+        if self.is_first_node:
+            write_local_final_state(plan, run_dir, attempt, self.job_id)
+        return False
+
+
+def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_id: str = "") -> None:
+    """Node 0 records the outcome (``local_state.json``) once every simulated node has written its
+    exit code."""
+    path = attempt_dir(run_dir, attempt)
+    deadline = time.monotonic() + LOCAL_PEER_WAIT_S
+    codes: dict[int, int] = {}
+    while time.monotonic() < deadline:
+        for rank in range(plan.nodes):
+            exit_file = node_exit_file(path, rank)
+            if rank not in codes and exit_file.exists():
+                codes[rank] = int(exit_file.read_text().strip() or 1)
+        if len(codes) == plan.nodes:
+            break
+        time.sleep(0.2)
+    missing = [r for r in range(plan.nodes) if r not in codes]
+    reason: str | None
+    if missing:
+        state, code, reason = "FAILED", 1, f"node(s) {missing} did not finish"
+    elif all(c == 0 for c in codes.values()):
+        state, code, reason = "COMPLETED", 0, None
+    elif any(c == EXIT_REQUEUE for c in codes.values()):
+        state, code, reason = "PREEMPTED", EXIT_REQUEUE, "checkpointed on a signal and stopped"
+    else:
+        bad = {r: c for r, c in codes.items() if c != 0}
+        state, code = "FAILED", next(iter(bad.values()))
+        reason = "non-zero exit on " + ", ".join(f"node {r} (exit {c})" for r, c in sorted(bad.items()))
+        from orchestrator.core.failure_report import explain_failure
+
+        why = explain_failure(
+            run_dir,
+            job_id or "JOB",
+            procs_per_node=plan.procs_per_node,
+            scheduler_logs=LocalScheduler().log_files(run_dir, job_id),
+        )
+        if why is not None:
+            reason = why.summary()
+            code = why.exit_codes.get(why.node, code) if why.node is not None else code
+    if state != "COMPLETED" and cancel_requested(run_dir):
+        # `orchestrator cancel` sends TERM, which training answers like a preemption (checkpoint, exit
+        # 75): without this the job would read PREEMPTED, as if it were waiting to come back.
+        how = "checkpointed and stopped" if state == "PREEMPTED" else reason
+        state, reason = "CANCELLED", f"cancelled by user ({how})"
+    write_json_atomic(
+        run_dir / LOCAL_STATE_FILE, {"state": state, "exit_code": code, "reason": reason, "nodes": codes}
+    )
+
+
+@contextlib.contextmanager
+def standard_streams_to(log: Path) -> Iterator[None]:
+    """Point fds 0-2 at /dev/null and ``log`` while the local job's controller is started.
+
+    submitit's LocalExecutor starts a controller that outlives the CLI with ``Popen`` and no
+    redirection, so it would inherit the CLI's stdout: ``JOB=$(orchestrator submit --profile local ...)``
+    or a pipe into ``tee`` would then block until the whole job ends, and the controller could
+    write into the caller's terminal later."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    try:
+        with open(os.devnull, "rb") as null_in, open(log, "ab") as out:
+            os.dup2(null_in.fileno(), 0)
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+        yield
+    finally:
+        for fd, copy in zip((0, 1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def owns_run_dir(job: JobRecord) -> bool:
+    """Whether ``job`` is the newest job of its run directory (whose ``job_id`` file names it)."""
+    try:
+        return (Path(job.run_dir) / JOB_ID_FILE).read_text().strip() in ("", job.job_id)
+    except OSError:
+        return True
+
+
+def signal_local_process(pid: int, sig: signal.Signals) -> int:
+    """Deliver ``sig`` to one recorded local process; returns how many processes were signalled.
+
+    A process-group leader (the contract for ``local_pids.json``) gets the signal on its whole
+    group. A pid that is not a group leader is treated as a supervisor such as submitit's local
+    controller, which forwards only SIGTERM to its tasks and would simply die of SIGUSR1: it gets
+    TERM/INT itself, any other signal goes to its direct children (the node entry points, which
+    relay it to the training ranks). SIGKILL cannot be relayed by anyone, so it goes to the whole
+    process tree: torchrun's workers live in sessions of their own and would otherwise survive.
+    """
+    import psutil
+
+    try:
+        leader = os.getpgid(pid) == pid and pid != os.getpgrp()
+        proc = psutil.Process(pid)
+        tree = proc.children(recursive=True) if sig == signal.SIGKILL else []
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        return 0
+    targets: list[psutil.Process]
+    if leader:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return 0
+        targets = tree
+        count = 1
+    else:
+        if sig == signal.SIGKILL:
+            targets = [proc, *tree]
+        elif sig in (signal.SIGTERM, signal.SIGINT):
+            targets = [proc]
+        else:
+            targets = proc.children(recursive=False) or [proc]
+        count = 0
+    for target in targets:
+        try:
+            target.send_signal(sig)
+            count += 1
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            raise PermissionError(1, f"not allowed to signal pid {target.pid}") from None
+    return count
+
+
+class LocalScheduler(Scheduler):
+    name = "local"
+    needs_partition = False
+    can_lose_nodes = False
+    writes_batch_script = False
+
+    def dryrun(
+        self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
+    ) -> Request:
+        folder = Path(run_dir) / SUBMITIT_DIR
+        text = (
+            f"# local job: {plan.nodes} simulated node(s) x {plan.procs_per_node} process(es) on this machine\n"
+            f"# submitit's LocalExecutor starts one process per node (SUBMITIT_LOCAL_GLOBALID=0..{plan.nodes - 1}):\n"
+            f"{python or sys.executable} -u -m submitit.core._submit {folder}\n"
+            f"# timeout {max(1, time_minutes(plan.time_limit))} min; {plan.profile.signal.name} "
+            f"{plan.profile.signal.seconds_before} s before it\n"
+        )
+        return Request(plan=plan, run_dir=Path(run_dir), text=text, file_name="", attempt_base=attempt_base)
+
+    def main_ip_for_render(self) -> str:
+        return LOCALHOST
+
+    def rdzv_backend(self, profile: ClusterProfile) -> str:
+        # Simulated nodes share one host, where c10d's rendezvous races for the port: static.
+        return "static"
+
+    def check(self, plan: LaunchPlan) -> None:
+        """This machine runs whatever the plan allows, but waits for no other job."""
+        if plan.after:
+            raise UserError(
+                f"--after: profile '{plan.profile_name}' runs locally, where a job cannot wait for another; "
+                "use a Slurm profile (or wait for the job first: orchestrator wait JOB)"
+            )
+
+    def prepare_run_dir(self, registry: Registry | None, run_dir: Path) -> None:
+        """Before a resumed local job takes over ``run_dir``, write the previous job's outcome (read
+        from the files about to be replaced) into the registry: afterwards only the registry knows it."""
+        from orchestrator.schedulers.local.state import local_state
+
+        if registry is None:
+            return
+        try:
+            previous = (run_dir / JOB_ID_FILE).read_text().strip()
+        except OSError:
+            return
+        if previous:
+            try:
+                registry.record_state(previous, local_state(run_dir).state, source="run_dir")
+            except UserError:
+                pass  # not in this registry (another ORCHESTRATOR_HOME): nothing to keep
+        (run_dir / LOCAL_STATE_FILE).unlink(missing_ok=True)
+
+    def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
+        import submitit
+
+        from orchestrator.node.entry import NodeTask
+
+        plan, run_dir = request.plan, request.run_dir
+        job_key = registry.allocate_local_id() if registry is not None else ""
+        folder = run_dir / SUBMITIT_DIR
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(
+            tasks_per_node=plan.nodes,
+            timeout_min=max(1, time_minutes(plan.time_limit)),
+            signal_delay_s=plan.profile.signal.seconds_before,
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        task = NodeTask(
+            run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base, job_key=job_key
+        )
+        # The controller (and through it every simulated node and rank) starts with SIGINT ignored,
+        # as a shell starts a background job: Ctrl-C on `submit --wait` reaches the terminal's whole
+        # process group, which the controller shares, and killed the job the user was only watching.
+        # A Slurm job never hears the terminal; now a local one does not either (`cancel` sends TERM).
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            with standard_streams_to(folder / CONTROLLER_LOG):
+                job = executor.submit(task)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        write_json_atomic(run_dir / LOCAL_PIDS_FILE, {"controller": int(job.job_id)})
+        return Scheduled(
+            job_id=job_key or f"local-{job.job_id}", scheduler_job_id=str(job.job_id), handle=job
+        )
+
+    def query(
+        self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]
+    ) -> QueryResult:
+        from orchestrator.schedulers.local.state import local_state
+        from orchestrator.schedulers.slurm.query import QueryResult, SchedulerState
+
+        states: dict[str, SchedulerState] = {}
+        for job in jobs:
+            if not owns_run_dir(job):
+                # A later job (`resume`) runs in this run directory now: its files describe that job.
+                # This one's outcome was recorded when it was handed over (prepare_run_dir).
+                states[job.job_id] = SchedulerState(
+                    job_id=job.job_id, state=job.last_state, raw_state=job.last_state.value, source="registry"
+                )
+                continue
+            ls = local_state(job.run_dir)
+            states[job.job_id] = SchedulerState(
+                job_id=job.job_id,
+                state=ls.state,
+                raw_state=ls.state.value,
+                source="run_dir",
+                reason=ls.reason,
+                exit_code=str(ls.exit_code) if ls.exit_code is not None else None,
+                node_list="localhost",
+            )
+        return QueryResult(
+            states=states, source="run_dir", stale=False, errors=(), calls={"squeue": 0, "sacct": 0}
+        )
+
+    def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
+        from orchestrator.schedulers.local.state import local_state, read_local_pids
+
+        pids = read_local_pids(job.run_dir)
+        state = local_state(job.run_dir)
+        if not state.alive_pids:
+            if state.state.is_terminal():
+                raise RunFailure(f"job {job.job_id} has already ended ({state.state}); nothing to cancel")
+            if not pids:
+                raise RunFailure(
+                    f"job {job.job_id} has no running processes yet ({job.run_dir / LOCAL_PIDS_FILE} missing)"
+                )
+        send = sig or signal.SIGTERM
+        if sig is None:
+            # Marker first: if the processes die before we return, status must already say CANCELLED.
+            write_cancel_marker(job.run_dir, send.name, user)
+        sent = 0
+        for pid in state.alive_pids:
+            try:
+                sent += signal_local_process(pid, send)
+            except PermissionError as exc:
+                raise RunFailure(f"cannot signal pid {pid} of job {job.job_id}: {exc.strerror}") from None
+        if sent == 0:
+            raise RunFailure(f"job {job.job_id}: none of its processes {sorted(pids.values())} is alive")
+        return f"sent {send.name} to {sent} process(es) of job {job.job_id}"
+
+    def log_files(self, run_dir: Path, job_id: str) -> list[Path]:
+        folder = Path(run_dir) / SUBMITIT_DIR
+        return sorted([*folder.glob(CONTROLLER_LOG), *folder.glob("*_log.*")])
+
+    def node_environment(self, job_key: str) -> NodeEnvironment:
+        return LocalNodeEnvironment(job_key)

@@ -1,0 +1,316 @@
+"""After a failed step: tell a lost node from a failed program and, with ``--auto-resume``, come back without it.
+
+Called by :mod:`orchestrator.schedulers.slurm.batch_step` in the batch script of a Slurm job once the training
+step has failed. Why there and not in the client: nobody has to keep a terminal open, and the
+batch host is the one place that sees the step end the moment it does.
+
+A failed step has three kinds of causes and only one of them is worth a new attempt without
+a node:
+
+* a node died (power, kernel, network, slurmd): its peers fail within seconds on a broken
+  collective, long before Slurm declares the node DOWN (``SlurmdTimeout``, 300 s by default);
+* the program failed by itself (a Python error): every node still answers; a new attempt
+  would fail the same way, so nothing is submitted and the job stays FAILED;
+* someone killed the training processes: every node still answers; ``orchestrator resume``
+  is the user's call.
+
+So every node of the allocation is probed with a tiny step of its own (``srun --overlap -w
+NODE true``, bounded): a node that cannot run one is lost. When the batch host itself dies
+this code never runs; Slurm then ends the job NODE_FAIL and requeues it by itself
+(``--requeue``), and the DOWN node is not scheduled again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.plan import LaunchPlan
+from orchestrator.contract.run_dir import (
+    DECISIONS_FILE,
+    EXIT_REQUEUE,
+    read_current_plan_json,
+    requeue_recorded_since,
+)
+from orchestrator.schedulers.slurm.scheduler import (
+    allocation_nodes,
+    cancelled_by_user,
+    clean_submit_environment,
+)
+
+#: Bound on one node probe. A live node runs ``true`` in well under a second; a dead one makes
+#: srun wait for slurmd's answer (``MessageTimeout``, 10 s by default) and retry.
+PROBE_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    node: str
+    alive: bool
+    detail: str
+
+
+@dataclass
+class Decision:
+    """What the after-step check concluded; appended to ``auto_resume.jsonl``."""
+
+    job_id: str
+    step_status: int
+    action: str
+    """``resubmitted`` | ``none`` (not a node failure) | ``refused`` (a node was lost, but no new attempt:
+    ``--auto-resume`` off, or the bound reached)."""
+    reason: str
+    lost_nodes: list[str] = field(default_factory=list)
+    new_job_id: str | None = None
+    checkpoint: str | None = None
+    exclude_nodes: list[str] = field(default_factory=list)
+    time: float = field(default_factory=time.time)
+
+
+def probe_node(node: str, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
+    """Can ``node`` still run a step of this job? ``--overlap``: the failed step may still hold
+    resources on live nodes while it is being cleaned up."""
+    argv = [
+        "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        "--kill-on-bad-exit=1",
+        "--quiet",
+        "true",
+    ]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        return ProbeResult(node, False, f"no answer within {timeout_s:.0f} s")
+    except OSError as exc:
+        return ProbeResult(node, False, f"srun could not run: {exc}")
+    if proc.returncode == 0:
+        return ProbeResult(node, True, "ok")
+    return ProbeResult(node, False, (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1])
+
+
+def probe_nodes(nodes: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[ProbeResult]:
+    """All nodes at once: the check takes one probe's time, not one per node."""
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        return list(pool.map(lambda n: probe_node(n, timeout_s), nodes))
+
+
+def decide(
+    job_id: str,
+    step_status: int,
+    probes: list[ProbeResult],
+    plan: LaunchPlan,
+    resubmissions_so_far: int,
+    cancelled: str | None,
+    auto_resume: bool = True,
+) -> Decision:
+    """Pure: the facts in, what to do out (tested without a cluster)."""
+    lost = sorted(p.node for p in probes if not p.alive)
+    if cancelled:
+        return Decision(job_id, step_status, "none", cancelled, lost)
+    if lost and not auto_resume:
+        return Decision(
+            job_id,
+            step_status,
+            "refused",
+            f"node(s) {', '.join(lost)} lost; --auto-resume is off: `orchestrator resume {job_id}` continues "
+            "from the last complete checkpoint",
+            lost,
+        )
+    if not lost:
+        return Decision(
+            job_id,
+            step_status,
+            "none",
+            "every node still answers: the program failed (or was killed) by itself; not resubmitted "
+            "(`orchestrator resume` starts a new attempt from the last checkpoint)",
+        )
+    if resubmissions_so_far >= plan.max_requeues:
+        return Decision(
+            job_id,
+            step_status,
+            "refused",
+            f"node(s) {', '.join(lost)} lost, but {resubmissions_so_far} auto-resume(s) reached max_requeues "
+            f"({plan.max_requeues})",
+            lost,
+        )
+    exclude = sorted(set(plan.exclude_nodes) | set(lost))
+    return Decision(
+        job_id, step_status, "resubmitted", f"node(s) {', '.join(lost)} lost", lost, exclude_nodes=exclude
+    )
+
+
+def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (run_dir / DECISIONS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def append_decision(run_dir: Path, decision: Decision) -> None:
+    with open(run_dir / DECISIONS_FILE, "a") as fh:
+        fh.write(json.dumps(decision.__dict__) + "\n")
+
+
+def current_plan(run_dir: Path) -> LaunchPlan:
+    """The plan of the newest submission into this run directory: what a new attempt continues."""
+    return LaunchPlan.from_json(read_current_plan_json(run_dir))
+
+
+def resubmit(
+    run_dir: Path,
+    plan: LaunchPlan,
+    decision: Decision,
+    after_job: str | None = None,
+    how: str = "auto-resumed",
+) -> None:
+    """A new attempt without the lost nodes, from the last complete checkpoint (or from the start);
+    ``after_job``: it starts once that job has ended."""
+    from orchestrator.contract.run_dir import last_complete_checkpoint
+    from orchestrator.core.submission import submit
+    from orchestrator.registry.store import Registry
+
+    checkpoint = last_complete_checkpoint(run_dir)
+    decision.checkpoint = str(checkpoint.path) if checkpoint else None
+    new_plan = replace(plan, exclude_nodes=tuple(decision.exclude_nodes))
+    registry = Registry.open()
+    clean_submit_environment()
+    submitted = submit(
+        new_plan,
+        registry=registry,
+        existing_run_dir=run_dir,
+        resumed_from=decision.checkpoint,
+        after_job=after_job,
+    )
+    decision.new_job_id = submitted.job_id
+    registry.set_end_reason(decision.job_id, f"{decision.reason}; {how} as job {submitted.job_id}")
+
+
+def continue_in_new_job(run_dir: Path, job_id: str, plan: LaunchPlan, restarts: int) -> bool:
+    """``requeue_as: new_job``: training checkpointed on a stop signal; instead of ``scontrol
+    requeue`` (which Slurm holds for cred_expire + 1 s, 121 s by default), submit a successor into the
+    same run, depending on this job (``afterany``), so it starts as soon as this one has ended.
+
+    Bounded by ``max_requeues`` together with this job's own requeues and the run's earlier
+    resubmissions (auto-resume's too); recorded in ``auto_resume.jsonl``. True when handed over."""
+    previous = [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
+    used = len(previous) + restarts
+    cancelled = cancelled_by_user(run_dir, job_id)
+    if cancelled:
+        decision = Decision(job_id, EXIT_REQUEUE, "none", f"not requeued: {cancelled}")
+    elif used >= plan.max_requeues:
+        decision = Decision(
+            job_id, EXIT_REQUEUE, "refused", f"not requeued: {used} requeues reached max_requeues"
+        )
+    else:
+        decision = Decision(
+            job_id,
+            EXIT_REQUEUE,
+            "resubmitted",
+            f"stopped by a signal; requeue {used + 1}/{plan.max_requeues} as a new job (requeue_as: new_job)",
+            exclude_nodes=list(plan.exclude_nodes),
+        )
+        try:
+            resubmit(run_dir, plan, decision, after_job=job_id, how="continued")
+        except Exception as exc:  # noqa: BLE001 (a failed submission must leave the job FAILED, explained)
+            decision.action, decision.reason = "refused", f"{decision.reason}; submission failed: {exc}"
+    print(
+        f"[orchestrator node] {decision.reason}"
+        + (f" -> job {decision.new_job_id}" if decision.new_job_id else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    if decision.action != "resubmitted":
+        with contextlib.suppress(Exception):
+            from orchestrator.registry.store import Registry
+
+            Registry.open().set_end_reason(job_id, decision.reason)
+    append_decision(run_dir, decision)
+    return decision.action == "resubmitted"
+
+
+def superseded_by(run_dir: Path, job_id: str) -> str | None:
+    """The job that already took over from ``job_id`` (Slurm may still requeue a NODE_FAIL job
+    whose batch script ended before the node was declared down)."""
+    for d in read_decisions(run_dir):
+        if d.get("job_id") == job_id and d.get("action") == "resubmitted" and d.get("new_job_id"):
+            return str(d["new_job_id"])
+    return None
+
+
+def after_failed_step(
+    run_dir: Path,
+    job_id: str,
+    step_status: int,
+    step_started: float,
+    probes: list[ProbeResult] | None,
+    auto_resume: bool,
+    probe_timeout: float = PROBE_TIMEOUT_S,
+) -> Decision | None:
+    """Classify a failed step and act on it; the decision is appended to ``auto_resume.jsonl``.
+
+    ``probes`` are the supervisor's, when it already probed (srun hung on a lost node)."""
+    started = time.time()
+
+    def say(line: str) -> None:
+        print(
+            f"[orchestrator auto-resume] {time.strftime('%H:%M:%S')} job {job_id}: {line}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    if requeue_recorded_since(run_dir, step_started):
+        say("training checkpointed on a signal: the requeue is node 0's decision")
+        return None
+    if probes is None:
+        if not auto_resume:
+            return None  # srun ended by itself: no node hung it; nothing to decide
+        probes = probe_nodes(allocation_nodes(), probe_timeout)
+        for p in probes:
+            say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")
+    plan = current_plan(run_dir)
+    previous = [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
+    decision = decide(
+        job_id, step_status, probes, plan, len(previous), cancelled_by_user(run_dir, job_id), auto_resume
+    )
+    if decision.action == "resubmitted":
+        try:
+            resubmit(run_dir, plan, decision)
+        except Exception as exc:  # noqa: BLE001 (the batch script must still end with the step's status)
+            decision.action, decision.reason = "refused", f"{decision.reason}; resubmission failed: {exc}"
+    else:
+        with contextlib.suppress(Exception):
+            from orchestrator.registry.store import Registry
+
+            Registry.open().set_end_reason(job_id, decision.reason)
+    say(
+        f"{decision.action}: {decision.reason}"
+        + (
+            f" -> job {decision.new_job_id} excluding {','.join(decision.exclude_nodes)}"
+            if decision.new_job_id
+            else ""
+        )
+        + f" (decided in {time.time() - started:.1f} s)"
+    )
+    append_decision(run_dir, decision)
+    return decision

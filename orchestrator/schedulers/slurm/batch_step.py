@@ -1,0 +1,231 @@
+"""The batch script's training step: ``srun`` under a supervisor that does not wait for a dead node.
+
+``exec python -m orchestrator.schedulers.slurm.batch_step [--auto-resume] -- srun ...`` is the last line of every
+sbatch script. Why a supervisor instead of a bare ``srun``: when a whole node dies, the tasks on
+the other nodes fail within seconds (a broken collective), ``--kill-on-bad-exit`` ends them, and
+then srun waits for the dead node's tasks to report, which they never do. It returns only once
+slurmctld declares the node DOWN (``SlurmdTimeout``: 20 s on the test cluster, 300 s by default),
+and Slurm then ends the job NODE_FAIL. Measured on the test cluster: first task failure 1-3 s
+after the kill, srun back 26 s after it.
+
+So the supervisor reads srun's own error lines (``srun: error: n1: task 0: Exited with exit code
+1``); when a task has failed and srun is still there ``GRACE_S`` later, it probes every node of the
+allocation (:mod:`orchestrator.schedulers.slurm.auto_resume`). A lost node ends the step at once; with
+``--auto-resume`` a new attempt without it is submitted from the last complete checkpoint.
+
+Signals: Slurm sends SIGTERM (cancel, preemption) to every process of the batch step, srun
+included, and srun forwards it to the tasks. The supervisor survives it (a no-op handler, reset to
+the default at exec, so srun's own disposition is untouched) and reports srun's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.schedulers.slurm.scheduler import allocation_nodes, batch_job_id, batch_restarts
+
+#: After the first failed task, how long srun may take to end the step by itself. With
+#: ``--kill-on-bad-exit`` and live nodes it ends within about a second; measured 1-3 s.
+GRACE_S = 5.0
+#: srun's line for a task that ended badly, e.g. ``srun: error: n1: task 0: Exited with exit code 1``
+#: or ``srun: error: n2: tasks 2-3: Killed``.
+TASK_FAILURE_RE = re.compile(rb"srun: error: (\S+): tasks? [0-9,-]+: ")
+#: Signals the supervisor must outlive (srun receives them from Slurm directly).
+SURVIVED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def say(line: str) -> None:
+    print(f"[orchestrator step] {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
+class StepWatch:
+    """srun as a child; its stderr copied through while noting the first task failure."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.first_failure_at: float | None = None
+        self.failed_line = ""
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self._reader = threading.Thread(target=self._copy_stderr, daemon=True)
+        self._reader.start()
+
+    def _copy_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        out = sys.stderr.buffer
+        for line in iter(self.proc.stderr.readline, b""):
+            out.write(line)
+            out.flush()
+            if self.first_failure_at is None and TASK_FAILURE_RE.search(line):
+                self.first_failure_at = time.monotonic()
+                self.failed_line = line.decode(errors="replace").strip()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def finish(self) -> None:
+        self._reader.join(timeout=5)
+
+
+def record_requeued_attempt(run_dir: Path, job_id: str, attempt_base: int) -> None:
+    """A requeued job (same id, restarted by Slurm) is a new attempt the submitting side never saw:
+    record it with the checkpoint it will start from (training picks the newest complete one, the
+    same rule). Best effort: the registry must not stop training."""
+    restarts = batch_restarts()
+    if restarts == 0 or not job_id:
+        return
+    try:
+        from orchestrator.contract.run_dir import attempt_number, last_complete_checkpoint
+        from orchestrator.registry.store import Registry
+
+        checkpoint = last_complete_checkpoint(run_dir)
+        Registry.open().add_attempt(
+            job_id,
+            attempt=attempt_number(attempt_base, restarts),
+            scheduler_job_id=job_id,
+            started_from_checkpoint=str(checkpoint.path) if checkpoint else None,
+        )
+    except Exception as exc:  # noqa: BLE001
+        say(f"attempt not recorded in the registry: {exc}")
+
+
+def supervise(
+    argv: list[str],
+    auto_resume: bool,
+    probe_timeout: float,
+    attempt_base: int = 0,
+    grace_s: float = GRACE_S,
+    hang_timeout: float | None = None,
+) -> int:
+    from orchestrator.contract.run_dir import attempt_number
+    from orchestrator.schedulers.slurm import auto_resume as ar
+    from orchestrator.supervise.watchdog import Watchdog
+
+    run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
+    job_id = batch_job_id()
+    superseded = ar.superseded_by(run_dir, job_id)
+    if superseded:
+        # Slurm requeued a job (NODE_FAIL) whose after-step check had already submitted its successor.
+        say(f"job {job_id} was already auto-resumed as job {superseded}: not training twice")
+        return 1
+    record_requeued_attempt(run_dir, job_id, attempt_base)
+    started = time.time()
+    attempt = attempt_number(attempt_base, batch_restarts())
+    if _preflight_failed(run_dir, job_id, attempt, auto_resume):
+        return 1
+    watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
+    watch = StepWatch(argv)
+    probes: list[ar.ProbeResult] | None = None
+    status: int | None = None
+    while status is None:
+        status = watch.wait(0.5)
+        if status is None and watchdog is not None and watch.first_failure_at is None:
+            try:
+                hang = watchdog.check()
+            except Exception as exc:  # noqa: BLE001 (a watchdog bug must never end the training)
+                say(f"hang watchdog off after an error: {exc!r}")
+                watchdog, hang = None, None
+            if hang is not None:
+                status = _end_hung_step(watch, run_dir, job_id, attempt, hang, auto_resume)
+                watch.finish()
+                return status
+        if status is not None or probes is not None or watch.first_failure_at is None:
+            continue
+        if time.monotonic() - watch.first_failure_at < grace_s:
+            continue
+        say(
+            f"a task failed ({watch.failed_line}) and srun is still waiting after {grace_s:.0f} s: probing the nodes"
+        )
+        probes = ar.probe_nodes(allocation_nodes(), probe_timeout)
+        for p in probes:
+            say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")
+        if any(not p.alive for p in probes):
+            say("ending the step now instead of waiting for Slurm to declare the node down")
+            watch.proc.kill()
+            watch.proc.wait()
+            status = 1
+    watch.finish()
+    if status < 0:  # srun killed by a signal
+        status = 128 - status
+    if status != 0:
+        ar.after_failed_step(run_dir, job_id, status, started, probes, auto_resume, probe_timeout)
+    return status
+
+
+def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: bool) -> bool:
+    """The preflight (:mod:`orchestrator.supervise.preflight`) before training; when it names bad nodes the job
+    ends FAILED with the reason and, with ``--auto-resume``, comes back without them (the hang
+    watchdog's path). A preflight that breaks by itself never stops the training."""
+    from orchestrator.schedulers.slurm.auto_resume import current_plan
+    from orchestrator.supervise.preflight import run_preflight
+    from orchestrator.supervise.watchdog import after_hang
+
+    try:
+        verdict = run_preflight(run_dir, attempt, current_plan(run_dir), allocation_nodes(), say)
+    except Exception as exc:  # noqa: BLE001
+        say(f"preflight skipped after an error: {exc!r}")
+        return False
+    if verdict is None or not verdict.failed:
+        return False
+    after_hang(run_dir, job_id, verdict.reason, None, auto_resume, say, bad_nodes=verdict.bad_nodes)
+    return True
+
+
+def _end_hung_step(
+    watch: StepWatch, run_dir: Path, job_id: str, attempt: int, hang: Any, auto_resume: bool
+) -> int:
+    """The watchdog fired: stacks first (the ranks must still be there), then end the step, then
+    record the reason and, with ``--auto-resume``, resubmit without the node that differed."""
+    from orchestrator.contract.run_dir import read_current_plan_json
+    from orchestrator.supervise.watchdog import after_hang, investigate
+
+    say(f"hang watchdog: {hang.describe()}; collecting every rank's stacks")
+    world = read_current_plan_json(run_dir).get("world_size")
+    try:
+        reason, bad_node = investigate(
+            run_dir, attempt, hang, allocation_nodes(), world if isinstance(world, int) else None
+        )
+    except Exception as exc:  # noqa: BLE001 (the hung step must end whatever the evidence did)
+        reason, bad_node = f"hang: {hang.describe()}; stacks not collected: {exc!r}", None
+    say(reason)
+    say("ending the step")
+    watch.proc.kill()
+    watch.proc.wait()
+    after_hang(run_dir, job_id, reason, bad_node, auto_resume, say)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.schedulers.slurm.batch_step", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--auto-resume", action="store_true")
+    parser.add_argument("--probe-timeout", type=float, default=20.0)
+    parser.add_argument("--attempt-base", type=int, default=0, help="the attempt this submission started at")
+    parser.add_argument(
+        "--hang-timeout", type=float, default=None, help="seconds without progress (default: from step times)"
+    )
+    parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun ARGS...")
+    args = parser.parse_args(argv)
+    command = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
+    if not command:
+        parser.error("no step command after --")
+    for sig in SURVIVED_SIGNALS:
+        signal.signal(sig, lambda *_: None)
+    return supervise(
+        command, args.auto_resume, args.probe_timeout, args.attempt_base, hang_timeout=args.hang_timeout
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
