@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import Registry
     from orchestrator.schedulers.base import Request
-    from orchestrator.schedulers.slurm.query import QueryResult
+    from orchestrator.schedulers.query import QueryResult
 
 __all__ = [
     "Job",

@@ -123,7 +123,8 @@ def test_the_run_dir_contract_needs_only_the_standard_library() -> None:
 
 
 def test_every_scheduler_name_has_its_implementation() -> None:
-    from orchestrator.schedulers import IMPLEMENTATIONS, SCHEDULER_NAMES, get_scheduler
+    from orchestrator.config.scheduler_kinds import SCHEDULER_NAMES
+    from orchestrator.schedulers import IMPLEMENTATIONS, get_scheduler
 
     assert tuple(IMPLEMENTATIONS) == SCHEDULER_NAMES
     assert [get_scheduler(name).name for name in SCHEDULER_NAMES] == list(SCHEDULER_NAMES)

@@ -23,14 +23,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.job_states import JobState
+from orchestrator.core.refresh import refresh_states
 from orchestrator.registry.store import Registry, SchedulerKind
-from orchestrator.schedulers.slurm.query import (
-    parse_sacct,
-    parse_squeue,
-    query_states,
-    refresh_states,
-    run_bounded,
-)
+from orchestrator.schedulers.query import run_bounded
+from orchestrator.schedulers.slurm.query import parse_sacct, parse_squeue, query_states
 from tests.helpers.cli import REPO, poll, run_cli
 
 REAL_SQUEUE = shutil.which("squeue")
@@ -188,7 +184,7 @@ def test_jobs_ended_long_ago_are_not_asked_again(path_with: Path, tmp_path: Path
     """A job recorded as ended over FINAL_AFTER_S ago keeps its recorded end (source "final", not
     stale) without squeue or sacct being asked about it; a job that ended minutes ago is still asked
     (Slurm could still requeue it), as is a running one."""
-    from orchestrator.schedulers.slurm.query import FINAL_AFTER_S
+    from orchestrator.core.refresh import FINAL_AFTER_S
 
     calls = tmp_path / "calls.log"
     script(path_with, "squeue", f'echo "squeue $*" >> {calls}\necho "3|RUNNING|None|n3|t|1:00"\n')
@@ -511,7 +507,7 @@ def test_cancel_local_signal_to_a_supervisor_reaches_its_children(
 
 def test_parsed_states_are_complete_scheduler_states() -> None:
     """parse_squeue builds states without SchedulerState's __init__ (speed): same fields, same values."""
-    from orchestrator.schedulers.slurm.query import SchedulerState
+    from orchestrator.schedulers.query import SchedulerState
 
     got = parse_squeue("7|COMPLETING|None|n[1-2]|2025-01-01T00:00:00|1:00\n")["7"]
     want = SchedulerState(

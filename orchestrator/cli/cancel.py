@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cancel_job(registry: Registry, job: JobRecord, sig: signal.Signals | None) -> str:
-    from orchestrator.schedulers.slurm.query import refresh_states
+    from orchestrator.core.refresh import refresh_states
 
     successor = registry.run_of(job.job_id).newest_job_id
     if successor != job.job_id:

@@ -21,8 +21,8 @@ from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, RunFailure, 
 from orchestrator.contract.job_states import JobState
 from orchestrator.contract.run_dir import LOGS_DIR
 from orchestrator.core.log_follow import LogFollower, LogLine
+from orchestrator.core.refresh import refresh_states
 from orchestrator.registry.store import JobRecord, Registry
-from orchestrator.schedulers.slurm.query import refresh_states
 
 DEFAULT_FOLLOW_TAIL = 10
 #: Lines shown from each of the scheduler's own log files when no node has logged.

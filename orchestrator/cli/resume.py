@@ -88,7 +88,7 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
     completed has nothing left to train. Called under the run's lock, so no other resume can submit
     between this check and this one's submission."""
     from orchestrator.contract.job_states import JobState
-    from orchestrator.schedulers.slurm.query import refresh_states
+    from orchestrator.core.refresh import refresh_states
 
     newest = registry.run_of(job_id).newest_job_id
     record = registry.get(newest)

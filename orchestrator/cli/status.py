@@ -26,10 +26,11 @@ from orchestrator.contract.job_states import JobState, normalize_slurm_state
 from orchestrator.core.dependencies import PREFIXES as DEPENDENCY_PREFIXES
 from orchestrator.core.dependencies import explain as explain_dependency
 from orchestrator.core.liveness import liveness_lines
+from orchestrator.core.refresh import refresh_states
 from orchestrator.core.run_summary import RunSummary
 from orchestrator.core.summary_cache import SUMMARY_CACHE_FILE, SummaryCache
 from orchestrator.registry.store import JobRecord, Registry
-from orchestrator.schedulers.slurm.query import QueryResult, refresh_states
+from orchestrator.schedulers.query import QueryResult
 
 #: ``status`` with no ids shows every non-terminal job plus those active within this window.
 RECENT_S = 24 * 3600.0

@@ -20,6 +20,7 @@ from orchestrator.config.options import (
 )
 from orchestrator.config.options import merge_options as _merge
 from orchestrator.config.profiles import ClusterProfile
+from orchestrator.config.scheduler_kinds import scheduler_kind
 from orchestrator.config.strategies import STRATEGIES, Strategy
 from orchestrator.contract.errors import UserError
 
@@ -249,9 +250,7 @@ def build_plan(
     node_count = profile.nodes.default if nodes is None else nodes
     procs = profile.default_procs_per_node if procs_per_node is None else procs_per_node
     check_combination(profile_name, profile, options, node_count, procs)
-    from orchestrator.schedulers import get_scheduler
-
-    if auto_resume and not get_scheduler(profile.scheduler).can_lose_nodes:
+    if auto_resume and not scheduler_kind(profile.scheduler).can_lose_nodes:
         raise UserError(
             f"--auto-resume: profile '{profile_name}' runs locally, where there is no node to lose or exclude; "
             "use `orchestrator resume JOB` after a failure"

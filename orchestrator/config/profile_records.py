@@ -20,7 +20,7 @@ import re
 from typing import Any, ClassVar, Literal, TypeVar
 
 from orchestrator.config.options import TrainingOptions
-from orchestrator.schedulers import SchedulerName
+from orchestrator.config.scheduler_kinds import SchedulerName
 
 #: Slurm accepts these time formats for --time; we accept the same, minus the
 #: rarely used "minutes:seconds" (ambiguous with hours:minutes to a human).
@@ -107,9 +107,9 @@ def _check_port_range(start: int, end: int) -> None:
 def _check_profile(
     scheduler: str, partition: str | None, procs_per_node: int | None, gpus_per_node: int
 ) -> None:
-    from orchestrator.schedulers import get_scheduler
+    from orchestrator.config.scheduler_kinds import scheduler_kind
 
-    if get_scheduler(scheduler).needs_partition and not partition:
+    if scheduler_kind(scheduler).needs_partition and not partition:
         raise ValueError(f"partition: required when scheduler is '{scheduler}'")
     if procs_per_node and gpus_per_node and procs_per_node > gpus_per_node:
         raise ValueError(f"procs_per_node: {procs_per_node} is more than gpus_per_node ({gpus_per_node})")

@@ -69,7 +69,7 @@ def _type_text(annotation: str) -> str:
     import typing
 
     from orchestrator.config import profile_records
-    from orchestrator.schedulers import SchedulerName
+    from orchestrator.config.scheduler_kinds import SchedulerName
 
     if annotation == "SchedulerName":
         return " | ".join(typing.get_args(SchedulerName))

@@ -45,7 +45,7 @@ from orchestrator.config.profile_records import (
     _check_slurm_time,
     _Record,
 )
-from orchestrator.schedulers import SCHEDULER_NAMES, SchedulerName
+from orchestrator.config.scheduler_kinds import SCHEDULER_NAMES, SchedulerName
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.plan import LaunchPlan
+from orchestrator.config.scheduler_kinds import scheduler_kind
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
@@ -104,17 +105,13 @@ class NodeRuntime:
 
 
 def sample_runtime(plan: LaunchPlan, machine_rank: int = 0) -> NodeRuntime:
-    from orchestrator.schedulers import get_scheduler
-
     start, end = plan.profile.port_range.start, plan.profile.port_range.end
-    ip = get_scheduler(plan.profile.scheduler).main_ip_for_render()
+    ip = scheduler_kind(plan.profile.scheduler).render_main_ip
     return NodeRuntime(machine_rank, ip, port_for_job(SAMPLE_JOB_ID, start, end), sample=True)
 
 
 def rdzv_backend_for(plan: LaunchPlan) -> str:
-    from orchestrator.schedulers import get_scheduler
-
-    return get_scheduler(plan.profile.scheduler).rdzv_backend(plan.profile)
+    return scheduler_kind(plan.profile.scheduler).rdzv_backend or plan.profile.rdzv_backend
 
 
 def needs_deepspeed_config_file(plan: LaunchPlan) -> bool:

@@ -41,7 +41,7 @@ def _failed_prerequisite(deps: list[tuple[str, str]], ask_scheduler: bool) -> tu
     with contextlib.suppress(OrchestratorError), Registry.open() as registry:
         jobs = registry.get_many([job_id for kind, job_id in deps if kind == "afterok"])
         if ask_scheduler and jobs:
-            from orchestrator.schedulers.slurm.query import refresh_states
+            from orchestrator.core.refresh import refresh_states
 
             refresh_states(registry, jobs)
             jobs = registry.get_many([j.job_id for j in jobs])

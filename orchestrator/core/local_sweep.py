@@ -22,9 +22,9 @@ POLL_S = 0.5
 
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.config.plan import LaunchPlan
+    from orchestrator.core.refresh import refresh_states
     from orchestrator.core.submission import submit
     from orchestrator.registry.store import Registry
-    from orchestrator.schedulers.slurm.query import refresh_states
 
     sweep_dir, sweep_id = Path((argv or sys.argv[1:])[0]), (argv or sys.argv[1:])[1]
     data = read_json(sweep_dir / SWEEP_FILE) or {}

@@ -55,8 +55,8 @@ def wait_for_job(
     error lines, the ``logs`` command: :mod:`orchestrator.core.failure_report`). ``deadline``
     (``time.monotonic()``) raises :class:`WaitTimeout` when passed."""
     from orchestrator.core.failure_report import EXPLAINED_STATES, explain_job, record_explanations
+    from orchestrator.core.refresh import refresh_states
     from orchestrator.core.run_summary import summarize
-    from orchestrator.schedulers.slurm.query import refresh_states
 
     last = ""
     followed: set[str] = set()

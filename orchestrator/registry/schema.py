@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from orchestrator.config.scheduler_kinds import SchedulerName
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import JobState
-from orchestrator.schedulers import SchedulerName
 
 SchedulerKind = SchedulerName
 #: Writers wait this long for the lock before giving up. Long enough for a burst of submits.

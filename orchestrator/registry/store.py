@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.scheduler_kinds import SCHEDULER_NAMES
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import JobState, parse_state
 from orchestrator.registry.schema import (
@@ -48,7 +49,6 @@ from orchestrator.registry.schema import (
 )
 from orchestrator.registry.submissions import SubmissionsMixin
 from orchestrator.registry.sweeps import SweepsMixin
-from orchestrator.schedulers import SCHEDULER_NAMES
 
 __all__ = [
     "BUSY_TIMEOUT_MS",

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrator.schedulers.base import Scheduler
 
-#: The profile's ``scheduler`` values (profiles, their schema and the registry take them from here).
-SchedulerName = Literal["slurm", "local"]
-SCHEDULER_NAMES: tuple[str, ...] = get_args(SchedulerName)
-#: name -> "module:class". A new scheduler is its name above, one entry here, and its module.
+#: name (:data:`~orchestrator.config.scheduler_kinds.SCHEDULER_NAMES`) -> "module:class".
 IMPLEMENTATIONS: dict[str, str] = {
     "slurm": "orchestrator.schedulers.slurm.scheduler:SlurmScheduler",
     "local": "orchestrator.schedulers.local.scheduler:LocalScheduler",

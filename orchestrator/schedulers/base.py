@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from orchestrator.config.scheduler_kinds import SchedulerKind
+
 if TYPE_CHECKING:
     import signal
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.config.profiles import ClusterProfile
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
-    from orchestrator.schedulers.slurm.query import QueryResult
+    from orchestrator.schedulers.query import QueryResult
 
 
 def submission_token(run_dir: Path | str, attempt_base: int) -> str:
@@ -70,15 +72,23 @@ class Scheduled:
 class Scheduler(ABC):
     """A way to run a plan's nodes; ``orchestrator.schedulers.get_scheduler(name)`` finds one."""
 
+    kind: ClassVar[SchedulerKind]
+    """This scheduler's facts (:mod:`orchestrator.config.scheduler_kinds`), declared there once."""
     name: ClassVar[str]
     can_lose_nodes: ClassVar[bool]
-    """Whether a node can die under a job (and ``--auto-resume`` can exclude it)."""
     needs_partition: ClassVar[bool]
-    """Whether a profile must name a partition (a profile check, before anything is rendered)."""
     writes_batch_script: ClassVar[bool]
-    """Whether :meth:`dryrun`'s text is a batch script worth showing in ``render``."""
     has_arrays: ClassVar[bool] = False
-    """Whether a sweep's tasks can be one job array (:meth:`dryrun_array`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("kind")
+        if kind is not None:
+            cls.name = kind.name
+            cls.can_lose_nodes = kind.can_lose_nodes
+            cls.needs_partition = kind.needs_partition
+            cls.writes_batch_script = kind.writes_batch_script
+            cls.has_arrays = kind.has_arrays
 
     # ---------------------------------------------------------------- planning (pure)
     @abstractmethod
@@ -88,13 +98,13 @@ class Scheduler(ABC):
         """The request for ``plan`` in ``run_dir``; no side effect. ``python``: the submitting
         interpreter, the default for the profile's ``python`` key."""
 
-    @abstractmethod
     def main_ip_for_render(self) -> str:
         """The main process address ``render`` shows (marked as a sample where it is one)."""
+        return self.kind.render_main_ip
 
-    @abstractmethod
     def rdzv_backend(self, profile: ClusterProfile) -> str:
         """torchrun's rendezvous backend for jobs of this scheduler."""
+        return self.kind.rdzv_backend or profile.rdzv_backend
 
     # ---------------------------------------------------------------- side effects
     @abstractmethod

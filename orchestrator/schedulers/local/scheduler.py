@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
     EXIT_REQUEUE,
@@ -34,10 +35,9 @@ from orchestrator.schedulers.slurm.scheduler import time_minutes
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
-    from orchestrator.config.profiles import ClusterProfile
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
-    from orchestrator.schedulers.slurm.query import QueryResult
+    from orchestrator.schedulers.query import QueryResult
 
 LOCALHOST = "127.0.0.1"
 #: How long node 0 of a local job waits for the other simulated nodes' exit codes.
@@ -208,10 +208,7 @@ def signal_local_process(pid: int, sig: signal.Signals) -> int:
 
 
 class LocalScheduler(Scheduler):
-    name = "local"
-    needs_partition = False
-    can_lose_nodes = False
-    writes_batch_script = False
+    kind = SCHEDULER_KINDS["local"]
 
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
@@ -225,13 +222,6 @@ class LocalScheduler(Scheduler):
             f"{plan.profile.signal.seconds_before} s before it\n"
         )
         return Request(plan=plan, run_dir=Path(run_dir), text=text, file_name="", attempt_base=attempt_base)
-
-    def main_ip_for_render(self) -> str:
-        return LOCALHOST
-
-    def rdzv_backend(self, profile: ClusterProfile) -> str:
-        # Simulated nodes share one host, where c10d's rendezvous races for the port: static.
-        return "static"
 
     def check(self, plan: LaunchPlan) -> None:
         """This machine runs whatever the plan allows, but waits for no other job."""
@@ -296,7 +286,7 @@ class LocalScheduler(Scheduler):
         self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]
     ) -> QueryResult:
         from orchestrator.schedulers.local.state import local_state
-        from orchestrator.schedulers.slurm.query import QueryResult, SchedulerState
+        from orchestrator.schedulers.query import QueryResult, SchedulerState
 
         states: dict[str, SchedulerState] = {}
         for job in jobs:

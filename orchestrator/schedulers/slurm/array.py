@@ -62,7 +62,7 @@ def max_array_size(config: str) -> int:
 
 def check_array_size(tasks: int) -> None:
     """Slurm refuses an array index >= ``MaxArraySize``: say so before anything is made."""
-    from orchestrator.schedulers.slurm.query import run_bounded
+    from orchestrator.schedulers.query import run_bounded
 
     res = run_bounded(["scontrol", "show", "config"], SINFO_TIMEOUT_S)
     if res.error is not None:

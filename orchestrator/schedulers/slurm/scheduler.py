@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
     MAIN_IP_FILE,
@@ -30,17 +31,15 @@ if TYPE_CHECKING:
     import signal
 
     from orchestrator.config.plan import LaunchPlan
-    from orchestrator.config.profiles import ClusterProfile
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
-    from orchestrator.schedulers.slurm.query import QueryResult
+    from orchestrator.schedulers.query import QueryResult
 
 SINFO_TIMEOUT_S = 15.0
 SCANCEL_TIMEOUT_S = 30.0
 #: How long non-zero nodes wait for node 0 to publish its address.
 MAIN_IP_WAIT_S = 120.0
 #: The main process address ``render`` shows: the real one is known only on node 0, at run time.
-SAMPLE_MAIN_IP = "10.0.0.1"
 #: Variables an allocation sets that a job submitted from inside it must not inherit.
 _INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
 
@@ -273,11 +272,7 @@ def _template_executor(request: Request) -> Any:
 
 
 class SlurmScheduler(Scheduler):
-    name = "slurm"
-    needs_partition = True
-    can_lose_nodes = True
-    writes_batch_script = True
-    has_arrays = True
+    kind = SCHEDULER_KINDS["slurm"]
 
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
@@ -298,12 +293,6 @@ class SlurmScheduler(Scheduler):
             attempt_base=attempt_base,
             extra={"token": token},
         )
-
-    def main_ip_for_render(self) -> str:
-        return SAMPLE_MAIN_IP
-
-    def rdzv_backend(self, profile: ClusterProfile) -> str:
-        return profile.rdzv_backend
 
     def check(self, plan: LaunchPlan) -> None:
         assert plan.profile.partition is not None  # the profile's own check: slurm needs a partition
@@ -381,7 +370,7 @@ class SlurmScheduler(Scheduler):
     def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
         """squeue for queued and running jobs (``%k``: the comment), then sacct for ended ones
         (needs ``AccountingStoreFlags=job_comment``; without it ended orphans stay unknown)."""
-        from orchestrator.schedulers.slurm.query import run_bounded
+        from orchestrator.schedulers.query import run_bounded
 
         wanted = set(tokens)
         found: dict[str, str] = {}
@@ -422,7 +411,7 @@ class SlurmScheduler(Scheduler):
         return ""
 
     def discard(self, job_id: str, reason: str) -> None:
-        from orchestrator.schedulers.slurm.query import run_bounded
+        from orchestrator.schedulers.query import run_bounded
 
         run_bounded(["scancel", job_id], SCANCEL_TIMEOUT_S)
 
@@ -434,7 +423,7 @@ class SlurmScheduler(Scheduler):
         return query_states([j.job_id for j in jobs], timeout_s=timeout_s, fallback=fallback)
 
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
-        from orchestrator.schedulers.slurm.query import run_bounded
+        from orchestrator.schedulers.query import run_bounded
 
         argv = ["scancel"]
         if sig is None:
