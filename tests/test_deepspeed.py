@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO on CPU, for real: 2 ranks over gloo through the orchestrator's rendered configs and node
-environment (no ``ACCELERATE_USE_CPU``, the gloo backend from ``orchestrator/node/site``).
+environment (no ``ACCELERATE_USE_CPU``, the gloo backend from ``orchestrator/rank/site``).
 
 The oracle is the DDP run of tests/test_train_equivalence.py (each batch a pure function of step and
 rank): ZeRO-2 and ZeRO-3 clip at 1.0 like train.py's DDP, so their losses equal DDP's up to float32
@@ -22,7 +22,8 @@ import pytest
 
 from orchestrator.config.plan import build_plan, merge_options
 from orchestrator.config.profiles import load_profile
-from orchestrator.node.entry import NODE_SITE_DIR, training_environment
+from orchestrator.node.entry import training_environment
+from orchestrator.node.site_path import NODE_SITE_DIR
 from tests.helpers import train_launch as tl
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.failure_report import explain_failure, scan_errors
+from orchestrator.supervise.failure_report import explain_failure, scan_errors
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli
 
 CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")

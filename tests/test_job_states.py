@@ -6,15 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.contract.job_states import (
+from orchestrator.contract.job_states import TERMINAL_STATES, JobState, parse_state
+from orchestrator.schedulers.slurm.states import (
     SLURM_COMPACT_CODES,
     SLURM_STATE_MAP,
-    TERMINAL_STATES,
-    JobState,
     from_slurm,
     is_terminal,
     normalize_slurm_state,
-    parse_state,
 )
 
 # Every state Slurm 22.05 can report for a job (squeue %T / sacct State), with the state we expect.

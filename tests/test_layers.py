@@ -31,7 +31,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # the implementations (Slurm, local) and the factory that loads them by name
     "schedulers": frozenset({"supervise", "schedulers.base", "registry", "config", "contract"}),
     # once per node inside the allocation
-    "node": frozenset({"schedulers", "schedulers.base", "config", "contract"}),
+    "node": frozenset({"schedulers", "schedulers.base", "supervise", "config", "contract"}),
     # inside every rank: never the login side
     "rank": frozenset({"contract", "config.strategies"}),
     # the engine under the API

@@ -34,7 +34,8 @@ BASH = shutil.which("bash")
 
 
 SUPERVISOR_RE = re.compile(
-    r"^exec (.*) -m orchestrator\.schedulers\.slurm\.batch_step --attempt-base \d+( --auto-resume)? -- (?=srun )", re.M
+    r"^exec (.*) -m orchestrator\.schedulers\.slurm\.batch_step --attempt-base \d+( --auto-resume)? -- (?=srun )",
+    re.M,
 )
 
 

@@ -260,9 +260,9 @@ def build_plan(
     if max_requeues is not None and max_requeues < 0:
         raise UserError(f"--max-requeues: expected an integer >= 0, got {max_requeues}")
     if time_limit is not None:
-        from orchestrator.config.profiles import _TIME_RE
+        from orchestrator.config.profiles import TIME_RE
 
-        if not _TIME_RE.match(time_limit):
+        if not TIME_RE.match(time_limit):
             raise UserError(
                 f"--time: expected a Slurm time such as '04:00:00' or '90' (minutes), got {time_limit!r}"
             )

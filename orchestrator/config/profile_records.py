@@ -26,7 +26,7 @@ from orchestrator.config.scheduler_kinds import SchedulerName
 #: rarely used "minutes:seconds" (ambiguous with hours:minutes to a human).
 #: ``\Z``, not ``$``: ``$`` also matches before a trailing newline, which would let
 #: "480G\n" through onto an #SBATCH line and end the #SBATCH block there.
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})\Z|^(?:(\d+)-)(\d+)(?::(\d{2}))?\Z|^(\d+)\Z")
+TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})\Z|^(?:(\d+)-)(\d+)(?::(\d{2}))?\Z|^(\d+)\Z")
 _MEM_RE = re.compile(r"^\d+[KMGT]?\Z")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _SBATCH_KEY_RE = re.compile(r"^[a-z][a-z0-9-]*\Z")
@@ -51,7 +51,7 @@ _MANAGED_SBATCH_KEYS = frozenset(
 
 
 def _check_slurm_time(value: str) -> str:
-    if not _TIME_RE.match(value):
+    if not TIME_RE.match(value):
         raise ValueError("a Slurm time such as '04:00:00', '2-00:00:00' or '90' (minutes)")
     return value
 
@@ -120,6 +120,15 @@ def _check_profile(
 # model_validate, model_fields), the documentation of every key.
 
 _REQUIRED: Any = object()  # marks a key without default in ``model_fields``
+#: The schema's ``validate`` (:mod:`orchestrator.config.profile_schema`, which imports these records):
+#: loaded by name on the first validation, so the records need neither it nor pydantic until then.
+SCHEMA_MODULE = "orchestrator.config.profile_schema"
+
+
+def _validator() -> Any:
+    import importlib
+
+    return importlib.import_module(SCHEMA_MODULE).validate
 _R = TypeVar("_R", bound="_Record")
 
 
@@ -152,9 +161,7 @@ class _Record:
             # All defaults (also how the class bodies below get theirs): valid by definition.
             values = {k: v.copy() if isinstance(v, (dict, list)) else v for k, v in cls.model_fields.items()}
         else:
-            from orchestrator.config.profile_schema import validate
-
-            values = validate(cls, data).__dict__
+            values = _validator()(cls, data).__dict__
         self.__dict__.update(values)
 
     @classmethod
@@ -167,9 +174,7 @@ class _Record:
     @classmethod
     def model_validate(cls: type[_R], obj: Any, *, strict: bool | None = None) -> _R:
         """Validate a mapping (pydantic's semantics; raises ``pydantic.ValidationError``)."""
-        from orchestrator.config.profile_schema import validate
-
-        return validate(cls, obj, strict)
+        return _validator()(cls, obj, strict)
 
     def model_dump(self, mode: str = "python") -> dict[str, Any]:
         """Plain dicts/lists/scalars, every key in order (all values are JSON types already)."""
@@ -317,7 +322,7 @@ class ClusterProfile(_Record):
     max_requeues: int = 3
     """How many times a job may requeue itself after preemption or time-out (0..100)."""
     requeue_as: Literal["same_job", "new_job"] = "same_job"
-    """How a stopped job comes back: ``same_job`` (``scontrol requeue``: same job id and queue
+    """How a stopped job comes back: ``same_job`` (the scheduler's own requeue: same job id and queue
     priority, but Slurm holds it for ``cred_expire`` + 1 s, 121 s by default) or ``new_job`` (a
     successor job submitted when the stop signal arrives, starting as soon as this one ends: a new
     job id and a fresh place in the queue; ``status`` follows the run). Both count to max_requeues."""
@@ -341,3 +346,18 @@ class ClusterProfile(_Record):
     @property
     def supports_fp16(self) -> bool:
         return self.gpus_per_node > 0
+
+
+def time_minutes(limit: str) -> int:
+    """A time limit (``D-HH:MM:SS``, ``HH:MM:SS``, minutes) in whole minutes, rounded up."""
+    days = 0
+    if "-" in limit:
+        d, limit = limit.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in limit.split(":")]
+    if len(parts) == 1 and days == 0:
+        return parts[0]
+    while len(parts) < 3:
+        parts.append(0)
+    hours, minutes, seconds = parts[:3]
+    return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.profile_records import (
-    _TIME_RE,
     GPUS_WITHOUT_BF16,
+    TIME_RE,
     ClusterProfile,
     NodeLimits,
     PortRange,
@@ -31,7 +31,7 @@ from orchestrator.contract.errors import UserError
 __all__ = [
     "GPUS_WITHOUT_BF16",
     "PARSE_CACHE_ENV",
-    "_TIME_RE",
+    "TIME_RE",
     "ClusterProfile",
     "NodeLimits",
     "PortRange",

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.env import ATTEMPT_ENV, RUN_DIR_ENV
 from orchestrator.contract.run_dir import (
     ATTEMPT_START_FILE,
     attempt_dir,
@@ -27,10 +28,8 @@ NO_HOOK = "restarted from step 0: the script has no checkpoint hook"
 def write_attempt_start(step: int, checkpoint: str | None, hook: str, run_dir: Path | None = None) -> None:
     """Rank 0, after restoring. The attempt comes from ``ORCHESTRATOR_ATTEMPT`` (set by the node entry);
     outside a job (no run directory or attempt in the environment) nothing is written."""
-    attempt = os.environ.get("ORCHESTRATOR_ATTEMPT", "")
-    root = run_dir or (
-        Path(os.environ["ORCHESTRATOR_RUN_DIR"]) if os.environ.get("ORCHESTRATOR_RUN_DIR") else None
-    )
+    attempt = os.environ.get(ATTEMPT_ENV, "")
+    root = run_dir or (Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None)
     if root is None or not attempt.isdigit():
         return
     folder = attempt_dir(root, int(attempt))

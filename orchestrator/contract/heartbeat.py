@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.env import ATTEMPT_ENV, NODE_RANK_ENV, RUN_DIR_ENV
 from orchestrator.contract.run_dir import attempt_dir, heartbeat_dir, heartbeat_file
 
 #: The phases a rank reports, in the order a step goes through them.
@@ -64,10 +65,10 @@ class Heartbeat:
         ``python script.py`` or ``accelerate launch`` outside orchestrator)."""
         env = os.environ
         try:
-            run_dir = env["ORCHESTRATOR_RUN_DIR"]
-            attempt = int(env["ORCHESTRATOR_ATTEMPT"])
+            run_dir = env[RUN_DIR_ENV]
+            attempt = int(env[ATTEMPT_ENV])
             rank = int(env["RANK"])
-            node = int(env.get("ORCHESTRATOR_NODE_RANK", "0"))
+            node = int(env.get(NODE_RANK_ENV, "0"))
         except (KeyError, ValueError):
             return None
         try:

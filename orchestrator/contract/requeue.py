@@ -3,7 +3,7 @@
 Training that checkpointed on a stop signal exits 75 (``EXIT_REQUEUE``), but that code does not
 survive torchrun (a failed worker makes it exit 1), so rank 0 also leaves ``exit_status.json`` in
 the shared run directory. Whether the job then comes back is decided once, by node 0, here: not
-after a cancel by the user, not beyond ``max_requeues``. The act itself (``scontrol requeue``)
+after a cancel by the user, not beyond ``max_requeues``. The act itself (the scheduler's requeue)
 belongs to the scheduler's node environment.
 """
 

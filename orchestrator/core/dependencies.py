@@ -5,7 +5,7 @@ for ended so that it never can (``afterok`` on a job that FAILED); the batch scr
 ``--kill-on-invalid-dep=yes`` then cancels the waiting job instead of leaving it pending forever.
 These words name neither the job waited for nor why, so they are replaced by a sentence that does,
 from the plan the run directory keeps. Once the job is cancelled Slurm may keep either word, or
-none (sacct records no reason): a cancelled job whose ``afterok`` job is known to the registry as
+none (accounting records no reason): a cancelled job whose ``afterok`` job is known to the registry as
 ended other than COMPLETED is then explained all the same.
 """
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 #: A job recorded in a terminal state at least this long ago is over for good and is not asked
 #: about again (source ``final``): Slurm forgets an ended job after MinJobAge (300 s by default),
-#: after which nothing -- not even ``scontrol requeue`` -- can bring it back. ``status`` over a
+#: after which nothing -- not even a requeue -- can bring it back. ``status`` over a
 #: registry of thousands of finished jobs thus asks the scheduler only about the live ones.
 FINAL_AFTER_S = 3600.0
 

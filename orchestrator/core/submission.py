@@ -291,6 +291,14 @@ def _undo(run_dir: Path, new_run_dir: bool, attempt_base: int | None) -> None:
 
 
 # ---------------------------------------------------------------------------- reconciling
+def reconcile_pending(registry: Registry) -> list[str]:
+    """Adopt or clean up submissions a killed command left open; the lines to show the user. One
+    indexed lookup when nothing needs reconciling (what every command pays)."""
+    if not registry.has_pending_submissions():
+        return []
+    return reconcile(registry)
+
+
 def reconcile(registry: Registry) -> list[str]:
     """Close submissions a killed command left open; returns what was done, one line each.
 

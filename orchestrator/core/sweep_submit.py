@@ -8,7 +8,7 @@ ordinary run: its own plan, job id, attempts, metrics and checkpoints, so ``stat
 Everything that can refuse the sweep (the plans, the script, the cluster's limits, the run root) is
 checked before the sweep directory is made. Unlike ``submit``, the array is not recorded as a
 two-phase intent: a sweep command killed between sbatch and the registry leaves the array running
-unrecorded (its tasks' run directories are complete; ``squeue`` shows it).
+unrecorded (its tasks' run directories are complete; the scheduler lists it).
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.env import LAUNCHER_ENV
+
 #: The environment variable carrying the profile's ``launcher`` to the node's launcher.
-LAUNCHER_ENV = "ORCHESTRATOR_LAUNCHER"
 #: Seconds the other ranks get to leave after one failed, before SIGKILL (torchrun: 30).
 STOP_GRACE_S = 30.0
 #: Seconds the ranks' output may still arrive after the last rank exited (from processes they left).
@@ -394,7 +395,7 @@ def _set_title(script: str, script_args: list[str]) -> None:
 
 def _node_site(pythonpath: list[str]) -> None:
     """The ranks' ``sitecustomize`` (script hooks), which a fresh interpreter would have run."""
-    from orchestrator.node.entry import NODE_SITE_DIR
+    from orchestrator.node.site_path import NODE_SITE_DIR
 
     if NODE_SITE_DIR not in pythonpath:
         return

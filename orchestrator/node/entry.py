@@ -23,6 +23,19 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract.attempt_start import NO_HOOK, describe_start, read_attempt_start
+from orchestrator.contract.env import (
+    ATTEMPT_ENV,
+    EXPECTED_NUM_NODES_ENV,
+    EXPECTED_WORLD_SIZE_ENV,
+    FSDP_VERSION_ENV,
+    JOB_ID_ENV,
+    LAUNCHER_ENV,
+    NODE_RANK_ENV,
+    PROCS_PER_NODE_ENV,
+    RUN_DIR_ENV,
+    SCRIPT_HOOKS_ENV,
+    STRATEGY_ENV,
+)
 from orchestrator.contract.errors import RunFailure
 from orchestrator.contract.run_dir import (
     EXIT_REQUEUE,
@@ -38,7 +51,6 @@ from orchestrator.contract.run_dir import (
     node_ranks_dir,
     read_plan_json,
 )
-from orchestrator.node.direct_launch import LAUNCHER_ENV
 from orchestrator.node.launcher import (
     FORWARDED_SIGNALS,
     PrewarmedLauncher,
@@ -46,14 +58,11 @@ from orchestrator.node.launcher import (
     kill_tree,
     stop_signal,
 )
-from orchestrator.rank.script_hooks import SCRIPT_HOOKS_ENV
+from orchestrator.node.site_path import NODE_SITE_DIR
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.schedulers.base import NodeEnvironment
-
-#: Put first on the ranks' PYTHONPATH: the script hooks and DeepSpeed on CPU (see its sitecustomize).
-NODE_SITE_DIR = str(Path(__file__).resolve().parent / "site")
 
 
 def tracker_run_id(run_dir: Path) -> str:
@@ -105,15 +114,15 @@ def training_environment(
         )
     env.update(
         {
-            "ORCHESTRATOR_RUN_DIR": str(run_dir),
-            "ORCHESTRATOR_JOB_ID": node.job_id,
-            "ORCHESTRATOR_ATTEMPT": str(attempt),
-            "ORCHESTRATOR_NODE_RANK": str(node.node_rank),
-            "ORCHESTRATOR_EXPECTED_WORLD_SIZE": str(plan.world_size),
-            "ORCHESTRATOR_EXPECTED_NUM_NODES": str(plan.nodes),
-            "ORCHESTRATOR_PROCS_PER_NODE": str(plan.procs_per_node),
-            "ORCHESTRATOR_STRATEGY": plan.options.strategy,
-            "ORCHESTRATOR_FSDP_VERSION": str(plan.options.fsdp_version),
+            RUN_DIR_ENV: str(run_dir),
+            JOB_ID_ENV: node.job_id,
+            ATTEMPT_ENV: str(attempt),
+            NODE_RANK_ENV: str(node.node_rank),
+            EXPECTED_WORLD_SIZE_ENV: str(plan.world_size),
+            EXPECTED_NUM_NODES_ENV: str(plan.nodes),
+            PROCS_PER_NODE_ENV: str(plan.procs_per_node),
+            STRATEGY_ENV: plan.options.strategy,
+            FSDP_VERSION_ENV: str(plan.options.fsdp_version),
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -270,7 +279,7 @@ EXIT_PEER_FAILED = 128 + int(signal.SIGTERM)
 
 def _wait_or_stop_on_failed_peer(launcher: Any, node: NodeEnvironment, path: Path, log: Any) -> int:
     """Wait for the launcher; if another node of the job fails meanwhile, stop this node's training
-    (as ``srun --kill-on-bad-exit`` does on Slurm) and return :data:`EXIT_PEER_FAILED`."""
+    (as the Slurm step's kill-on-bad-exit does) and return :data:`EXIT_PEER_FAILED`."""
     import subprocess
 
     while True:

@@ -1,2 +1,2 @@
 """Code that runs inside every training rank: the self-check and the Accelerate workarounds,
-shared by ``train/`` and the node-side hooks for users' own scripts (``orchestrator/node/site``)."""
+shared by ``train/`` and the node-side hooks for users' own scripts (``orchestrator/rank/site``)."""

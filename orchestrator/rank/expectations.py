@@ -18,6 +18,13 @@ from pathlib import Path
 
 from orchestrator.config.strategies import STRATEGIES as STRATEGY_TABLE
 from orchestrator.config.strategies import STRATEGY_NAMES
+from orchestrator.contract.env import (
+    EXPECTED_NUM_NODES_ENV,
+    EXPECTED_WORLD_SIZE_ENV,
+    FSDP_VERSION_ENV,
+    PROCS_PER_NODE_ENV,
+    STRATEGY_ENV,
+)
 
 #: The strategy facts the checks compare against: orchestrator's own table, so a strategy added
 #: there is checked here too.
@@ -163,11 +170,11 @@ def _parent_launch_request() -> tuple[int | None, str | None, str | None]:
 
 #: What the node entry tells every rank the job asked for; any of them present: the launcher's word.
 LAUNCHER_VARIABLES = (
-    "ORCHESTRATOR_EXPECTED_WORLD_SIZE",
-    "ORCHESTRATOR_EXPECTED_NUM_NODES",
-    "ORCHESTRATOR_PROCS_PER_NODE",
-    "ORCHESTRATOR_STRATEGY",
-    "ORCHESTRATOR_FSDP_VERSION",
+    EXPECTED_WORLD_SIZE_ENV,
+    EXPECTED_NUM_NODES_ENV,
+    PROCS_PER_NODE_ENV,
+    STRATEGY_ENV,
+    FSDP_VERSION_ENV,
 )
 
 
@@ -175,16 +182,16 @@ def expectations_from_env(env: dict[str, str] | None = None, look_at_parent: boo
     env = dict(os.environ if env is None else env)
     if any(k in env for k in LAUNCHER_VARIABLES):
         exp = Expectation(source="the launcher (ORCHESTRATOR_* environment)")
-        exp.world_size = _int_env(env, "ORCHESTRATOR_EXPECTED_WORLD_SIZE")
-        exp.num_nodes = _int_env(env, "ORCHESTRATOR_EXPECTED_NUM_NODES")
-        exp.procs_per_node = _int_env(env, "ORCHESTRATOR_PROCS_PER_NODE")
-        strategy = env.get("ORCHESTRATOR_STRATEGY", "").strip() or None
+        exp.world_size = _int_env(env, EXPECTED_WORLD_SIZE_ENV)
+        exp.num_nodes = _int_env(env, EXPECTED_NUM_NODES_ENV)
+        exp.procs_per_node = _int_env(env, PROCS_PER_NODE_ENV)
+        strategy = env.get(STRATEGY_ENV, "").strip() or None
         if strategy is not None and strategy not in STRATEGIES:
             raise SelfCheckError(
                 f"ORCHESTRATOR_STRATEGY={strategy!r}: expected one of {', '.join(STRATEGIES)}"
             )
         exp.strategy = strategy
-        exp.fsdp_version = _int_env(env, "ORCHESTRATOR_FSDP_VERSION")
+        exp.fsdp_version = _int_env(env, FSDP_VERSION_ENV)
         if exp.world_size is None and exp.num_nodes and exp.procs_per_node:
             exp.world_size = exp.num_nodes * exp.procs_per_node
         return exp

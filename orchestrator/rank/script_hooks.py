@@ -1,6 +1,6 @@
 """What every rank of a user's script gets without a line of its own, installed by the node's import hook.
 
-``orchestrator/node/site/sitecustomize.py`` runs at start-up in every rank of a job (the node entry
+``orchestrator/rank/site/sitecustomize.py`` runs at start-up in every rank of a job (the node entry
 puts that folder first on ``PYTHONPATH``) and calls these patches when, and only when, the script
 imports the module they patch:
 
@@ -23,8 +23,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from orchestrator.contract.env import RUN_DIR_ENV, SCRIPT_HOOKS_ENV
+
 #: The switch: "1" set by the node entry, "0" to opt out.
-SCRIPT_HOOKS_ENV = "ORCHESTRATOR_SCRIPT_HOOKS"
 
 
 def enabled() -> bool:
@@ -110,19 +111,19 @@ def patch_trainer(module: ModuleType) -> None:
         original_init(self, *args, **kwargs)
         if not enabled():
             return
-        from orchestrator.hf import OrchestratorCallback, _Callback
+        from orchestrator.rank.hf import CallbackMixin, OrchestratorCallback
 
-        if not any(isinstance(cb, _Callback) for cb in self.callback_handler.callbacks):
+        if not any(isinstance(cb, CallbackMixin) for cb in self.callback_handler.callbacks):
             self.add_callback(OrchestratorCallback())
 
     def train(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         if enabled() and (resume_from_checkpoint is None or resume_from_checkpoint is True):
-            from orchestrator.hf import _Callback, last_complete_checkpoint
+            from orchestrator.rank.hf import CallbackMixin, last_complete_checkpoint
 
             # True would make Transformers take its newest checkpoint-N, torn or not.
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             for cb in self.callback_handler.callbacks:
-                if isinstance(cb, _Callback):
+                if isinstance(cb, CallbackMixin):
                     cb.resumed_from = resume_from_checkpoint
         return original_train(self, resume_from_checkpoint, *args, **kwargs)
 
@@ -132,7 +133,7 @@ def patch_trainer(module: ModuleType) -> None:
 
 
 def _run_dir() -> str | None:
-    return os.environ.get("ORCHESTRATOR_RUN_DIR")
+    return os.environ.get(RUN_DIR_ENV)
 
 
 #: Module name -> patch, for the import hook.

@@ -83,7 +83,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     ),
     (
-        # What sacct says about where and how the job ended (shown by `status`, kept after the
+        # What the scheduler's accounting says about where and how the job ended (shown by `status`, kept after the
         # scheduler forgets the job).
         "ALTER TABLE jobs ADD COLUMN node_list TEXT",
         "ALTER TABLE jobs ADD COLUMN exit_code TEXT",

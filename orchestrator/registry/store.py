@@ -364,8 +364,8 @@ class Registry(SubmissionsMixin, SweepsMixin):
         info: Mapping[str, tuple[str | None, str | None, str | None]],
         current: Mapping[str, tuple[Any, ...]] | None = None,
     ) -> None:
-        """Store ``{job_id: (node_list, exit_code, reason)}`` from squeue/sacct, keeping old values
-        where the scheduler now reports nothing (sacct forgets, the registry should not).
+        """Store ``{job_id: (node_list, exit_code, reason)}`` from the scheduler, keeping old values
+        where it now reports nothing (its accounting forgets, the registry should not).
         ``current``: what :meth:`scheduler_columns` read just before (else it is read here)."""
         if not info:
             return

@@ -2,7 +2,7 @@
 
 A mixin of :class:`orchestrator.registry.store.Registry` (kept apart to keep that module to one job). The
 reconciling itself (ask the scheduler for the token, adopt or clean up) is
-:func:`orchestrator.core.submission.reconcile`; this module only reads and writes the rows.
+:func:`orchestrator.core.submission.reconcile_pending`; this module only reads and writes the rows.
 """
 
 from __future__ import annotations
@@ -127,14 +127,6 @@ class SubmissionsMixin:
         """One indexed lookup: what every command pays when nothing needs reconciling."""
         row = self._conn.execute("SELECT 1 FROM submissions WHERE state = ? LIMIT 1", (PENDING,)).fetchone()
         return row is not None
-
-    def reconcile_submissions(self) -> list[str]:
-        """Adopt or clean up submissions a killed command left open; the lines to show the user."""
-        if not self.has_pending_submissions():
-            return []
-        from orchestrator.core.submission import reconcile
-
-        return reconcile(self)  # type: ignore[arg-type]  # only Registry mixes this in
 
 
 def _intents(rows: list[Any]) -> Iterator[SubmissionIntent]:

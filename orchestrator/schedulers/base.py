@@ -60,6 +60,20 @@ class Request:
         return self.text
 
 
+#: What submitit pickles and calls on each node, named rather than imported (as the batch script
+#: names its ``python -m`` modules): the node side sits above the schedulers and imports them.
+NODE_ENTRY = "orchestrator.node.entry:NodeTask"
+
+
+def node_task(run_dir: str, scheduler: str, attempt_base: int = 0, job_key: str = "") -> Any:
+    """The picklable per-node callable (:data:`NODE_ENTRY`) for a job in ``run_dir``."""
+    import importlib
+
+    module, _, name = NODE_ENTRY.partition(":")
+    task_class = getattr(importlib.import_module(module), name)
+    return task_class(run_dir=run_dir, scheduler=scheduler, attempt_base=attempt_base, job_key=job_key)
+
+
 @dataclass(frozen=True)
 class Scheduled:
     """What :meth:`Scheduler.schedule` returns: the job's id in the registry and the handle."""
@@ -165,6 +179,18 @@ class Scheduler(ABC):
         """The scheduler's own stdout/stderr files of a job, besides the node logs: where a job that
         failed before any node started (a set-up line, the interpreter) says why."""
 
+    # ---------------------------------------------------------------- a running job's nodes
+    def job_nodes(self, job_id: str) -> list[str]:
+        """The running job's nodes, expanded; [] when it is not running."""
+        return []
+
+    def on_every_node(self, nodes: list[str], job_id: str | None = None) -> list[str] | None:
+        """The command prefix that runs a command once on each of ``nodes``, beside the job's running
+        step (``job_id``: from outside the allocation); None where the job's nodes are this machine
+        (run it here). The hang watchdog, the preflight and ``orchestrator stacks`` reach nodes
+        only through this."""
+        return None
+
     # ---------------------------------------------------------------- on the node
     @abstractmethod
     def node_environment(self, job_key: str) -> NodeEnvironment:
@@ -194,7 +220,7 @@ class NodeEnvironment(ABC):
 
         The node entry point asks this while its training runs and stops its own training when
         one answers: one failed node ends the job within seconds. Slurm needs none of it
-        (``srun --kill-on-bad-exit`` kills the step), so the default is None."""
+        (its step's kill-on-bad-exit ends it), so the default is None."""
         return None
 
     @abstractmethod

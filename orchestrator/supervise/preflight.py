@@ -1,8 +1,8 @@
 """Preflight: checks inside the allocation before training, so a bad node ends the job within
 seconds, named, instead of burning the allocation until a collective times out.
 
-The batch step's supervisor (:mod:`orchestrator.schedulers.slurm.batch_step`) runs one short ``srun`` step over every
-node of the allocation (one task per node, :mod:`orchestrator.supervise.preflight_node`), bounded by the
+The batch step's supervisor (:mod:`orchestrator.schedulers.slurm.batch_step`) runs one short step over every
+node of the allocation (one task per node, :mod:`orchestrator.node.preflight`), bounded by the
 profile's ``preflight.timeout_s``. Each node writes its own results into ``preflight/attempt_<A>/``:
 
 * per node: the run directory is writable and has room for the newest complete checkpoint plus
@@ -44,7 +44,7 @@ PAYLOAD_BYTES = 1 << 20
 TRANSFERS = 3
 #: Round trips of a tiny message per pair (the best counts).
 PINGS = 5
-#: After SIGTERM to a preflight step past its timeout, how long srun gets to end its tasks.
+#: After SIGTERM to a preflight step past its timeout, how long its launcher gets to end its tasks.
 STOP_GRACE_S = 5.0
 
 
@@ -133,16 +133,15 @@ def judge(
     return Verdict(True, "preflight failed: " + "; ".join(parts), bad, links)
 
 
-def preflight_step(nodes: list[str], attempt: int) -> list[str]:
-    """The preflight's srun step: one task per node, each running :mod:`orchestrator.supervise.preflight_node`."""
-    from orchestrator.supervise.watchdog import srun_on_every_node
-
-    srun = [a for a in srun_on_every_node(nodes) if a != "--overlap"]  # the only step: nothing to share with
-    return [*srun, sys.executable, "-m", "orchestrator.supervise.preflight_node", str(attempt)]
+def preflight_step(node_prefix: list[str], attempt: int) -> list[str]:
+    """The preflight's step: through ``node_prefix`` (the scheduler's one task per node), each task
+    running :mod:`orchestrator.node.preflight`."""
+    return [*node_prefix, sys.executable, "-m", "orchestrator.node.preflight", str(attempt)]
 
 
 def _run_bounded(argv: list[str], timeout_s: float) -> bool:
-    """Run the step; past the timeout srun gets SIGTERM (it ends its tasks), then SIGKILL. True: timed out."""
+    """Run the step; past the timeout its launcher gets SIGTERM (it ends its tasks), then SIGKILL.
+    True: timed out."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     try:
         proc.wait(timeout=timeout_s)
@@ -158,7 +157,12 @@ def _run_bounded(argv: list[str], timeout_s: float) -> bool:
 
 
 def run_preflight(
-    run_dir: Path, attempt: int, plan: LaunchPlan, nodes: list[str], say: Callable[[str], None]
+    run_dir: Path,
+    attempt: int,
+    plan: LaunchPlan,
+    nodes: list[str],
+    node_prefix: list[str],
+    say: Callable[[str], None],
 ) -> Verdict | None:
     """Run the checks over ``nodes``, write ``preflight.json``; None when the profile turns them off.
     An inconclusive preflight (the step itself broke, nobody to blame) lets training start: it
@@ -177,7 +181,7 @@ def run_preflight(
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     say(f"preflight on {len(nodes)} node(s) (timeout {limits.timeout_s} s)")
-    timed_out = _run_bounded(preflight_step(nodes, attempt), limits.timeout_s)
+    timed_out = _run_bounded(preflight_step(node_prefix, attempt), limits.timeout_s)
     reports: dict[int, dict[str, Any]] = {}
     for rank in range(len(nodes)):
         report = read_json(folder / f"node_{rank}.json")

@@ -2,7 +2,8 @@
 
 Used by the hang watchdog (:mod:`orchestrator.supervise.watchdog`, from the batch step) and by
 ``orchestrator stacks JOB`` (from the login host). Both run this module once per node inside the
-job's allocation (``srun --overlap``): a rank's memory can only be read on its own node. The node
+job's allocation (beside its step: the scheduler's
+:meth:`~orchestrator.schedulers.base.Scheduler.on_every_node`): a rank's memory can only be read on its own node. The node
 side finds the training processes of the run from the pids the direct launcher recorded, or (torchrun)
 by their environment (``ORCHESTRATOR_RUN_DIR``, ``ORCHESTRATOR_ATTEMPT`` and torchrun's ``RANK``),
 so scripts without heartbeats are covered too,
@@ -28,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.env import ATTEMPT_ENV, NODE_RANK_ENV, RUN_DIR_ENV
 from orchestrator.contract.run_dir import rank_stack_file
 
 #: A frame that means "inside a collective": torch.distributed's Python API, or autograd's engine
@@ -35,7 +37,7 @@ from orchestrator.contract.run_dir import rank_stack_file
 COLLECTIVE_FRAME_RE = re.compile(r"distributed_c10d\.py|torch/distributed/|_engine_run_backward")
 #: Bound on one py-spy dump.
 DUMP_TIMEOUT_S = 20.0
-#: Bound on the whole collection (one srun step across the nodes).
+#: Bound on the whole collection (one step across the nodes).
 COLLECT_TIMEOUT_S = 60.0
 #: Process states that mean the rank cannot take part in anything.
 DEAD_STATES = frozenset({"stopped", "tracing-stop", "zombie", "dead", "gone"})
@@ -65,9 +67,9 @@ def rank_processes(run_dir: str, attempt: int) -> dict[int, Any]:
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if env.get("ORCHESTRATOR_ATTEMPT") != str(attempt) or "ORCHESTRATOR_RUN_DIR" not in env:
+        if env.get(ATTEMPT_ENV) != str(attempt) or RUN_DIR_ENV not in env:
             continue
-        if os.path.realpath(env["ORCHESTRATOR_RUN_DIR"]) != wanted:
+        if os.path.realpath(env[RUN_DIR_ENV]) != wanted:
             continue
         if "RANK" not in env or "LOCAL_RANK" not in env:
             continue  # the launcher, not a worker
@@ -79,7 +81,7 @@ def rank_processes(run_dir: str, attempt: int) -> dict[int, Any]:
             continue
         # A worker's own children (data loader workers, compile helpers) inherit RANK: keep the eldest.
         if rank not in found or proc.create_time() < found[rank][0].create_time():
-            found[rank] = (proc, int(env.get("ORCHESTRATOR_NODE_RANK", "-1") or -1))
+            found[rank] = (proc, int(env.get(NODE_RANK_ENV, "-1") or -1))
     return found
 
 
@@ -168,11 +170,11 @@ def node_side_argv(python: str, run_dir: Path, attempt: int, out_dir: Path) -> l
 
 
 def collect(
-    srun_prefix: list[str], run_dir: Path, attempt: int, out_dir: Path, timeout_s: float = COLLECT_TIMEOUT_S
+    node_prefix: list[str], run_dir: Path, attempt: int, out_dir: Path, timeout_s: float = COLLECT_TIMEOUT_S
 ) -> tuple[list[dict[str, Any]], str]:
-    """Run the node side on every node through ``srun_prefix`` (one task per node, ``--overlap``);
-    return the ranks' evidence and srun's complaints (empty when none)."""
-    argv = [*srun_prefix, *node_side_argv(sys.executable, run_dir, attempt, out_dir)]
+    """Run the node side on every node through ``node_prefix`` (one task per node, ``--overlap``);
+    return the ranks' evidence and the node command's complaints (empty when none)."""
+    argv = [*node_prefix, *node_side_argv(sys.executable, run_dir, attempt, out_dir)]
     try:
         res = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
@@ -180,7 +182,7 @@ def collect(
     except subprocess.TimeoutExpired:
         return [], f"stack collection took over {timeout_s:.0f} s"
     except OSError as exc:
-        return [], f"srun could not run: {exc}"
+        return [], f"the node command could not run: {exc}"
     records = []
     for line in res.stdout.splitlines():
         if line.startswith("{"):

@@ -135,84 +135,24 @@ def write_report(folder: Path, report: dict[str, Any]) -> None:
     write_json_atomic(folder / HANG_REPORT_FILE, report, indent=1)
 
 
-def after_hang(
-    run_dir: Path,
-    job_id: str,
-    reason: str,
-    bad_node: str | None,
-    auto_resume: bool,
-    say: Any,
-    bad_nodes: list[str] | None = None,
-) -> None:
-    """Record why the job failed and, with ``--auto-resume``, submit a new attempt from the last
-    complete checkpoint without the node that differed (bounded by ``max_requeues``). Reuses the
-    node-loss path of :mod:`orchestrator.schedulers.slurm.auto_resume`; its decision goes to the same log.
-    ``bad_nodes``: several nodes to leave out (the preflight's), instead of ``bad_node``."""
-    from orchestrator.schedulers.slurm import auto_resume as ar
-
-    previous = [d for d in ar.read_decisions(run_dir) if d.get("action") == "resubmitted"]
-    plan = ar.current_plan(run_dir)
-    lost = list(bad_nodes) if bad_nodes is not None else [bad_node] if bad_node else []
-    if ar.cancelled_by_user(run_dir, job_id):
-        decision = ar.Decision(job_id, 1, "none", "cancelled during a hang", lost)
-    elif not auto_resume:
-        decision = ar.Decision(job_id, 1, "refused", f"{reason}; --auto-resume is off", lost)
-    elif len(previous) >= plan.max_requeues:
-        decision = ar.Decision(
-            job_id, 1, "refused", f"{reason}; {len(previous)} auto-resume(s) reached max_requeues", lost
-        )
-    else:
-        exclude = sorted(set(plan.exclude_nodes) | set(lost))
-        decision = ar.Decision(job_id, 1, "resubmitted", reason, lost, exclude_nodes=exclude)
-        try:
-            ar.resubmit(run_dir, plan, decision)
-        except Exception as exc:  # noqa: BLE001 (the batch script must still end)
-            decision.action, decision.reason = "refused", f"{reason}; resubmission failed: {exc}"
-    if decision.action != "resubmitted":
-        try:
-            from orchestrator.registry.store import Registry
-
-            Registry.open().set_end_reason(job_id, decision.reason)
-        except Exception as exc:  # noqa: BLE001
-            say(f"end reason not recorded in the registry: {exc}")
-    say(
-        f"{decision.action}: {decision.reason}"
-        + (
-            f" -> job {decision.new_job_id} excluding {','.join(decision.exclude_nodes)}"
-            if decision.new_job_id
-            else ""
-        )
-    )
-    ar.append_decision(run_dir, decision)
-
-
-def srun_on_every_node(nodes: list[str], job_id: str | None = None) -> list[str]:
-    """One task per node of the allocation, beside the running step (``--overlap``); ``job_id`` from
-    outside the allocation (the login host)."""
-    return [
-        "srun",
-        *([f"--jobid={job_id}"] if job_id else []),
-        "--overlap",
-        f"--nodes={len(nodes)}",
-        f"--ntasks={len(nodes)}",
-        "--ntasks-per-node=1",
-        f"--nodelist={','.join(nodes)}",
-        "--kill-on-bad-exit=0",
-        "--quiet",
-    ]
-
-
 def investigate(
-    run_dir: Path, attempt: int, hang: Hang, nodes: list[str], world_size: int | None
+    run_dir: Path,
+    attempt: int,
+    hang: Hang,
+    nodes: list[str],
+    node_prefix: list[str],
+    world_size: int | None,
 ) -> tuple[str, str | None]:
     """Collect every rank's stacks into ``hang/attempt_<A>/``, find the rank that differs, write
-    ``hang.json``; return the job's reason and the node to leave out (None: no single one)."""
+    ``hang.json``; return the job's reason and the node to leave out (None: no single one).
+    ``node_prefix``: the scheduler's command that runs one task on each of ``nodes``
+    (:meth:`~orchestrator.schedulers.base.Scheduler.on_every_node`)."""
     from orchestrator.contract.run_dir import hang_dir
     from orchestrator.supervise.stacks import collect, find_culprit
 
     folder = hang_dir(run_dir, attempt)
     started = time.monotonic()
-    evidence, problem = collect(srun_on_every_node(nodes), run_dir, attempt, folder)
+    evidence, problem = collect(node_prefix, run_dir, attempt, folder)
     culprit = find_culprit(evidence, hang.heartbeats, world_size)
     bad_node = None
     reason = f"hang: {hang.describe()}"

@@ -111,7 +111,7 @@ def launch_env(
     )
     if strategy.startswith("deepspeed_"):
         # What orchestrator.node.entry.training_environment does for DeepSpeed on CPU.
-        from orchestrator.node.entry import NODE_SITE_DIR
+        from orchestrator.node.site_path import NODE_SITE_DIR
 
         env["ACCELERATE_USE_CPU"] = None
         env["PYTHONPATH"] = NODE_SITE_DIR + os.pathsep + env["PYTHONPATH"]

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.config.profile_records import time_minutes
 from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
@@ -30,8 +31,7 @@ from orchestrator.contract.run_dir import (
     write_cancel_marker,
     write_json_atomic,
 )
-from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler
-from orchestrator.schedulers.slurm.scheduler import time_minutes
+from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler, node_task
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
@@ -60,7 +60,7 @@ class LocalNodeEnvironment(NodeEnvironment):
         return LOCALHOST
 
     def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
-        """What ``srun --kill-on-bad-exit`` does on Slurm: a simulated node whose training exited
+        """What the Slurm step's kill-on-bad-exit does: a simulated node whose training exited
         non-zero (not a requeue) ends the others. Without it node 0's torchrun sat in its 300 s exit
         barrier after node 1 had crashed, and the job read RUNNING for five and a half minutes."""
         for node in range(self.num_nodes):
@@ -110,7 +110,7 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_i
         bad = {r: c for r, c in codes.items() if c != 0}
         state, code = "FAILED", next(iter(bad.values()))
         reason = "non-zero exit on " + ", ".join(f"node {r} (exit {c})" for r, c in sorted(bad.items()))
-        from orchestrator.core.failure_report import explain_failure
+        from orchestrator.supervise.failure_report import explain_failure
 
         why = explain_failure(
             run_dir,
@@ -252,8 +252,6 @@ class LocalScheduler(Scheduler):
     def schedule(self, request: Request, registry: Registry | None) -> Scheduled:
         import submitit
 
-        from orchestrator.node.entry import NodeTask
-
         plan, run_dir = request.plan, request.run_dir
         job_key = registry.allocate_local_id() if registry is not None else ""
         folder = run_dir / SUBMITIT_DIR
@@ -264,7 +262,7 @@ class LocalScheduler(Scheduler):
             signal_delay_s=plan.profile.signal.seconds_before,
         )
         folder.mkdir(parents=True, exist_ok=True)
-        task = NodeTask(
+        task = node_task(
             run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base, job_key=job_key
         )
         # The controller (and through it every simulated node and rank) starts with SIGINT ignored,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import ARRAY_TASK_FILE, SBATCH_FILE, SUBMITIT_DIR
 from orchestrator.schedulers.base import Request, Scheduled, submission_token
-from orchestrator.schedulers.slurm.scheduler import _INHERITED_PREFIXES, SCANCEL_TIMEOUT_S, SINFO_TIMEOUT_S
+from orchestrator.schedulers.slurm.environment import INHERITED_PREFIXES, SCANCEL_TIMEOUT_S, SINFO_TIMEOUT_S
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
@@ -79,16 +79,16 @@ def submit_array(scheduler: str, request: Request, task_dirs: Sequence[Path]) ->
     """sbatch the request's text as written to the sweep directory; one Scheduled per task."""
     from submitit.core.utils import DelayedSubmission
 
-    from orchestrator.node.entry import NodeTask
+    from orchestrator.schedulers.base import node_task
 
     script = request.run_dir / request.file_name
     script.write_text(request.materialize())
     for task_dir in task_dirs:
         (task_dir / SUBMITIT_DIR).mkdir(parents=True, exist_ok=True)
-        task = NodeTask(run_dir=str(task_dir), scheduler=scheduler, attempt_base=0)
+        task = node_task(run_dir=str(task_dir), scheduler=scheduler, attempt_base=0)
         DelayedSubmission(task).dump(task_dir / SUBMITIT_DIR / ARRAY_TASK_FILE)
     # Submitted from inside an allocation, sbatch would inherit its SLURM_* settings.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES)}
     try:
         proc = subprocess.run(
             ["sbatch", "--parsable", str(script)],

@@ -39,7 +39,7 @@ from orchestrator.contract.run_dir import (
     read_current_plan_json,
     requeue_recorded_since,
 )
-from orchestrator.schedulers.slurm.scheduler import (
+from orchestrator.schedulers.slurm.environment import (
     allocation_nodes,
     cancelled_by_user,
     clean_submit_environment,
@@ -314,3 +314,53 @@ def after_failed_step(
     )
     append_decision(run_dir, decision)
     return decision
+
+
+def after_hang(
+    run_dir: Path,
+    job_id: str,
+    reason: str,
+    bad_node: str | None,
+    auto_resume: bool,
+    say: Any,
+    bad_nodes: list[str] | None = None,
+) -> None:
+    """Record why the job failed and, with ``--auto-resume``, submit a new attempt from the last
+    complete checkpoint without the node that differed (bounded by ``max_requeues``). Reuses the
+    node-loss path below; its decision goes to the same log. The hang watchdog and the preflight end
+    here.
+    ``bad_nodes``: several nodes to leave out (the preflight's), instead of ``bad_node``."""
+    previous = [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
+    plan = current_plan(run_dir)
+    lost = list(bad_nodes) if bad_nodes is not None else [bad_node] if bad_node else []
+    if cancelled_by_user(run_dir, job_id):
+        decision = Decision(job_id, 1, "none", "cancelled during a hang", lost)
+    elif not auto_resume:
+        decision = Decision(job_id, 1, "refused", f"{reason}; --auto-resume is off", lost)
+    elif len(previous) >= plan.max_requeues:
+        decision = Decision(
+            job_id, 1, "refused", f"{reason}; {len(previous)} auto-resume(s) reached max_requeues", lost
+        )
+    else:
+        exclude = sorted(set(plan.exclude_nodes) | set(lost))
+        decision = Decision(job_id, 1, "resubmitted", reason, lost, exclude_nodes=exclude)
+        try:
+            resubmit(run_dir, plan, decision)
+        except Exception as exc:  # noqa: BLE001 (the batch script must still end)
+            decision.action, decision.reason = "refused", f"{reason}; resubmission failed: {exc}"
+    if decision.action != "resubmitted":
+        try:
+            from orchestrator.registry.store import Registry
+
+            Registry.open().set_end_reason(job_id, decision.reason)
+        except Exception as exc:  # noqa: BLE001
+            say(f"end reason not recorded in the registry: {exc}")
+    say(
+        f"{decision.action}: {decision.reason}"
+        + (
+            f" -> job {decision.new_job_id} excluding {','.join(decision.exclude_nodes)}"
+            if decision.new_job_id
+            else ""
+        )
+    )
+    append_decision(run_dir, decision)

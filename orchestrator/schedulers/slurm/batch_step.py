@@ -31,7 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.schedulers.slurm.scheduler import allocation_nodes, batch_job_id, batch_restarts
+from orchestrator.contract.env import RUN_DIR_ENV
+from orchestrator.schedulers.slurm.environment import (
+    allocation_nodes,
+    batch_job_id,
+    batch_restarts,
+    srun_on_every_node,
+)
 
 #: After the first failed task, how long srun may take to end the step by itself. With
 #: ``--kill-on-bad-exit`` and live nodes it ends within about a second; measured 1-3 s.
@@ -111,7 +117,7 @@ def supervise(
     from orchestrator.schedulers.slurm import auto_resume as ar
     from orchestrator.supervise.watchdog import Watchdog
 
-    run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
+    run_dir = Path(os.environ[RUN_DIR_ENV])
     job_id = batch_job_id()
     superseded = ar.superseded_by(run_dir, job_id)
     if superseded:
@@ -166,12 +172,13 @@ def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: boo
     """The preflight (:mod:`orchestrator.supervise.preflight`) before training; when it names bad nodes the job
     ends FAILED with the reason and, with ``--auto-resume``, comes back without them (the hang
     watchdog's path). A preflight that breaks by itself never stops the training."""
-    from orchestrator.schedulers.slurm.auto_resume import current_plan
+    from orchestrator.schedulers.slurm.auto_resume import after_hang, current_plan
     from orchestrator.supervise.preflight import run_preflight
-    from orchestrator.supervise.watchdog import after_hang
 
     try:
-        verdict = run_preflight(run_dir, attempt, current_plan(run_dir), allocation_nodes(), say)
+        nodes = allocation_nodes()
+        prefix = srun_on_every_node(nodes, overlap=False)  # the only step: nothing to share with
+        verdict = run_preflight(run_dir, attempt, current_plan(run_dir), nodes, prefix, say)
     except Exception as exc:  # noqa: BLE001
         say(f"preflight skipped after an error: {exc!r}")
         return False
@@ -187,13 +194,20 @@ def _end_hung_step(
     """The watchdog fired: stacks first (the ranks must still be there), then end the step, then
     record the reason and, with ``--auto-resume``, resubmit without the node that differed."""
     from orchestrator.contract.run_dir import read_current_plan_json
-    from orchestrator.supervise.watchdog import after_hang, investigate
+    from orchestrator.schedulers.slurm.auto_resume import after_hang
+    from orchestrator.supervise.watchdog import investigate
 
     say(f"hang watchdog: {hang.describe()}; collecting every rank's stacks")
     world = read_current_plan_json(run_dir).get("world_size")
     try:
+        nodes = allocation_nodes()
         reason, bad_node = investigate(
-            run_dir, attempt, hang, allocation_nodes(), world if isinstance(world, int) else None
+            run_dir,
+            attempt,
+            hang,
+            nodes,
+            srun_on_every_node(nodes),
+            world if isinstance(world, int) else None,
         )
     except Exception as exc:  # noqa: BLE001 (the hung step must end whatever the evidence did)
         reason, bad_node = f"hang: {hang.describe()}; stacks not collected: {exc!r}", None

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from orchestrator.contract.errors import OrchestratorError
-from orchestrator.contract.job_states import JobState, from_slurm, normalize_slurm_state
+from orchestrator.contract.job_states import JobState
 from orchestrator.schedulers.query import (
     STATE_DEFAULTS,
     CommandResult,
@@ -31,6 +31,7 @@ from orchestrator.schedulers.query import (
     combine,
     run_bounded,
 )
+from orchestrator.schedulers.slurm.states import from_slurm, normalize_slurm_state
 
 if TYPE_CHECKING:
     from orchestrator.registry.store import Registry

@@ -16,16 +16,30 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.profile_records import time_minutes
 from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
-    MAIN_IP_FILE,
     SBATCH_FILE,
     SUBMITIT_DIR,
-    cancel_requested,
     write_cancel_marker,
 )
-from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler, submission_token
+from orchestrator.schedulers.base import (
+    NodeEnvironment,
+    Request,
+    Scheduled,
+    Scheduler,
+    node_task,
+    submission_token,
+)
+from orchestrator.schedulers.slurm.environment import (
+    SCANCEL_TIMEOUT_S,
+    SINFO_TIMEOUT_S,
+    expand_hostlist,
+    job_nodes,
+    partition_node_cpus,
+    srun_on_every_node,
+)
 
 if TYPE_CHECKING:
     import signal
@@ -35,222 +49,8 @@ if TYPE_CHECKING:
     from orchestrator.registry.store import JobRecord, Registry
     from orchestrator.schedulers.query import QueryResult
 
-SINFO_TIMEOUT_S = 15.0
-SCANCEL_TIMEOUT_S = 30.0
-#: How long non-zero nodes wait for node 0 to publish its address.
-MAIN_IP_WAIT_S = 120.0
-#: The main process address ``render`` shows: the real one is known only on node 0, at run time.
-#: Variables an allocation sets that a job submitted from inside it must not inherit.
-_INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
-
-
-# ---------------------------------------------------------------------------- the job's environment
-def batch_job_id() -> str:
-    """This job's id as the registry and Slurm's commands name it: ``<array>_<task>`` for a task of
-    a job array (a sweep; ``scontrol requeue`` of that id requeues the task alone)."""
-    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array_job and task:
-        return f"{array_job}_{task}"
-    return os.environ.get("SLURM_JOB_ID", "")
-
-
-def batch_restarts() -> int:
-    """How often Slurm requeued this job (``SLURM_RESTART_COUNT``; absent on the first run)."""
-    try:
-        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    except ValueError:
-        return 0
-
-
-def allocation_nodes() -> list[str]:
-
-    import subprocess
-
-    """Host names of this allocation (``SLURM_JOB_NODELIST`` expanded by Slurm itself)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
-    if not nodelist:
-        return []
-    proc = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
-    )
-    return proc.stdout.split() if proc.returncode == 0 else []
-
-
-def clean_submit_environment() -> None:
-    """sbatch inside an allocation inherits its SLURM_*/SBATCH_* variables (node list, task
-    counts, memory): a job submitted from there must be described by its own script only."""
-    for name in list(os.environ):
-        if name.startswith(_INHERITED_PREFIXES):
-            del os.environ[name]
-
-
-def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
-
-    import subprocess
-
-    """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says CANCELLED (a
-    plain ``scancel`` also sends SIGTERM, which training handles like a preemption)."""
-    if cancel_requested(run_dir):
-        return "cancelled by user (orchestrator cancel)"
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return "Slurm reports the job CANCELLED" if out.startswith("CANCELLED") else None
-
-
-def interface_address(name: str) -> str:
-
-    import socket
-
-    """IPv4 address of a network interface on this host (e.g. ib0)."""
-    import psutil
-
-    addrs = psutil.net_if_addrs().get(name)
-    if not addrs:
-        raise RunFailure(f"network_interface '{name}' does not exist on {socket.gethostname()}")
-    for addr in addrs:
-        if addr.family == socket.AF_INET:
-            return str(addr.address)
-    raise RunFailure(f"network_interface '{name}' on {socket.gethostname()} has no IPv4 address")
-
-
-class SlurmNodeEnvironment(NodeEnvironment):
-    """A task of a Slurm job step: one per node."""
-
-    def __init__(self) -> None:
-        import submitit
-
-        env = submitit.JobEnvironment()
-        self.node_rank = env.global_rank
-        self.num_nodes = env.num_tasks
-        self.hostnames = list(env.hostnames)
-        self.job_id = batch_job_id() or str(env.job_id)
-        self.restarts = batch_restarts()
-
-    def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
-
-        import socket
-
-        """Without a named interface every node resolves node 0's hostname itself. With one (ib0,
-        eth0 in a namespace) only node 0 can read its address: it publishes it in the shared run
-        directory and the others wait for it."""
-        interface = plan.profile.network_interface
-        if not interface:
-            return socket.gethostbyname(self.hostnames[0])
-        published = attempt_path / MAIN_IP_FILE
-        if self.is_first_node:
-            ip = interface_address(interface)
-            tmp = published.with_suffix(".tmp")
-            tmp.write_text(ip)
-            os.replace(tmp, published)
-            return ip
-        deadline = time.monotonic() + MAIN_IP_WAIT_S
-        while time.monotonic() < deadline:
-            if published.exists():
-                return published.read_text().strip()
-            time.sleep(0.2)
-        raise RunFailure(
-            f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
-        )
-
-    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
-        """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
-        first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``.
-        With ``requeue_as: new_job`` node 0 submits a successor instead (True: handed over)."""
-        import subprocess
-
-        from orchestrator.contract.requeue import decide_requeue
-        from orchestrator.contract.run_dir import EXIT_REQUEUE
-
-        if code != EXIT_REQUEUE or not self.is_first_node:
-            return False
-        if plan.profile.requeue_as == "new_job":
-            from orchestrator.schedulers.slurm.auto_resume import continue_in_new_job
-
-            return continue_in_new_job(run_dir, self.job_id, plan, self.restarts)
-        decision = decide_requeue(self.restarts, plan.max_requeues, cancelled_by_user(run_dir, self.job_id))
-        if not decision.requeue:
-            print(f"[orchestrator node] {decision.reason}", file=sys.stderr, flush=True)
-            return False
-        print(f"[orchestrator node] requeueing job {self.job_id} ({decision.reason})", flush=True)
-        subprocess.run(["scontrol", "requeue", self.job_id], check=False, timeout=60)
-        return False
-
 
 # ---------------------------------------------------------------------------- submission side
-def partition_node_cpus(partition: str) -> dict[str, int]:
-    """``{node: CPUs}`` of a partition's nodes, asking sinfo once (bounded)."""
-    import subprocess
-
-    try:
-        proc = subprocess.run(
-            ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %c"],
-            capture_output=True,
-            text=True,
-            timeout=SINFO_TIMEOUT_S,
-        )
-    except FileNotFoundError:
-        raise UserError(
-            "sinfo not found: this profile needs a Slurm cluster (or use --profile local)"
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise RunFailure(f"sinfo did not answer within {SINFO_TIMEOUT_S:.0f} s: is slurmctld up?") from None
-    if proc.returncode != 0:
-        raise RunFailure(f"sinfo failed: {proc.stderr.strip() or proc.returncode}")
-    nodes: dict[str, int] = {}
-    for line in proc.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            nodes[parts[0]] = int(parts[1])
-    if not nodes:
-        raise UserError(
-            f"--profile: partition '{partition}' does not exist on this cluster (sinfo knows nothing of it)"
-        )
-    return nodes
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """A Slurm host list (``n[1-3],gpu01``) expanded by Slurm itself; UserError when it is not one.
-    The syntax is checked first: scontrol reads ``zz[1-3`` as ``zz]`` instead of refusing it."""
-    import re
-    import subprocess
-
-    items = re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)
-    item_re = re.compile(r"[A-Za-z0-9_.-]+(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][A-Za-z0-9_.-]*)*")
-    if not text or ",".join(items) != text or not all(item_re.fullmatch(i) for i in items):
-        raise UserError(f"--exclude {text!r}: not a Slurm host list (expected names such as n1,n2 or n[1-4])")
-
-    try:
-        proc = subprocess.run(
-            ["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RunFailure(f"scontrol show hostnames failed: {exc}") from None
-    names = proc.stdout.split()
-    if proc.returncode != 0 or not names:
-        why = (proc.stderr.strip().splitlines() or ["not a host list"])[-1]
-        raise UserError(f"--exclude {text!r}: not a Slurm host list ({why})")
-    return names
-
-
-def time_minutes(limit: str) -> int:
-    """A Slurm time (``D-HH:MM:SS``, ``HH:MM:SS``, minutes) in whole minutes, rounded up."""
-    days = 0
-    if "-" in limit:
-        d, limit = limit.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in limit.split(":")]
-    if len(parts) == 1 and days == 0:
-        return parts[0]
-    while len(parts) < 3:
-        parts.append(0)
-    hours, minutes, seconds = parts[:3]
-    return days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
-
-
 def _template_executor(request: Request) -> Any:
     """A submitit SlurmExecutor that submits the request's text, not a script of its own."""
     import submitit
@@ -330,8 +130,6 @@ class SlurmScheduler(Scheduler):
 
         import subprocess
 
-        from orchestrator.node.entry import NodeTask
-
         plan, run_dir = request.plan, request.run_dir
         (run_dir / request.file_name).write_text(request.materialize())
         executor = _template_executor(request)(
@@ -340,7 +138,7 @@ class SlurmScheduler(Scheduler):
         executor.update_parameters(
             nodes=plan.nodes, ntasks_per_node=1, time=max(1, time_minutes(plan.time_limit))
         )
-        task = NodeTask(run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base)
+        task = node_task(run_dir=str(run_dir), scheduler=self.name, attempt_base=request.attempt_base)
         try:
             job = executor.submit(task)
         except subprocess.CalledProcessError as exc:
@@ -445,4 +243,12 @@ class SlurmScheduler(Scheduler):
         return sorted((Path(run_dir) / SUBMITIT_DIR).glob(f"{job_id}_*_log.*"))
 
     def node_environment(self, job_key: str) -> NodeEnvironment:
+        from orchestrator.schedulers.slurm.node import SlurmNodeEnvironment
+
         return SlurmNodeEnvironment()
+
+    def job_nodes(self, job_id: str) -> list[str]:
+        return job_nodes(job_id)
+
+    def on_every_node(self, nodes: list[str], job_id: str | None = None) -> list[str] | None:
+        return srun_on_every_node(nodes, job_id)

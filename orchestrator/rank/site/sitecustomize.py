@@ -32,6 +32,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from orchestrator.contract.env import SCRIPT_HOOKS_ENV
+
 _HERE = str(Path(__file__).resolve().parent)
 
 
@@ -70,7 +72,7 @@ _DEEPSPEED_PATCHES = {"accelerate.state": _patch, "deepspeed.comm.torch": _no_sh
 
 def _patches() -> dict[str, Any]:
     patches: dict[str, Any] = dict(_DEEPSPEED_PATCHES) if _wanted() else {}
-    if os.environ.get("ORCHESTRATOR_SCRIPT_HOOKS", "0") == "1":
+    if os.environ.get(SCRIPT_HOOKS_ENV, "0") == "1":
         from orchestrator.rank.script_hooks import PATCHES
 
         patches.update(PATCHES)

@@ -1,6 +1,6 @@
-"""One node's part of the preflight (:mod:`orchestrator.supervise.preflight`): a task of the preflight's srun step.
+"""One node's part of the preflight (:mod:`orchestrator.supervise.preflight`): a task of the preflight's step.
 
-``python -m orchestrator.supervise.preflight_node ATTEMPT``, with ``ORCHESTRATOR_RUN_DIR`` set (the batch
+``python -m orchestrator.node.preflight ATTEMPT``, with ``ORCHESTRATOR_RUN_DIR`` set (the batch
 script exports it). It writes ``preflight/attempt_<A>/node_<N>.json`` first with its local checks
 (so a node that then hangs in the network check is still told from one that never started), then
 again after each transfer it timed. It always joins the network check, even after a local problem:
@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.env import RUN_DIR_ENV
 from orchestrator.supervise.preflight import PAYLOAD_BYTES, PINGS, TRANSFERS
 
 
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
     from orchestrator.schedulers import get_scheduler
 
     attempt = int(argv[0])
-    run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
+    run_dir = Path(os.environ[RUN_DIR_ENV])
     plan = LaunchPlan.from_json(read_current_plan_json(run_dir))
     limits = plan.profile.preflight
     node = get_scheduler(plan.profile.scheduler).node_environment("")

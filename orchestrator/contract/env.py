@@ -1,0 +1,32 @@
+"""The environment variables the node entry point sets for every rank, each name declared once.
+
+The node side (:mod:`orchestrator.node.entry`) writes them; what runs in a rank (``train/``,
+:mod:`orchestrator.rank`, :mod:`orchestrator.hf`, :mod:`orchestrator.loop`, the heartbeat and the
+attempt-start record) and the node-side tools that find ranks (stacks) read them.
+"""
+
+from __future__ import annotations
+
+#: The run directory (every rank; also how a script knows it runs under orchestrator).
+RUN_DIR_ENV = "ORCHESTRATOR_RUN_DIR"
+#: The attempt number this launch is (``logs/attempt_<A>/``).
+ATTEMPT_ENV = "ORCHESTRATOR_ATTEMPT"
+#: This node's rank in the job.
+NODE_RANK_ENV = "ORCHESTRATOR_NODE_RANK"
+#: The strategy the job asked for (the self-check compares what Accelerate built with it).
+STRATEGY_ENV = "ORCHESTRATOR_STRATEGY"
+#: The FSDP version of the strategy, when it is an FSDP one.
+FSDP_VERSION_ENV = "ORCHESTRATOR_FSDP_VERSION"
+#: Processes per node, as planned.
+PROCS_PER_NODE_ENV = "ORCHESTRATOR_PROCS_PER_NODE"
+#: The world size and node count the self-check expects.
+EXPECTED_WORLD_SIZE_ENV = "ORCHESTRATOR_EXPECTED_WORLD_SIZE"
+EXPECTED_NUM_NODES_ENV = "ORCHESTRATOR_EXPECTED_NUM_NODES"
+#: The job's id (the registry's), for scripts and loggers that name their run after it.
+JOB_ID_ENV = "ORCHESTRATOR_JOB_ID"
+#: "1": the script hooks are installed in the rank (``--no-script-hooks`` sets "0").
+SCRIPT_HOOKS_ENV = "ORCHESTRATOR_SCRIPT_HOOKS"
+#: Set in a rank the direct launcher forked (not one ``accelerate launch`` started).
+LAUNCHER_ENV = "ORCHESTRATOR_LAUNCHER"
+#: "1": no Accelerate workaround is applied (to measure what they fix).
+DISABLE_WORKAROUNDS_ENV = "ORCHESTRATOR_DISABLE_WORKAROUNDS"

@@ -1,0 +1,233 @@
+"""Resume, requeue and live progress for a Hugging Face ``Trainer`` script: one line each.
+
+::
+
+    from orchestrator.hf import OrchestratorCallback, last_complete_checkpoint
+
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[OrchestratorCallback()])
+    trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.output_dir))
+
+Submitted through ``orchestrator submit``, an *unchanged* ``Trainer`` script gets both lines from the
+node's import hook (:mod:`orchestrator.rank.script_hooks`; ``--no-script-hooks`` turns it off).
+
+* Transformers writes ``checkpoint-N`` in place, so a kill mid-save leaves a folder that looks like a
+  checkpoint. The callback marks each one complete (``COMPLETE.json``: every file's size and digest)
+  once every rank has finished writing it, and :func:`last_complete_checkpoint` takes the newest one
+  that is marked by this run and intact; a torn one is skipped with a warning.
+* The stop request (USR2 or TERM) is agreed by all ranks at a step boundary
+  (:mod:`orchestrator.rank.stop`); they save that step, and the job leaves with exit 75 for a requeue.
+  (Transformers' own ``enable_jit_checkpoint`` handles TERM only, on a timer per rank: see README.)
+* ``on_log`` and each step feed ``metrics.jsonl`` for ``status``, ``logs``, ``plot`` and the ETA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.attempt_start import write_attempt_start
+from orchestrator.contract.checkpoints import mark_complete_in_place, newest_complete
+from orchestrator.contract.env import RUN_DIR_ENV, STRATEGY_ENV
+from orchestrator.contract.heartbeat import Heartbeat
+from orchestrator.contract.run_dir import (
+    COMPLETE_MARKER,
+    EXIT_REQUEUE,
+    METRICS_FILE,
+    read_json,
+    write_exit_status,
+)
+from orchestrator.rank.stop import StopRequest, any_rank, barrier, broadcast_from_main
+
+HOOK = "trainer"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+#: Progress lines between Trainer logs (its ``logging_steps`` is often hundreds of steps): at most one
+#: a second, with the newest logged loss.
+STEP_EVENT_INTERVAL_S = 1.0
+
+
+def _run_id() -> str | None:
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    return str(Path(run_dir).resolve()) if run_dir else None
+
+
+def _say_on_rank0(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(f"[orchestrator.hf] {line}", file=sys.stderr, flush=True)
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike[str], warn: Any = None) -> str | None:
+    """The newest ``checkpoint-N`` under ``output_dir`` that this run marked complete and whose files
+    all match the marker (sizes and digests), or None: pass it to ``trainer.train(resume_from_checkpoint=)``.
+
+    A checkpoint from another run in the same ``output_dir`` (an earlier job) is never taken: a new
+    run starts from scratch, as Transformers does, while a requeue or ``orchestrator resume`` of this
+    run continues. Rank 0 decides (reading the files once) and every rank gets its answer, so all of
+    them restore the same checkpoint; call it on every rank."""
+    choice = None
+    if os.environ.get("RANK", "0") == "0":
+        say = warn or _say_on_rank0
+        root, run = Path(output_dir), _run_id()
+        try:
+            found = [
+                (int(m.group(1)), Path(e.path))
+                for e in os.scandir(root)
+                if (m := _CHECKPOINT_RE.match(e.name))
+            ]
+        except OSError:
+            found = []
+
+        def ours() -> Any:
+            for _, folder in sorted(found, reverse=True):
+                marker = read_json(folder / COMPLETE_MARKER)
+                if run is not None and marker is not None and marker.get("run") != run:
+                    say(f"skipping {folder}: written by another run ({marker.get('run')})")
+                    continue
+                yield folder
+
+        newest = newest_complete(ours(), lambda line: say(line.replace("warning: ", "")))
+        choice = str(newest[0]) if newest else None
+    return broadcast_from_main(choice)
+
+
+def _trainer_callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class CallbackMixin:
+    """The behaviour; :class:`OrchestratorCallback` mixes it into ``TrainerCallback`` lazily so that
+    importing this module does not import transformers."""
+
+    def __init__(self) -> None:
+        self.stop = StopRequest().install()
+        self.stopping = False
+        self.last_loss: float | None = None
+        self.last_step_event = 0.0
+        self.step_started = time.monotonic()
+        self._metrics: Any = None
+        self.resumed_from: str | None = None
+        #: For the hang watchdog (None outside a job): the Trainer's events give data/forward (step
+        #: begin), optimizer (before its step) and checkpoint (a save decided at step end).
+        self.heartbeat = Heartbeat.for_this_rank()
+
+    def _beat(self, step: int, phase: str) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.beat(step, phase)
+
+    # -- output
+    def _write(self, state: Any, record: dict[str, Any]) -> None:
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        if not run_dir or not state.is_world_process_zero:
+            return
+        if self._metrics is None:
+            self._metrics = open(Path(run_dir) / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        self._metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
+        self._metrics.flush()
+
+    def _train_event(self, state: Any, extra: dict[str, Any]) -> None:
+        record: dict[str, Any] = {"event": "train", "step": int(state.global_step)}
+        if state.max_steps:
+            record["max_steps"] = int(state.max_steps)
+        if self.last_loss is not None:
+            record["loss"] = self.last_loss
+        world = os.environ.get("WORLD_SIZE")
+        if world and world.isdigit():
+            record["world_size"] = int(world)
+        if os.environ.get(STRATEGY_ENV):
+            record["strategy"] = os.environ[STRATEGY_ENV]
+        self._write(state, {**record, **extra})
+
+    # -- Trainer events
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            step = int(state.global_step)
+            checkpoint = None
+            if step > 0:  # Trainer restored global_step from checkpoint-<step>
+                checkpoint = self.resumed_from or str(Path(args.output_dir) / f"checkpoint-{step}")
+                self._write(state, {"event": "resume", "step": step, "checkpoint": checkpoint})
+            write_attempt_start(step, checkpoint, HOOK)
+        self.step_started = time.monotonic()
+        self._beat(int(state.global_step) + 1, "data")
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._beat(int(state.global_step) + 1, "forward")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._beat(int(state.global_step) + 1, "optimizer")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        step_time, self.step_started = now - self.step_started, now
+        if now - self.last_step_event >= STEP_EVENT_INTERVAL_S:
+            self.last_step_event = now
+            self._train_event(state, {"step_time_s": step_time})
+        if any_rank(self.stop.signum != 0):
+            self.stopping = True
+            control.should_save = True
+        self._beat(int(state.global_step) + 1, "data")
+        if control.should_save:
+            self._beat(int(state.global_step), "checkpoint")
+        if control.should_save and state.is_world_process_zero:
+            # Transformers rewrites checkpoint-<step> in place when it exists (a step trained again after
+            # a resume from an older checkpoint): the old marker must not vouch for half-new files.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE_MARKER)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        logs = logs or {}
+        if isinstance(logs.get("loss"), (int, float)):
+            self.last_loss = float(logs["loss"])
+            extra = (
+                {"lr": logs["learning_rate"]} if isinstance(logs.get("learning_rate"), (int, float)) else {}
+            )
+            if isinstance(logs.get("grad_norm"), (int, float)):
+                extra["grad_norm"] = float(logs["grad_norm"])
+            self._train_event(state, extra)
+        if isinstance(logs.get("eval_loss"), (int, float)):
+            self._write(
+                state, {"event": "eval", "step": int(state.global_step), "val_loss": float(logs["eval_loss"])}
+            )
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        barrier()  # every rank has written its part of the folder
+        if state.is_world_process_zero and folder.is_dir():
+            mark_complete_in_place(
+                folder,
+                {"step": int(state.global_step), "time": time.time(), "hook": HOOK, "run": _run_id()},
+            )
+        barrier()
+        self._beat(int(state.global_step) + 1, "data")
+        if self.stopping:
+            self._leave(state)
+
+    def _leave(self, state: Any) -> None:
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        if state.is_world_process_zero:
+            if run_dir:
+                write_exit_status(Path(run_dir), EXIT_REQUEUE, "signal", step=int(state.global_step))
+            print(f"[orchestrator.hf] requeue: checkpoint-{state.global_step} saved", flush=True)
+        if self._metrics is not None:
+            self._metrics.close()
+        barrier()
+        raise SystemExit(EXIT_REQUEUE)
+
+
+def __getattr__(name: str) -> Any:
+    # ``OrchestratorCallback`` is a real TrainerCallback subclass, built on first use.
+    if name == "OrchestratorCallback":
+        cls = type(
+            "OrchestratorCallback", (CallbackMixin, _trainer_callback_base()), {"__module__": __name__}
+        )
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)

@@ -1,0 +1,264 @@
+"""Resume, requeue and live progress for your own Accelerate training loop, in three lines.
+
+::
+
+    from orchestrator.loop import ResumableLoop
+
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    loop = ResumableLoop(accelerator, save_every=100)       # 1: restores the newest complete checkpoint
+    for batch in loop.batches(loader, epochs=3):            # 2: continues mid-epoch where it stopped
+        loss = model(batch).loss
+        accelerator.backward(loss)
+        optimizer.step(); scheduler.step(); optimizer.zero_grad()
+        loop.step_done(loss)                                # 3: progress, saves, the agreed stop
+
+What the three lines give the loop, the same as ``train/`` has:
+
+* **Resume** from the newest *complete* checkpoint in the run directory: model, optimizer, scheduler,
+  RNG states and anything registered with ``accelerator.register_for_checkpointing`` (all through
+  ``accelerator.save_state``/``load_state``), plus the position in the data (epoch, batch) and the
+  step. Checkpoints are written to a temp folder, marked complete (sizes and digests of every file)
+  and renamed into place; a torn or corrupt one is never chosen.
+* **The stop request**: on USR2 (Slurm's pre-timeout signal) or TERM, every rank agrees at the next
+  optimizer-step boundary (one tiny all-reduce), all save that same step, and the job leaves with
+  exit 75 for a requeue. Unlike Lightning's auto-requeue or submitit's ``Checkpointable``, no rank
+  saves on its own clock.
+* **Progress** into ``metrics.jsonl``: ``status``, ``logs``, ``plot`` and the ETA work.
+
+For an exact resume of a shuffled loader, build the Accelerator with
+``DataLoaderConfiguration(use_seedable_sampler=True)``: the order of an epoch is then a function of the
+seed and the epoch, which the loop sets (Accelerate's default sampler draws from the global RNG).
+
+Importing this module costs nothing (standard library); torch is used only once a loop is built.
+Outside a job (no ``ORCHESTRATOR_RUN_DIR``) checkpoints go to ``run_dir`` (default ``./run``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.attempt_start import write_attempt_start
+from orchestrator.contract.checkpoints import checkpoints_dir, finalize, find_resumable, prune
+from orchestrator.contract.env import RUN_DIR_ENV, STRATEGY_ENV
+from orchestrator.contract.heartbeat import Heartbeat
+from orchestrator.contract.run_dir import (
+    EXIT_REQUEUE,
+    METRICS_FILE,
+    checkpoint_folder_name,
+    write_exit_status,
+)
+from orchestrator.rank.stop import StopRequest, barrier, broadcast_from_main
+
+#: The ``hook`` this module names in start records and checkpoint markers.
+HOOK = "accelerate"
+
+
+@dataclass
+class LoopState:
+    """Where the loop stands; saved with every checkpoint (``register_for_checkpointing``)."""
+
+    step: int = 0
+    """Optimizer steps done (batches that synchronised gradients)."""
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    """Batches of ``epoch`` already trained: a resume skips them."""
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key, value in state.items():
+            if hasattr(self, key):
+                setattr(self, key, int(value))
+
+
+class ResumableLoop:
+    """One per training loop, built after ``accelerator.prepare``."""
+
+    def __init__(
+        self,
+        accelerator: Any,
+        *,
+        save_every: int = 0,
+        max_steps: int | None = None,
+        keep_last: int = 2,
+        log_every: int = 1,
+        run_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``save_every``: also checkpoint every that many optimizer steps (0: only on a stop request).
+        ``max_steps``: end :meth:`batches` after that many steps (and the ETA's denominator)."""
+        self.accelerator = accelerator
+        self.save_every = save_every
+        self.max_steps = max_steps
+        self.keep_last = keep_last
+        self.log_every = max(1, log_every)
+        self.run_dir = Path(run_dir or os.environ.get(RUN_DIR_ENV) or "run")
+        self.state = LoopState()
+        self.last_saved_step = -1
+        self.resumed_from: Path | None = None
+        self._step_started = time.monotonic()
+        self._metrics = None
+        accelerator.register_for_checkpointing(self.state)
+        self.stop = StopRequest().install()
+        # Step and phase for the hang watchdog (None outside a job). The loop sees the boundaries of a
+        # batch, not its inside: "data" while the next batch is fetched, "forward" while the user's
+        # code trains on it, "checkpoint" while saving.
+        self.heartbeat = Heartbeat.for_this_rank()
+        if accelerator.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._metrics = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        self._restore()
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    # ------------------------------------------------------------------ resume
+    def _restore(self) -> None:
+        choice = None
+        if self.accelerator.is_main_process:
+            found = find_resumable(self.run_dir, self._warn)
+            choice = str(found[0]) if found else None
+        choice = broadcast_from_main(choice)
+        if choice is not None:
+            from orchestrator.rank.workarounds import init_fsdp1_optimizer_state
+
+            for optimizer in getattr(self.accelerator, "_optimizers", []):
+                init_fsdp1_optimizer_state(self.accelerator, optimizer)
+            from orchestrator.rank.checkpoint_io import load_state
+
+            load_state(self.accelerator, Path(choice))
+            self.resumed_from = Path(choice)
+            self.last_saved_step = self.state.step
+            self._event({"event": "resume", "step": self.state.step, "checkpoint": choice})
+            self._say(f"resumed from {choice}: step {self.state.step}, epoch {self.state.epoch}")
+        if self.accelerator.is_main_process:
+            write_attempt_start(self.state.step, choice, HOOK, self.run_dir)
+
+    # ------------------------------------------------------------------ the loop
+    def batches(self, dataloader: Iterable[Any], epochs: int | None = None) -> Iterator[Any]:
+        """The batches still to train: the rest of the current epoch, then whole epochs up to ``epochs``
+        (or ``max_steps``). Call :meth:`step_done` once per batch."""
+        while (epochs is None or self.state.epoch < epochs) and not self._finished():
+            set_epoch = getattr(dataloader, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.state.epoch)
+            skip = self.state.batch_in_epoch
+            source = self.accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
+            self._beat("data")
+            for batch in source:
+                if self._finished():
+                    return
+                self._beat("forward")
+                yield batch
+                self._beat("data")
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+
+    def _finished(self) -> bool:
+        return self.max_steps is not None and self.state.step >= self.max_steps
+
+    def step_done(self, loss: Any = None, **values: float) -> None:
+        """After the batch's optimizer step. With gradient accumulation only batches that synchronised
+        gradients count as steps, and only there can the loop save or stop (a save mid-accumulation
+        would lose the gradients accumulated so far)."""
+        self.state.batch_in_epoch += 1
+        if not getattr(self.accelerator, "sync_gradients", True):
+            return
+        self.state.step += 1
+        now = time.monotonic()
+        step_time, self._step_started = now - self._step_started, now
+        if self._metrics is not None and (self.state.step % self.log_every == 0 or self._finished()):
+            record: dict[str, Any] = {"event": "train", "step": self.state.step}
+            if self.max_steps is not None:
+                record["max_steps"] = self.max_steps
+            if loss is not None:
+                record["loss"] = float(loss.detach() if hasattr(loss, "detach") else loss)
+            record.update({k: float(v) for k, v in values.items()})
+            record.update(
+                step_time_s=step_time,
+                world_size=self.accelerator.num_processes,
+                strategy=os.environ.get(STRATEGY_ENV, self.accelerator.distributed_type.value),
+            )
+            self._event(record)
+        if self.stop.agreed():
+            self._save()
+            self._leave()
+        if self.save_every and self.state.step % self.save_every == 0:
+            self._save()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        """Checkpoint now (every rank calls it); returns the complete checkpoint's folder."""
+        return self._save()
+
+    def _save(self) -> Path:
+        step = self.state.step
+        root = checkpoints_dir(self.run_dir)
+        final = root / checkpoint_folder_name(step)
+        if self.last_saved_step == step:
+            return final
+        started = time.monotonic()
+        self._beat("checkpoint")
+        if self.accelerator.is_main_process:
+            root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".tmp-{final.name}-{broadcast_from_main(uuid.uuid4().hex[:8])}"
+        from orchestrator.rank.checkpoint_io import own_shard_digests, without_zip_crc32
+
+        with without_zip_crc32():
+            self.accelerator.save_state(str(tmp))
+        barrier()
+        acc = self.accelerator
+        digests = own_shard_digests(tmp, acc.process_index, acc.num_processes)
+        if self.accelerator.is_main_process:
+            marker = {
+                "step": step,
+                "time": time.time(),
+                "world_size": self.accelerator.num_processes,
+                "strategy": os.environ.get(STRATEGY_ENV),
+                "hook": HOOK,
+            }
+            finalize(tmp, final, marker, digests)
+            prune(self.run_dir, self.keep_last)
+        barrier()
+        self.last_saved_step = step
+        self._beat("data")  # leave the checkpoint allowance at once
+        self._say(f"checkpoint step {step} complete ({time.monotonic() - started:.2f}s): {final}")
+        return final
+
+    def _leave(self) -> None:
+        """Every rank saved the agreed step: say so, then exit for a requeue."""
+        if self.accelerator.is_main_process:
+            write_exit_status(self.run_dir, EXIT_REQUEUE, "signal", step=self.state.step)
+            self._say(f"requeue: checkpoint step {self.state.step} saved")
+        if self._metrics is not None:
+            self._metrics.close()
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+        raise SystemExit(EXIT_REQUEUE)
+
+    # ------------------------------------------------------------------ output
+    def _beat(self, phase: str) -> None:
+        if self.heartbeat is not None:
+            # The step being worked on: the next one, except while saving the one just done.
+            self.heartbeat.beat(self.state.step + (phase != "checkpoint"), phase)
+
+    def _event(self, record: dict[str, Any]) -> None:
+        if self._metrics is not None:
+            self._metrics.write(json.dumps({**record, "time": time.time()}) + "\n")
+            self._metrics.flush()
+
+    def _say(self, line: str) -> None:
+        if self.accelerator.is_main_process:
+            print(f"[orchestrator.loop] {line}", flush=True)
+
+    def _warn(self, line: str) -> None:
+        print(f"[orchestrator.loop] {line}", file=sys.stderr, flush=True)

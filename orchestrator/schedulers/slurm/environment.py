@@ -1,0 +1,178 @@
+"""The Slurm job's environment, read where it runs: ``SLURM_*`` (the only reader), the allocation's
+nodes, and the commands that reach them.
+
+``socket`` and ``subprocess`` are imported where used: ``render`` needs none of this.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator.contract.errors import RunFailure, UserError
+from orchestrator.contract.run_dir import cancel_requested
+
+SINFO_TIMEOUT_S = 15.0
+SCANCEL_TIMEOUT_S = 30.0
+#: How long non-zero nodes wait for node 0 to publish its address.
+MAIN_IP_WAIT_S = 120.0
+#: Variables an allocation sets that a job submitted from inside it must not inherit.
+INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
+
+
+# ---------------------------------------------------------------------------- the job's environment
+def batch_job_id() -> str:
+    """This job's id as the registry and Slurm's commands name it: ``<array>_<task>`` for a task of
+    a job array (a sweep; ``scontrol requeue`` of that id requeues the task alone)."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return os.environ.get("SLURM_JOB_ID", "")
+
+
+def batch_restarts() -> int:
+    """How often Slurm requeued this job (``SLURM_RESTART_COUNT``; absent on the first run)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def allocation_nodes() -> list[str]:
+    """Host names of this allocation (``SLURM_JOB_NODELIST`` expanded by Slurm itself)."""
+    import subprocess
+
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+    if not nodelist:
+        return []
+    proc = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+    )
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
+def clean_submit_environment() -> None:
+    """sbatch inside an allocation inherits its SLURM_*/SBATCH_* variables (node list, task
+    counts, memory): a job submitted from there must be described by its own script only."""
+    for name in list(os.environ):
+        if name.startswith(INHERITED_PREFIXES):
+            del os.environ[name]
+
+
+def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
+    """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says CANCELLED (a
+    plain ``scancel`` also sends SIGTERM, which training handles like a preemption)."""
+    import subprocess
+
+    if cancel_requested(run_dir):
+        return "cancelled by user (orchestrator cancel)"
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return "Slurm reports the job CANCELLED" if out.startswith("CANCELLED") else None
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of a network interface on this host (e.g. ib0)."""
+    import socket
+
+    import psutil
+
+    addrs = psutil.net_if_addrs().get(name)
+    if not addrs:
+        raise RunFailure(f"network_interface '{name}' does not exist on {socket.gethostname()}")
+    for addr in addrs:
+        if addr.family == socket.AF_INET:
+            return str(addr.address)
+    raise RunFailure(f"network_interface '{name}' on {socket.gethostname()} has no IPv4 address")
+
+
+def srun_on_every_node(nodes: list[str], job_id: str | None = None, overlap: bool = True) -> list[str]:
+    """One task per node of the allocation, beside the running step (``--overlap``; without it for a
+    step that runs alone, the preflight); ``job_id`` from outside the allocation (the login host)."""
+    return [
+        "srun",
+        *([f"--jobid={job_id}"] if job_id else []),
+        *(["--overlap"] if overlap else []),
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodes)}",
+        "--kill-on-bad-exit=0",
+        "--quiet",
+    ]
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """A running job's nodes (squeue), expanded; [] when it is not running."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        if not out:
+            return []
+        return subprocess.run(
+            ["scontrol", "show", "hostnames", out], capture_output=True, text=True, timeout=30
+        ).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
+def partition_node_cpus(partition: str) -> dict[str, int]:
+    """``{node: CPUs}`` of a partition's nodes, asking sinfo once (bounded)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %c"],
+            capture_output=True,
+            text=True,
+            timeout=SINFO_TIMEOUT_S,
+        )
+    except FileNotFoundError:
+        raise UserError(
+            "sinfo not found: this profile needs a Slurm cluster (or use --profile local)"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise RunFailure(f"sinfo did not answer within {SINFO_TIMEOUT_S:.0f} s: is slurmctld up?") from None
+    if proc.returncode != 0:
+        raise RunFailure(f"sinfo failed: {proc.stderr.strip() or proc.returncode}")
+    nodes: dict[str, int] = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            nodes[parts[0]] = int(parts[1])
+    if not nodes:
+        raise UserError(
+            f"--profile: partition '{partition}' does not exist on this cluster (sinfo knows nothing of it)"
+        )
+    return nodes
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm host list (``n[1-3],gpu01``) expanded by Slurm itself; UserError when it is not one.
+    The syntax is checked first: scontrol reads ``zz[1-3`` as ``zz]`` instead of refusing it."""
+    import re
+    import subprocess
+
+    items = re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)
+    item_re = re.compile(r"[A-Za-z0-9_.-]+(?:\[\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\][A-Za-z0-9_.-]*)*")
+    if not text or ",".join(items) != text or not all(item_re.fullmatch(i) for i in items):
+        raise UserError(f"--exclude {text!r}: not a Slurm host list (expected names such as n1,n2 or n[1-4])")
+
+    try:
+        proc = subprocess.run(
+            ["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RunFailure(f"scontrol show hostnames failed: {exc}") from None
+    names = proc.stdout.split()
+    if proc.returncode != 0 or not names:
+        why = (proc.stderr.strip().splitlines() or ["not a host list"])[-1]
+        raise UserError(f"--exclude {text!r}: not a Slurm host list ({why})")
+    return names

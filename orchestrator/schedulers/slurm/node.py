@@ -1,0 +1,86 @@
+"""A task of a Slurm job step, one per node: its place in the job, node 0's address, and what it does
+when training ends (``scontrol requeue``, or a successor job with ``requeue_as: new_job``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.contract.errors import RunFailure
+from orchestrator.contract.run_dir import MAIN_IP_FILE
+from orchestrator.schedulers.base import NodeEnvironment
+from orchestrator.schedulers.slurm.environment import (
+    MAIN_IP_WAIT_S,
+    batch_job_id,
+    batch_restarts,
+    cancelled_by_user,
+    interface_address,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
+
+
+class SlurmNodeEnvironment(NodeEnvironment):
+    """A task of a Slurm job step: one per node."""
+
+    def __init__(self) -> None:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        self.node_rank = env.global_rank
+        self.num_nodes = env.num_tasks
+        self.hostnames = list(env.hostnames)
+        self.job_id = batch_job_id() or str(env.job_id)
+        self.restarts = batch_restarts()
+
+    def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
+        """Without a named interface every node resolves node 0's hostname itself. With one (ib0,
+        eth0 in a namespace) only node 0 can read its address: it publishes it in the shared run
+        directory and the others wait for it."""
+        import socket
+
+        interface = plan.profile.network_interface
+        if not interface:
+            return socket.gethostbyname(self.hostnames[0])
+        published = attempt_path / MAIN_IP_FILE
+        if self.is_first_node:
+            ip = interface_address(interface)
+            tmp = published.with_suffix(".tmp")
+            tmp.write_text(ip)
+            os.replace(tmp, published)
+            return ip
+        deadline = time.monotonic() + MAIN_IP_WAIT_S
+        while time.monotonic() < deadline:
+            if published.exists():
+                return published.read_text().strip()
+            time.sleep(0.2)
+        raise RunFailure(
+            f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
+        )
+
+    def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
+        """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
+        first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``.
+        With ``requeue_as: new_job`` node 0 submits a successor instead (True: handed over)."""
+        import subprocess
+
+        from orchestrator.contract.requeue import decide_requeue
+        from orchestrator.contract.run_dir import EXIT_REQUEUE
+
+        if code != EXIT_REQUEUE or not self.is_first_node:
+            return False
+        if plan.profile.requeue_as == "new_job":
+            from orchestrator.schedulers.slurm.auto_resume import continue_in_new_job
+
+            return continue_in_new_job(run_dir, self.job_id, plan, self.restarts)
+        decision = decide_requeue(self.restarts, plan.max_requeues, cancelled_by_user(run_dir, self.job_id))
+        if not decision.requeue:
+            print(f"[orchestrator node] {decision.reason}", file=sys.stderr, flush=True)
+            return False
+        print(f"[orchestrator node] requeueing job {self.job_id} ({decision.reason})", flush=True)
+        subprocess.run(["scontrol", "requeue", self.job_id], check=False, timeout=60)
+        return False
