@@ -1,115 +1,79 @@
-"""``status SWEEP`` and ``list --sweeps``: a sweep rolled up from its tasks' status rows.
+"""A sweep rolled up from its tasks' status rows (``status SWEEP``, ``Sweep.status``).
 
 The rows are ``status``'s own (one batched scheduler query for every task of the sweep), so a
 task reads the same here as in ``status JOB``; the rollup adds the grid point of each task, the
-counts by state, and the best task by a metric.
+counts by state, and the best task by a metric. Importing this module imports no registry, no
+scheduler and nothing of ``status`` (``import orchestrator.api`` stays light): a call does.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from orchestrator.cli.table import dumps_indented, format_table
+from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
-    from orchestrator.api import SweepStatus
-    from orchestrator.registry.sweeps import SweepRecord
+    from orchestrator.core.status import StatusRow
+    from orchestrator.registry.store import Registry
+    from orchestrator.schedulers.query import QueryResult
 
 
-def _value(row: Any, metric: str) -> str:
-    value = getattr(row, metric)
-    if value is None:
-        return "-"
-    return f"{value:.4f}" if metric != "tokens_per_s" else f"{value:,.0f}"
+@dataclass(frozen=True)
+class SweepStatus:
+    """``status SWEEP``: a row per started task, and the best task by ``metric``."""
+
+    sweep_id: str
+    rows: list[StatusRow]
+    params: list[dict[str, str]]
+    result: QueryResult
+    metric: str
+    best: int | None
+    """Index into ``rows`` of the best task (None when no task has the metric yet)."""
+    tasks: list[int] = field(default_factory=list)
+    """The task number of each row."""
+    queued: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    """Tasks of a local sweep not started yet (waiting for a free slot), with their parameters."""
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.rows:
+            out[row.state.value] = out.get(row.state.value, 0) + 1
+        if self.queued:
+            out["QUEUED"] = len(self.queued)
+        return out
 
 
-def render_sweep_status(status: SweepStatus) -> str:
-    table = [
-        {
-            "task": i,
-            "job": row.job_id,
-            "params": " ".join(f"{k}={v}" for k, v in params.items()),
-            "state": row.state.value + (" (stale)" if row.stale else ""),
-            "step": "-" if row.step is None else str(row.step),
-            status.metric: _value(row, status.metric),
-            "requeues": row.requeues,
-            "reason": row.reason or "",
-        }
-        for i, row, params in zip(status.tasks, status.rows, status.params, strict=True)
-    ]
-    table += [
-        {"task": i, "job": "-", "params": " ".join(f"{k}={v}" for k, v in params.items()), "state": "QUEUED"}
-        | {
-            "step": "-",
-            status.metric: "-",
-            "requeues": 0,
-            "reason": "waiting for a free slot (--max-parallel)",
-        }
-        for i, params in status.queued
-    ]
-    table.sort(key=lambda r: int(str(r["task"])))
-    columns = ["task", "job", "params", "state", "step", status.metric, "requeues", "reason"]
-    lines = [format_table(table, columns)]
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(status.counts().items()))
-    summary = f"sweep {status.sweep_id}: {len(status.rows)} tasks ({counts})"
-    if status.best is not None:
-        row = status.rows[status.best]
-        params = " ".join(f"{k}={v}" for k, v in status.params[status.best].items())
-        task = status.tasks[status.best]
-        summary += (
-            f"; best {status.metric} {_value(row, status.metric)}: task {task} (job {row.job_id}, {params})"
-        )
-    else:
-        summary += f"; no task has reported {status.metric} yet"
-    lines.append(summary)
-    return "\n".join(lines)
+#: Metrics of a status row a sweep can be ranked by, and whether higher is better.
+SWEEP_METRICS = {"loss": False, "val_loss": False, "tokens_per_s": True}
 
 
-def sweep_status_json(status: SweepStatus) -> dict[str, Any]:
-    result = status.result
-    return {
-        "sweep_id": status.sweep_id,
-        "source": result.source,
-        "stale": result.stale,
-        "errors": list(result.errors),
-        "scheduler_calls": dict(result.calls),
-        "metric": status.metric,
-        "best_task": None if status.best is None else status.tasks[status.best],
-        "counts": status.counts(),
-        "tasks": [
-            {"task": i, "params": params, **row.to_json()}
-            for i, row, params in zip(status.tasks, status.rows, status.params, strict=True)
-        ],
-        "queued": [{"task": i, "params": params} for i, params in status.queued],
-    }
+def sweep_status(
+    registry: Registry, sweep_id: str, metric: str = "loss", timeout_s: float = 5.0
+) -> SweepStatus:
+    from orchestrator.core.status import collect_status
 
+    if metric not in SWEEP_METRICS:
+        raise UserError(f"--metric {metric!r}: expected one of {', '.join(SWEEP_METRICS)}")
+    record = registry.get_sweep(sweep_id)
+    rows, result = collect_status(registry, registry.get_many(record.job_ids), timeout_s=timeout_s)
+    higher = SWEEP_METRICS[metric]
+    scored = [(getattr(r, metric), i) for i, r in enumerate(rows) if getattr(r, metric) is not None]
+    best = (max(scored) if higher else min(scored))[1] if scored else None
+    started = {t.task for t in record.tasks}
+    from orchestrator.contract.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
 
-def print_sweep_status(status: SweepStatus, as_json: bool) -> None:
-    if as_json:
-        print(dumps_indented(sweep_status_json(status)))
-    else:
-        print(render_sweep_status(status))
-
-
-def render_sweep_list(sweeps: Sequence[SweepRecord]) -> str:
-    import time
-
-    rows = [
-        {
-            "sweep": s.sweep_id,
-            "name": s.name,
-            "tasks": len(s.tasks),
-            "max_parallel": s.max_parallel,
-            "grid": " ".join(f"{k}={','.join(v)}" for k, v in s.grid.items()),
-            "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at)),
-            "sweep_dir": str(s.sweep_dir),
-        }
-        for s in sweeps
-    ]
-    return format_table(rows, ["sweep", "name", "tasks", "max_parallel", "grid", "created", "sweep_dir"])
-
-
-def sweep_list_json(sweeps: Sequence[SweepRecord]) -> str:
-    return json.dumps([s.to_json() for s in sweeps], indent=2)
+    planned = (read_json(record.sweep_dir / SWEEP_FILE) or {}).get("tasks", [])
+    queued = [(int(t["task"]), dict(t["params"])) for t in planned if int(t["task"]) not in started]
+    if (record.sweep_dir / CANCEL_MARKER).exists():
+        queued = []  # a cancelled local sweep starts no more tasks
+    return SweepStatus(
+        sweep_id,
+        rows,
+        [t.params for t in record.tasks],
+        result,
+        metric,
+        best,
+        [t.task for t in record.tasks],
+        queued,
+    )
