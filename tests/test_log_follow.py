@@ -212,7 +212,7 @@ def test_logs_follow_stops_when_job_is_terminal(orch_env: dict[str, str], tmp_pa
 def test_follow_job_until_done_returns_final_state(orch_env: dict[str, str], tmp_path: Path) -> None:
     import io
 
-    from orchestrator.cli.logs import follow_job_until_done
+    from orchestrator.core.logs import follow_job_until_done
 
     rd = tmp_path / "runs" / "local-1"
     append(log_path(rd, 0, 0), "hello\n")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.cli.plan_args import _PROFILE_KEYS, add_plan_arguments, plan_from_args
+from orchestrator.cli.plan_args import add_plan_arguments, plan_from_args
 from orchestrator.cli.resume import resume_plan
 from orchestrator.config import options as O
 from orchestrator.config import profile_schema as S
@@ -26,6 +26,7 @@ from orchestrator.config.profile_records import ClusterProfile, TrainingDefaults
 from orchestrator.config.profiles import load_profile, parse_profile
 from orchestrator.config.strategies import STRATEGIES, STRATEGY_NAMES
 from orchestrator.contract.errors import UserError
+from orchestrator.core.planning import _PROFILE_KEYS
 
 NAMES = [f.name for f in dataclasses.fields(TrainingOptions)]
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingOptions)}

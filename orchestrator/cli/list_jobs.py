@@ -12,11 +12,15 @@ import re
 import sys
 import time
 from datetime import datetime
+from typing import TYPE_CHECKING
 
+from orchestrator import api
 from orchestrator.cli.table import dumps_indented
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import parse_state
-from orchestrator.registry.store import JobRecord, Registry
+
+if TYPE_CHECKING:
+    from orchestrator.api import JobRecord
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -82,18 +86,18 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UserError(f"--state: {exc}") from None
     since = parse_since(args.since) if args.since else None
-    with Registry.open() as registry:
-        for line in registry.reconcile_submissions():  # a submit killed mid-way: adopt or clean up
+    with api.open_registry() as registry:
+        for line in api.reconcile(registry):  # a submit killed mid-way: adopt or clean up
             print(line, file=sys.stderr)
         if args.sweeps:
-            from orchestrator.core.sweep_status import render_sweep_list, sweep_list_json
+            from orchestrator.cli.sweep_view import render_sweep_list, sweep_list_json
 
-            sweeps = registry.list_sweeps()
+            sweeps = api.list_sweeps(registry)
             print(
                 sweep_list_json(sweeps) if args.json else render_sweep_list(sweeps) if sweeps else "no sweeps"
             )
             return 0
-        jobs = registry.list_jobs(state=state, since=since)
+        jobs = api.list_jobs(state, since, registry)
     if args.json:
         print(dumps_indented([j.to_json() for j in jobs]))
     elif jobs:

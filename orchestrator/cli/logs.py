@@ -4,136 +4,16 @@ Without ``-f``: print the selected logs of the newest attempt (or ``--attempt A`
 the last K lines per file. With ``-f``: print the last K lines (default 10) and keep printing new
 lines, across requeues (new ``attempt_<A>`` folders) until the scheduler reports a terminal state;
 the exit code is then the outcome (0 COMPLETED, 1 otherwise). A deleted run directory exits 1,
-an attempt that never ran exits 2.
-
-:func:`follow_job_until_done` is the reusable core (``submit --wait`` calls it).
+an attempt that never ran exits 2. The work is :func:`orchestrator.api.logs`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import TextIO
 
-from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, RunFailure, UserError
-from orchestrator.contract.job_states import JobState
-from orchestrator.contract.run_dir import LOGS_DIR
-from orchestrator.core.log_follow import LogFollower, LogLine
-from orchestrator.core.refresh import refresh_states
-from orchestrator.registry.store import JobRecord, Registry
-
-DEFAULT_FOLLOW_TAIL = 10
-#: Lines shown from each of the scheduler's own log files when no node has logged.
-DEFAULT_SCHEDULER_TAIL = 20
-
-
-def print_scheduler_logs(job: JobRecord, tail: int) -> None:
-    """A job that ended before any node started says why only in the scheduler's files (a set-up
-    line, a missing interpreter, a refused allocation): show their last lines."""
-    from orchestrator.core.run_summary import iter_lines_reversed
-    from orchestrator.schedulers import get_scheduler
-
-    for path in get_scheduler(job.scheduler).log_files(Path(job.run_dir), job.job_id):
-        try:
-            if path.stat().st_size == 0:
-                continue
-            lines = [ln.decode(errors="replace") for ln in iter_lines_reversed(path, 1 << 20)]
-        except OSError:
-            continue
-        shown = lines[:tail][::-1]
-        if shown:
-            print(f"==> {path} <==")
-            print("\n".join(shown))
-
-
-def _printer(out: TextIO, prefixed: bool) -> Callable[[LogLine], None]:
-    """Lines from several files get an ``[aA nN]`` prefix so interleaved output stays readable."""
-
-    def emit(line: LogLine) -> None:
-        if prefixed:
-            out.write(f"[a{line.attempt} n{line.node}] {line.text}\n")
-        else:
-            out.write(line.text + "\n")
-
-    return emit
-
-
-def make_follower(
-    job: JobRecord, *, node: int | None = None, rank: int | None = None, attempt: int | None = None
-) -> LogFollower:
-    """Validate the selection against the job's shape (user errors, exit 2) and build a follower."""
-    check_shape(job, node=node, rank=rank, attempt=attempt)
-    try:
-        return LogFollower(
-            job.run_dir, attempt=attempt, node=node, rank=rank, procs_per_node=job.procs_per_node
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-def check_shape(job: JobRecord, *, node: int | None, rank: int | None, attempt: int | None) -> None:
-    """Node, rank and attempt numbers the job cannot have (user errors, exit 2)."""
-    if node is not None and not 0 <= node < job.nodes:
-        raise UserError(f"--node {node}: job {job.job_id} has nodes 0..{job.nodes - 1}")
-    if rank is not None and not 0 <= rank < job.world_size:
-        raise UserError(f"--rank {rank}: job {job.job_id} has ranks 0..{job.world_size - 1}")
-    if attempt is not None and attempt < 0:
-        raise UserError(f"--attempt {attempt}: attempts are numbered from 0")
-
-
-def follow_job_until_done(
-    job_id: str,
-    *,
-    registry: Registry | None = None,
-    out: TextIO | None = None,
-    node: int | None = None,
-    rank: int | None = None,
-    attempt: int | None = None,
-    tail: int | None = DEFAULT_FOLLOW_TAIL,
-    interval: float = 0.25,
-    max_interval: float = 2.0,
-    state_every_s: float = 5.0,
-    query_timeout_s: float = 5.0,
-) -> JobState:
-    """Print the job's logs as they grow until it reaches a terminal state; return that state.
-
-    The state is refreshed (one scheduler query, recorded in the registry) at most every
-    ``state_every_s`` seconds, and only when the logs are quiet. A stale answer (scheduler
-    unreachable) never ends the follow on its own unless the registry already says terminal.
-    """
-    own = registry is None
-    reg = Registry.open() if registry is None else registry
-    stream = sys.stdout if out is None else out
-    try:
-        job = reg.get(job_id)
-        follower = make_follower(job, node=node, rank=rank, attempt=attempt)
-        emit = _printer(stream, prefixed=node is None and rank is None and job.nodes > 1)
-        final: list[JobState] = [job.last_state]
-
-        def is_done() -> bool:
-            current = reg.get(job_id)
-            result = refresh_states(reg, [current], timeout_s=query_timeout_s)
-            st = result.states.get(job_id)
-            state = st.state if st is not None else current.last_state
-            final[0] = state
-            return state.is_terminal()
-
-        if tail is not None:
-            for line in follower.tail(tail):
-                emit(line)
-        stream.flush()
-        for line in follower.follow(
-            is_done, interval=interval, max_interval=max_interval, done_check_s=state_every_s
-        ):
-            emit(line)
-            stream.flush()
-        stream.flush()
-        return final[0]
-    finally:
-        if own:
-            reg.close()
+from orchestrator import api
+from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,80 +30,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_selection(job: JobRecord, attempt: int | None) -> None:
-    """A run directory that is gone, or an attempt that never ran, is an error (not empty output)."""
-    from orchestrator.contract.run_dir import attempt_dirs
-
-    run_dir = Path(job.run_dir)
-    if not run_dir.is_dir():
-        raise RunFailure(f"job {job.job_id}: its run directory {run_dir} no longer exists")
-    if attempt is not None and attempt >= 0:
-        existing = [a for a, _ in attempt_dirs(run_dir)]
-        if attempt not in existing:
-            have = ", ".join(map(str, existing)) if existing else "none yet"
-            raise UserError(
-                f"--attempt {attempt}: job {job.job_id} has no attempt {attempt} (attempts: {have})"
-            )
-
-
 def run(args: argparse.Namespace) -> int:
     if args.tail is not None and args.tail < 0:
         raise UserError(f"--tail {args.tail}: must be >= 0")
     if args.interval <= 0:
         raise UserError(f"--interval must be positive, not {args.interval}")
-    with Registry.open() as registry:
-        job = registry.get(args.job)
-        check_shape(job, node=args.node, rank=args.rank, attempt=args.attempt)
-        check_selection(job, args.attempt)
-        if args.follow:
-            state = follow_job_until_done(
-                job.job_id,
-                registry=registry,
-                node=args.node,
-                rank=args.rank,
-                attempt=args.attempt,
-                tail=DEFAULT_FOLLOW_TAIL if args.tail is None else args.tail,
-                interval=args.interval,
-                max_interval=max(2.0, args.interval),
-            )
-            if state.is_success():
-                return EXIT_OK
-            print(f"job {job.job_id} ended {state.value}", file=sys.stderr)
-            return EXIT_RUN_FAILURE
-        follower = make_follower(job, node=args.node, rank=args.rank, attempt=args.attempt)
-        sources = follower.sources()
-        if not sources:
-            where = Path(job.run_dir) / LOGS_DIR
-            print(
-                f"no node logs for job {job.job_id} (looked in {where}; state {job.last_state})",
-                file=sys.stderr,
-            )
-            print_scheduler_logs(job, DEFAULT_SCHEDULER_TAIL if args.tail is None else args.tail)
-            return 0
-        emit = _printer(sys.stdout, prefixed=len(sources) > 1)
-        if args.tail is not None:
-            for line in follower.tail(args.tail):
-                emit(line)
-        else:
-            for line in follower.stream(final=True):
-                emit(line)
-        sys.stdout.flush()
-        note_error_elsewhere(job, {str(path) for _, _, path in sources})
-    return 0
-
-
-def note_error_elsewhere(job: JobRecord, shown: set[str]) -> None:
-    """A failed job whose error is not in the logs just shown (it reached only the scheduler's own
-    files: a bad ``network_interface``, a full disk before the launch) gets a line saying where it is."""
-    from orchestrator.core.failure_report import EXPLAINED_STATES, explain_job
-
-    if job.last_state.value not in EXPLAINED_STATES:
-        return
-    why = explain_job(job)
-    if why is None or not why.source or why.source in shown or not Path(why.source).is_file():
-        return
-    first = why.lines[0] if why.lines else ""
-    print(
-        f"note: job {job.job_id} failed with an error that is not in these logs, in {why.source}: {first}",
-        file=sys.stderr,
+    state = api.logs(
+        args.job,
+        follow=args.follow,
+        node=args.node,
+        rank=args.rank,
+        attempt=args.attempt,
+        tail=args.tail,
+        interval=args.interval,
+        out=sys.stdout,
+        err=sys.stderr,
     )
+    if state is None or state.is_success():
+        return EXIT_OK
+    print(f"job {args.job} ended {state.value}", file=sys.stderr)
+    return EXIT_RUN_FAILURE

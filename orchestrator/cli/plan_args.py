@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
-from orchestrator.config.options import OPTIONS, add_option_arguments, given_options
-from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.config.profiles import display_path, load_profile
+from orchestrator import api
+from orchestrator.config.options import add_option_arguments, given_options
 from orchestrator.contract.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
 
 
 def positive_int(text: str) -> int:
@@ -98,24 +101,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
 
 
 def parse_after(text: str) -> str:
-    from orchestrator.api import parse_after as parse
-
-    return parse(text)
-
-
-def parse_exclude(text: str | None) -> tuple[str, ...]:
-    """``n1,n2`` -> ("n1", "n2"); Slurm expands bracketed host lists itself, so they pass as they are."""
-    if text is None:
-        return ()
-    names = (
-        tuple(part.strip() for part in text.split(",") if part.strip())
-        if "[" not in text
-        else (text.strip(),)
-    )
-    for name in names:
-        if not all(c.isalnum() or c in "-_.[]," for c in name):
-            raise UserError(f"--exclude: expected node names such as n1,n2 or n[1-2], got {text!r}")
-    return names
+    return api.parse_after(text)
 
 
 def split_script(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -130,44 +116,21 @@ def split_script(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.py") -> LaunchPlan:
+    """The plan of the parsed flags (:func:`orchestrator.api.make_plan`: one planning path)."""
     script, script_args = split_script(args)
-    name, _path, profile = load_profile(args.profile, args.profiles_dir)
-    if args.name is not None and (not args.name or any(c in args.name for c in "\n\r\0")):
-        raise UserError(f"--name: expected a non-empty single-line name, got {args.name!r}")
-    options = merge_options(profile, **given_options(args))
-    try:
-        return build_plan(
-            name,
-            profile,
-            options,
-            script=script or default_script,
-            script_args=script_args,
-            nodes=args.nodes,
-            procs_per_node=args.procs_per_node,
-            job_name=args.name,
-            time_limit=args.time,
-            max_requeues=args.max_requeues,
-            auto_resume=args.auto_resume,
-            exclude_nodes=parse_exclude(args.exclude),
-            after=tuple(parse_after(a) for a in getattr(args, "after", None) or ()),
-            hang_timeout=getattr(args, "hang_timeout", None),
-        )
-    except UserError as exc:
-        raise UserError(blame_profile(str(exc), args, display_path(_path))) from None
-
-
-#: flag -> (argparse dest, the profile key that supplies it when the flag is not given)
-_PROFILE_KEYS = {
-    **{o.flag: (o.name, o.profile_key) for o in OPTIONS},
-    "--nodes": ("nodes", "nodes.default"),
-    "--procs-per-node": ("procs_per_node", "procs_per_node"),
-}
-
-
-def blame_profile(message: str, args: argparse.Namespace, source: str) -> str:
-    """A refused value the user did not type came from the profile: say which file and key."""
-    flag = message.split(":", 1)[0].split(" ", 1)[0]
-    entry = _PROFILE_KEYS.get(flag)
-    if entry is None or getattr(args, entry[0], None) is not None:
-        return message
-    return f"{message} ({flag} not given; set by {source}: {entry[1]})"
+    return api.make_plan(
+        script=script or default_script,
+        args=script_args,
+        profile=args.profile,
+        profiles_dir=args.profiles_dir,
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        name=args.name,
+        time=args.time,
+        max_requeues=args.max_requeues,
+        auto_resume=args.auto_resume,
+        exclude=args.exclude,
+        after=getattr(args, "after", None) or (),
+        hang_timeout=getattr(args, "hang_timeout", None),
+        options=given_options(args),
+    )

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from orchestrator.contract.errors import UserError
-from orchestrator.core.plotting import plot_run
-from orchestrator.registry.store import Registry
+from orchestrator import api
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,16 +13,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with Registry.open() as registry:
-        job = registry.get(args.job)
-    out = Path(args.output) if args.output else job.run_dir / "plot.png"
-    if out.suffix.lower() != ".png":
-        raise UserError(f"-o {out}: only PNG output is supported (name it *.png)")
-    if not job.run_dir.is_dir():
-        raise UserError(f"run directory {job.run_dir} of job {job.job_id} does not exist")
-    if not out.parent.is_dir():
-        # Never created here: a mistyped -o path should fail, not grow a tree of folders.
-        raise UserError(f"-o {out}: folder {out.parent} does not exist")
-    written = plot_run(job.run_dir, out, job_id=job.job_id)
-    print(written)
+    print(api.plot(args.job, args.output))
     return 0

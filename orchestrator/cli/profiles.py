@@ -98,13 +98,9 @@ def check_like_render(name: str, path: Path, profile: ClusterProfile) -> None:
     """The checks ``render --profile NAME`` runs with no flags: the plan its defaults make (strategy
     combination, bf16 on pre-Ampere GPUs, fp16 without GPUs, node and process counts). A profile that
     parses but that every ``render`` would refuse is not valid."""
-    from orchestrator.cli.plan_args import blame_profile
-    from orchestrator.config.plan import build_plan, merge_options
+    from orchestrator import api
 
-    try:
-        build_plan(name, profile, merge_options(profile), script="SCRIPT")
-    except UserError as exc:
-        raise UserError(blame_profile(str(exc), argparse.Namespace(), display_path(path))) from None
+    api.check_profile(name, path, profile)
 
 
 __all__ = ["add_arguments", "run", "parse_profile"]

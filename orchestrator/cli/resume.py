@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from orchestrator.config.options import OPTIONS
-from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.config.profiles import load_profile
+from orchestrator import api
 from orchestrator.config.strategies import STRATEGIES
-from orchestrator.contract.errors import UserError
-from orchestrator.schedulers import get_scheduler
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,77 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resume_plan(previous: LaunchPlan, args: argparse.Namespace) -> LaunchPlan:
-    if args.profile is not None:
-        profile_name, _, profile = load_profile(args.profile, args.profiles_dir)
-    else:
-        profile_name, profile = previous.profile_name, previous.profile
-    # Every option carries over as if typed again (so an FSDP-only one stays checked against a new
-    # --strategy); the strategy is the one the command line may change.
-    carried = {o.name: getattr(previous.options, o.name) for o in OPTIONS}
-    if args.strategy:
-        carried["strategy"] = args.strategy
-    options = merge_options(profile, **carried)
-    return build_plan(
-        profile_name,
-        profile,
-        options,
-        script=previous.script,
-        script_args=previous.script_args,
-        nodes=args.nodes or (previous.nodes if args.profile is None else None),
-        procs_per_node=args.procs_per_node or (previous.procs_per_node if args.profile is None else None),
-        job_name=previous.job_name,
-        time_limit=previous.time_limit if args.profile is None else None,
-        max_requeues=previous.max_requeues,
-        # What earlier attempts learned about the cluster stays: a lost node is still excluded, and
-        # --auto-resume still applies (the exclusions only where they name this cluster's nodes).
-        auto_resume=previous.auto_resume and get_scheduler(profile.scheduler).can_lose_nodes,
-        exclude_nodes=previous.exclude_nodes if args.profile is None else (),
-        hang_timeout=previous.hang_timeout if args.profile is None else None,
+    """The plan a resume with these flags submits (:func:`orchestrator.api.resume_plan`)."""
+    return api.resume_plan(
+        previous,
+        nodes=args.nodes,
+        procs_per_node=args.procs_per_node,
+        strategy=args.strategy,
+        profile=args.profile,
+        profiles_dir=args.profiles_dir,
     )
 
 
-def check_resharding(checkpoint_strategy: str | None, new_strategy: str, step: int) -> None:
-    if checkpoint_strategy is None or checkpoint_strategy not in STRATEGIES:
-        return
-    old_fsdp = STRATEGIES[checkpoint_strategy].uses_fsdp
-    new_fsdp = STRATEGIES[new_strategy].uses_fsdp
-    if old_fsdp != new_fsdp:
-        raise UserError(
-            f"--strategy {new_strategy}: the checkpoint at step {step} was written by {checkpoint_strategy} "
-            f"({'sharded DCP folders' if old_fsdp else 'a full model state dict'}), which "
-            f"{'an FSDP' if new_fsdp else 'ddp'} run cannot load; resume with "
-            f"{'an FSDP strategy' if old_fsdp else '--strategy ddp'}"
-        )
-
-
-def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
-    """A second job training in the same run directory would interleave checkpoints and metrics: the
-    run's newest job (this one, or the one its run went on in) must be over first. A run that
-    completed has nothing left to train. Called under the run's lock, so no other resume can submit
-    between this check and this one's submission."""
-    from orchestrator.contract.job_states import JobState
-    from orchestrator.core.refresh import refresh_states
-
-    newest = registry.run_of(job_id).newest_job_id
-    record = registry.get(newest)
-    st = refresh_states(registry, [record]).states.get(newest)
-    state = st.state if st is not None else record.last_state
-    if state is JobState.COMPLETED:
-        which = f"job {job_id}" if newest == job_id else f"job {job_id}'s run (continued as job {newest})"
-        raise UserError(f"{which} COMPLETED: its training finished, there is nothing to resume")
-    if not state.is_terminal():
-        which = (
-            f"job {job_id}" if newest == job_id else f"job {job_id}'s run continues as job {newest}, which"
-        )
-        raise UserError(
-            f"{which} is {state.value}; a resume now would train a second job in the same run directory. "
-            f"Wait for it to end, or cancel it first (orchestrator cancel {newest})"
-        )
-
-
 def run(args: argparse.Namespace) -> int:
-    from orchestrator import api
-
     if args.failed:
         return _resume_failed_tasks(args)
     job, lines = api.resume(
@@ -125,18 +64,12 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if not args.wait:
         return 0
-    from orchestrator.core.progress import wait_for_job
-    from orchestrator.registry.store import Registry
-
-    with Registry.open() as registry:
-        state = wait_for_job(registry, job.job_id, poll_s=args.poll)
+    state = api.wait(job.job_id, poll=args.poll, out=sys.stdout)
     return 0 if state.is_success() else 1
 
 
 def _resume_failed_tasks(args: argparse.Namespace) -> int:
     """Exit 0 when every failed task was resumed (or none had failed), 1 when one could not be."""
-    from orchestrator import api
-
     sweep = api.get_sweep(args.job_id)
     done = sweep.resume_failed(
         nodes=args.nodes,
@@ -151,51 +84,3 @@ def _resume_failed_tasks(args: argparse.Namespace) -> int:
     if not done:
         print(f"sweep {sweep.sweep_id}: no task ended other than COMPLETED; nothing to resume")
     return 0 if all(job is not None for _, job, _ in done) else 1
-
-
-def resume_job(registry: Any, args: argparse.Namespace) -> tuple[str, list[str]]:
-    """The resume itself (``api.resume``): checks and submission under the run's lock; the new job's
-    id and the lines to print."""
-    from orchestrator.core.run_lock import RunLocked, run_lock
-
-    for line in registry.reconcile_submissions():
-        print(line, file=sys.stderr)
-    job = registry.get(args.job_id)
-    run_dir = Path(job.run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"job {args.job_id}: run directory {run_dir} no longer exists")
-    # The check and the submission under one lock: two resumes of one job started together submit once.
-    try:
-        with run_lock(run_dir, what=f"resume {args.job_id}"):
-            return _resume_locked(args, registry, job.job_id, run_dir)
-    except RunLocked as exc:
-        raise UserError(f"job {args.job_id}: {exc}; try again when it is done") from None
-
-
-def _resume_locked(
-    args: argparse.Namespace, registry: Any, job_id: str, run_dir: Path
-) -> tuple[str, list[str]]:
-    from orchestrator.contract.run_dir import JOB_FILE, last_complete_checkpoint, read_current_plan_json
-    from orchestrator.core.submission import submit
-
-    refuse_while_run_is_live(registry, job_id)
-    data = read_current_plan_json(run_dir)
-    if not data:
-        raise UserError(f"job {args.job_id}: {run_dir / JOB_FILE} is missing or unreadable")
-    previous = LaunchPlan.from_json(data)
-    checkpoint = last_complete_checkpoint(run_dir)
-    if checkpoint is None:
-        raise UserError(
-            f"job {args.job_id}: no complete checkpoint in {run_dir / 'checkpoints'}; nothing to resume from"
-        )
-    plan = resume_plan(previous, args)
-    check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
-    submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))
-    lines = [
-        f"resuming job {args.job_id} from step {checkpoint.step} ({checkpoint.path.name})",
-        f"submitted job {submitted.job_id}",
-        f"run directory {run_dir}",
-    ]
-    if checkpoint.world_size and checkpoint.world_size != plan.world_size:
-        lines.append(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
-    return submitted.job_id, lines

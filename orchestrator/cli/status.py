@@ -1,11 +1,11 @@
 """``orchestrator status [JOB...] [--watch] [--interval S] [--json]``.
 
-Scheduler state and training progress for many jobs at once: one batched scheduler query for all
-Slurm jobs (see :mod:`orchestrator.schedulers.slurm.query`), local jobs read from their run directories,
-progress from the tail of each run's metrics.jsonl. When the scheduler cannot be asked, the
-registry's last known state is shown with a ``(stale)`` marker instead of failing or hanging.
+Scheduler state and training progress for many jobs at once (``orchestrator.api.status``: one
+batched scheduler query for all jobs, progress from the tail of each run's metrics.jsonl). When the
+scheduler cannot be asked, the registry's last known state is shown with a ``(stale)`` marker
+instead of failing or hanging.
 
-:func:`render_status_table` and :func:`collect_status` are reused by ``submit --wait``.
+:func:`render_status_table` is the table of this command's rows.
 """
 
 from __future__ import annotations
@@ -16,239 +16,16 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
+from orchestrator import api
 from orchestrator.cli.table import dumps_indented
-from orchestrator.contract.attempt_start import NO_HOOK, describe_newest_start
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.job_states import JobState, normalize_slurm_state
-from orchestrator.core.dependencies import PREFIXES as DEPENDENCY_PREFIXES
-from orchestrator.core.dependencies import explain as explain_dependency
-from orchestrator.core.liveness import liveness_lines
-from orchestrator.core.refresh import refresh_states
-from orchestrator.core.run_summary import RunSummary
-from orchestrator.core.summary_cache import SUMMARY_CACHE_FILE, SummaryCache
-from orchestrator.registry.store import JobRecord, Registry
-from orchestrator.schedulers.query import QueryResult
 
-#: ``status`` with no ids shows every non-terminal job plus those active within this window.
-RECENT_S = 24 * 3600.0
+if TYPE_CHECKING:
+    from orchestrator.api import StatusRow
+
 COLUMNS = ("JOB", "NAME", "STATE", "STRATEGY", "NODES", "STEP", "LOSS", "TOK/S", "ETA", "CKPT", "REQUEUES")
-
-
-@dataclass(frozen=True)
-class StatusRow:
-    """One job's line in the status table (and one object in ``--json``)."""
-
-    job_id: str
-    name: str
-    scheduler: str
-    state: JobState
-    raw_state: str
-    stale: bool
-    source: str
-    strategy: str
-    nodes: int
-    procs_per_node: int
-    step: int | None
-    max_steps: int | None
-    loss: float | None
-    val_loss: float | None
-    tokens_per_s: float | None
-    eta_s: float | None
-    checkpoint_step: int | None
-    corrupt_checkpoints: list[int]
-    checkpoint_path: str | None
-    requeues: int
-    resumes: int
-    reason: str | None
-    node_list: str | None
-    exit_code: str | None
-    run_dir: str
-    continued_as: str | None = None
-    """The job this run went on in (``resume`` / ``--auto-resume``), the last of a chain."""
-    run_state: JobState | None = None
-    """State of ``continued_as`` when there is one: what became of the run, not of this job."""
-    started_from: str | None = None
-    """How the newest attempt of a requeued or resumed run started: resumed at step k from a checkpoint,
-    or restarted from step 0 (the script has no checkpoint hook): never a resume that did not happen."""
-    liveness: dict[str, Any] | None = None
-    """Running jobs: seconds since any rank's last output, the slowest rank (orchestrator.core.liveness)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "name": self.name,
-            "scheduler": self.scheduler,
-            "state": self.state.value,
-            "raw_state": self.raw_state,
-            "terminal": self.state.is_terminal(),
-            "stale": self.stale,
-            "source": self.source,
-            "strategy": self.strategy,
-            "nodes": self.nodes,
-            "procs_per_node": self.procs_per_node,
-            "step": self.step,
-            "max_steps": self.max_steps,
-            "loss": self.loss,
-            "val_loss": self.val_loss,
-            "tokens_per_s": self.tokens_per_s,
-            "eta_s": self.eta_s,
-            "checkpoint_step": self.checkpoint_step,
-            "corrupt_checkpoints": list(self.corrupt_checkpoints),
-            "checkpoint_path": self.checkpoint_path,
-            "requeues": self.requeues,
-            "resumes": self.resumes,
-            "reason": self.reason,
-            "node_list": self.node_list,
-            "exit_code": self.exit_code,
-            "run_dir": self.run_dir,
-            "continued_as": self.continued_as,
-            "run_state": (self.run_state or self.state).value,
-            "started_from": self.started_from,
-            "liveness": self.liveness,
-        }
-
-
-def _row(
-    job: JobRecord,
-    result: QueryResult,
-    summary: RunSummary,
-    attempts_recorded: int,
-    successor: JobRecord | None,
-    cache: SummaryCache,
-) -> StatusRow:
-    st = result.states.get(job.job_id)
-    own_state = st.state if st else job.last_state
-    run_state: JobState | None = None
-    if successor is not None:
-        succ_st = result.states.get(successor.job_id)
-        run_state = succ_st.state if succ_st else successor.last_state
-    requeues = max(attempts_recorded - 1, 0)
-    if summary.attempts - 1 > requeues and successor is None:
-        # The run directory has more attempts than this job recorded: requeues the registry never
-        # heard of (the node could not reach it), or earlier jobs of the run (`resume`), which are
-        # not this job's requeues. Count only the attempts since this job's own submission.
-        requeues = requeues_since_last_submission(job.run_dir)
-    ckpt = summary.checkpoint
-    started_from = describe_newest_start(job.run_dir) if summary.attempts > 1 else None
-    # Built without StatusRow's generated __init__ (24 fields, each set via object.__setattr__ in a
-    # frozen dataclass): ~1,000 rows per `status` call. Same fields, same values.
-    row = StatusRow.__new__(StatusRow)
-    row.__dict__.update(
-        job_id=job.job_id,
-        name=job.name,
-        scheduler=job.scheduler,
-        state=own_state,
-        raw_state=st.raw_state if st else job.last_state.value,
-        stale=st.stale if st else True,
-        source=st.source if st else "registry",
-        strategy=summary.strategy or job.strategy,
-        nodes=job.nodes,
-        procs_per_node=job.procs_per_node,
-        step=summary.step,
-        max_steps=summary.max_steps,
-        loss=summary.loss,
-        val_loss=summary.val_loss,
-        tokens_per_s=summary.tokens_per_s,
-        eta_s=summary.eta_s if not (run_state or own_state).is_terminal() else None,
-        checkpoint_step=ckpt.step if ckpt else None,
-        corrupt_checkpoints=summary.corrupt_checkpoints,
-        checkpoint_path=str(ckpt.path) if ckpt else None,
-        requeues=requeues,
-        resumes=summary.resumes,
-        # Our own account of how a job ended ("node(s) n2 lost; auto-resumed as job 4") says more than
-        # Slurm's ("NonZeroExitCode"), so it wins once the job is over.
-        reason=explain_dependency(
-            job.run_dir,
-            job.end_reason
-            if job.end_reason and own_state.is_terminal()
-            else (st.reason if st and st.reason else job.reason or job.end_reason),
-            own_state.is_terminal(),
-            own_state is JobState.CANCELLED,
-        ),
-        node_list=(st.node_list if st and st.node_list else job.node_list),
-        exit_code=(st.exit_code if st and st.exit_code else job.exit_code),
-        run_dir=str(job.run_dir),
-        continued_as=successor.job_id if successor is not None else None,
-        run_state=run_state,
-        started_from=started_from,
-        liveness=None if own_state.is_terminal() else cache.liveness(job.run_dir),
-    )
-    return row
-
-
-def requeues_since_last_submission(run_dir: Any) -> int:
-    """Attempts after the newest submission's first one (``job.attempt_<A>.json`` marks where each
-    submission started): Slurm requeues of the run's current job, never earlier jobs' attempts."""
-    import re
-    from pathlib import Path
-
-    from orchestrator.contract.run_dir import attempt_dirs
-
-    attempts = [a for a, _ in attempt_dirs(Path(run_dir))]
-    if not attempts:
-        return 0
-    try:
-        names = [entry.name for entry in Path(run_dir).iterdir()]
-    except OSError:
-        return max(len(attempts) - 1, 0)
-    bases = [int(m.group(1)) for n in names if (m := re.match(r"^job\.attempt_(\d+)\.json$", n))]
-    newest = max(attempts)
-    base = max((b for b in bases if b <= newest), default=min(attempts))
-    return sum(1 for a in attempts if a > base)
-
-
-def collect_status(
-    registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0
-) -> tuple[list[StatusRow], QueryResult]:
-    """Refresh states (one batched scheduler query), summarise run dirs, build rows in job order."""
-    # A job whose run went on as another job (resume, auto-resume) is shown with that job's state too;
-    # the successors join the same batched query, so it stays one scheduler call.
-    successor_ids = registry.successors([j.job_id for j in jobs])
-    asked = {j.job_id for j in jobs}
-    extra = registry.get_many(dict.fromkeys(s for s in successor_ids.values() if s not in asked))
-    by_id = {j.job_id: j for j in (*jobs, *extra)}
-    result = refresh_states(registry, [*jobs, *extra], timeout_s=timeout_s)
-    fresh = {k: st.state.value for k, st in result.states.items() if not st.stale}
-    # Only a job that has ended and has no account yet can be explained (the failure report's reader
-    # and its regexes are not imported for a thousand running jobs).
-    unexplained = [
-        j
-        for j in jobs
-        if not j.end_reason and j.job_id in fresh and result.states[j.job_id].state.is_terminal()
-    ]
-    explained: dict[str, str] = {}
-    if unexplained:
-        from orchestrator.core.failure_report import record_explanations
-
-        explained = record_explanations(registry, unexplained, fresh)
-    if explained:
-        jobs = [replace(j, end_reason=explained[j.job_id]) if j.job_id in explained else j for j in jobs]
-    counts = registry.attempt_counts([j.job_id for j in jobs])
-    # Unchanged run directories come from the summary cache next to the registry (a few stats
-    # each instead of reading job.json, metrics.jsonl, checkpoints and logs again).
-    cache = SummaryCache(registry.path.parent / SUMMARY_CACHE_FILE)
-    rows = [
-        _row(
-            j,
-            result,
-            cache.summarize(j.run_dir),
-            counts.get(j.job_id, 0),
-            by_id.get(successor_ids.get(j.job_id, "")),
-            cache,
-        )
-        for j in jobs
-    ]
-    cache.save()
-    # A run that trained again from step 0 says so where it ends, too (`list`, `wait`, the registry).
-    explained_now = {j.job_id for j in jobs if not j.end_reason}
-    for i, row in enumerate(rows):
-        if row.job_id in explained_now and row.state.is_terminal() and row.started_from == NO_HOOK:
-            registry.set_end_reason(row.job_id, NO_HOOK)
-            rows[i] = replace(row, reason=NO_HOOK)
-    return rows, result
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -282,8 +59,8 @@ def format_loss(value: float | None) -> str:
 
 def _cells(row: StatusRow) -> list[str]:
     state = row.state.value
-    if row.raw_state and normalize_slurm_state(row.raw_state) != row.state.value and row.source != "registry":
-        state += f" ({row.raw_state})"  # e.g. RUNNING (COMPLETING): the mapping hides detail
+    if row.state_detail is not None:
+        state += f" ({row.state_detail})"  # e.g. RUNNING (COMPLETING): the mapping hides detail
     if row.stale:
         state += " (stale)"
     if row.continued_as is not None and row.run_state is not None:
@@ -315,51 +92,6 @@ def render_status_table(rows: Sequence[StatusRow]) -> str:
     return "\n".join(lines)
 
 
-def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
-    """Under the table: why each failed job ended, with the command that shows the failing rank's log,
-    and which checkpoints a restore skipped as corrupt."""
-    from orchestrator.core.failure_report import EXPLAINED_STATES
-
-    lines = [
-        f"{row.job_id} {row.state.value}: {row.reason}"
-        for row in rows
-        if row.reason and row.state.value in EXPLAINED_STATES and row.state.is_terminal()
-    ]
-    lines.extend(
-        f"{row.job_id} {row.state.value}: {row.reason}"
-        for row in rows
-        if row.reason and row.reason.startswith(DEPENDENCY_PREFIXES)
-    )
-    for row in rows:
-        if row.started_from:
-            lines.append(f"{row.job_id}: newest attempt {row.started_from}")
-        if row.corrupt_checkpoints:
-            steps = ", ".join(str(s) for s in row.corrupt_checkpoints)
-            lines.append(
-                f"{row.job_id}: checkpoint(s) at step {steps} skipped: their content did not match COMPLETE.json "
-                f"(resumed from step {row.checkpoint_step if row.checkpoint_step is not None else '-'})"
-            )
-    return lines
-
-
-def stale_note(result: QueryResult) -> str | None:
-    """One line explaining a ``(stale)`` marker, or None when everything is live."""
-    if not result.stale:
-        return None
-    why = "; ".join(result.errors) if result.errors else "the scheduler no longer knows some jobs"
-    return f"(stale): showing the registry's last known state -- {why}"
-
-
-def status_json(rows: Sequence[StatusRow], result: QueryResult) -> dict[str, Any]:
-    return {
-        "source": result.source,
-        "stale": result.stale,
-        "errors": list(result.errors),
-        "scheduler_calls": dict(result.calls),
-        "jobs": [r.to_json() for r in rows],
-    }
-
-
 # ---------------------------------------------------------------------------- command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("jobs", nargs="*", metavar="JOB", help="job ids (default: active and recent jobs)")
@@ -381,52 +113,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _select(registry: Registry, ids: Sequence[str]) -> list[JobRecord]:
-    if ids:
-        return registry.get_many(dict.fromkeys(ids))
-    return registry.active_and_recent(RECENT_S)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UserError(f"--interval must be positive, not {args.interval}")
     if args.timeout <= 0:
         raise UserError(f"--timeout must be positive, not {args.timeout}")
-    with Registry.open() as registry:
-        for line in registry.reconcile_submissions():  # a submit killed mid-way: adopt or clean up
+    with api.open_registry() as registry:
+        for line in api.reconcile(registry):  # a submit killed mid-way: adopt or clean up
             print(line, file=sys.stderr)
-        sweep = registry.find_sweep(args.jobs[0]) if len(args.jobs) == 1 else None
+        sweep = api.find_sweep(args.jobs[0], registry=registry) if len(args.jobs) == 1 else None
         if sweep is not None and not args.watch:
-            from orchestrator.api import sweep_status
-            from orchestrator.core.sweep_status import print_sweep_status
+            from orchestrator.cli.sweep_view import print_sweep_status
 
-            print_sweep_status(sweep_status(registry, args.jobs[0], args.metric, args.timeout), args.json)
+            print_sweep_status(api.sweep_status(registry, args.jobs[0], args.metric, args.timeout), args.json)
             return 0
         if sweep is not None:  # --watch SWEEP: its tasks' rows until every one has ended
             args.jobs = sweep.job_ids
         while True:
-            jobs = _select(registry, args.jobs)
-            if not jobs:
+            report = api.status(args.jobs, timeout_s=args.timeout, registry=registry)
+            if report is None:
                 if args.json:
                     print(json.dumps({"source": "registry", "stale": False, "errors": [], "jobs": []}))
                 else:
                     print("no active or recent jobs (see `orchestrator list`)")
                 return 0
-            rows, result = collect_status(registry, jobs, timeout_s=args.timeout)
             if args.json:
-                data = status_json(rows, result)
+                data = report.to_json()
                 print(json.dumps(data) if args.watch else dumps_indented(data), flush=True)
             else:
                 if args.watch and sys.stdout.isatty():
                     sys.stdout.write("\x1b[H\x1b[2J")
                 if args.watch:
                     print(time.strftime("%Y-%m-%d %H:%M:%S"))
-                print(render_status_table(rows))
-                for line in failure_lines(rows):
+                print(render_status_table(report.rows))
+                for line in report.failure_lines():
                     print(line)
-                for line in liveness_lines([(r.job_id, r.liveness) for r in rows]):
+                for line in report.liveness_lines():
                     print(line)
-                note = stale_note(result)
+                note = report.stale_note()
                 if note:
                     print(note, file=sys.stderr)
                 sys.stdout.flush()
@@ -435,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
                 # collection at interpreter exit walked all of them, ~2% of a 1,000-job call).
                 gc.freeze()
                 return 0
-            if all((r.run_state or r.state).is_terminal() for r in rows):
+            if report.all_ended():
                 # --watch ends with the outcome, like `wait`: 0 only if every shown run completed.
-                return 0 if all((r.run_state or r.state).is_success() for r in rows) else 1
+                return 0 if report.all_completed() else 1
             time.sleep(args.interval)

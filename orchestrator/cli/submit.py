@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from orchestrator import api
 from orchestrator.cli.plan_args import add_plan_arguments, plan_from_args, positive_float
-from orchestrator.cli.render import render_files
 from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE
 
 #: What a shell reports for a command ended by Ctrl-C.
@@ -28,12 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator import api
-
     plan = plan_from_args(args)
     if args.dry_run:
         request = api.dry_run(plan)
-        files = render_files(request.plan, None, sys.executable)
+        files = api.render_files(request.plan, None, sys.executable)
         if request.file_name:
             # The request itself, byte for byte what `submit` hands to the scheduler for this run directory.
             files[request.file_name] = request.materialize()
@@ -46,24 +44,20 @@ def run(args: argparse.Namespace) -> int:
             f"run directory would be {request.run_dir})"
         )
         return EXIT_OK
-    from orchestrator.registry.store import Registry
-
-    registry = Registry.open()
+    registry = api.open_registry()
     submitted = api.submit_plan(plan, snapshot=args.snapshot, registry=registry)
     print(f"submitted job {submitted.job_id}")
     print(f"run directory {submitted.run_dir}")
-    from orchestrator.core.progress import follow_hint, wait_for_job
-
     if not args.wait:
-        print(f"next: {follow_hint(submitted.job_id)}")
+        print(f"next: {api.follow_hint(submitted.job_id)}")
         sys.stdout.flush()
         return EXIT_OK
     sys.stdout.flush()
     try:
-        state = wait_for_job(registry, submitted.job_id, poll_s=args.poll)
+        state = api.wait(submitted.job_id, poll=args.poll, out=sys.stdout, registry=registry)
     except KeyboardInterrupt:
         print(
-            f"\ninterrupted: job {submitted.job_id} goes on; {follow_hint(submitted.job_id)}",
+            f"\ninterrupted: job {submitted.job_id} goes on; {api.follow_hint(submitted.job_id)}",
             file=sys.stderr,
             flush=True,
         )

@@ -54,12 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no grid: add --grid NAME=V1,V2,... (or --file SWEEP.yaml)")
     base = plan_from_args(args)
     if args.dry_run:
-        from orchestrator.core.sweep_submit import dry_run_sweep
-
-        tasks = 1
-        for values in grid.values():
-            tasks *= len(values)
-        request, points = dry_run_sweep(base, grid, max_parallel or tasks)
+        request, points = api.dry_run_sweep(base, grid, max_parallel)
         if request is not None:
             print(f"==> {request.file_name} <==")
             print(request.materialize().rstrip("\n"))
@@ -75,10 +70,7 @@ def run(args: argparse.Namespace) -> int:
         count *= len(values)
     print(f"submitted sweep {done.sweep_id} ({count} tasks)")
     print(f"sweep directory {done.sweep_dir}")
-    from orchestrator.registry.store import Registry
-
-    with Registry.open() as registry:
-        record = registry.get_sweep(done.sweep_id)
+    record = api.get_sweep_record(done.sweep_id)
     for task in record.tasks:
         point = " ".join(f"{k}={v}" for k, v in task.params.items())
         print(f"task {task.task}: job {task.job_id}  {point}")

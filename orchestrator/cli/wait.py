@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
+from orchestrator import api
 from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, UserError
 
 EXIT_WAIT_TIMEOUT = 124
@@ -34,25 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.progress import WaitTimeout, follow_hint, wait_for_job
-    from orchestrator.registry.store import Registry
-
     if args.poll <= 0:
         raise UserError(f"--poll must be positive, not {args.poll}")
     if args.timeout is not None and args.timeout <= 0:
         raise UserError(f"--timeout must be positive, not {args.timeout}")
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    with Registry.open() as registry:
-        job = registry.get(args.job)  # an unknown id: one line, exit 2
-        try:
-            state = wait_for_job(registry, job.job_id, poll_s=args.poll, deadline=deadline)
-        except WaitTimeout as exc:
-            print(
-                f"job {exc.job_id} still {exc.state.value} after {args.timeout:g} s; {follow_hint(exc.job_id)}",
-                file=sys.stderr,
-            )
-            return EXIT_WAIT_TIMEOUT
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: job {job.job_id} goes on; {follow_hint(job.job_id)}", file=sys.stderr)
-            return EXIT_INTERRUPTED
+    try:
+        # an unknown id: one line, exit 2
+        state = api.wait(args.job, poll=args.poll, timeout=args.timeout, out=sys.stdout)
+    except api.WaitTimeout as exc:
+        print(
+            f"job {exc.job_id} still {exc.state.value} after {args.timeout:g} s; {api.follow_hint(exc.job_id)}",
+            file=sys.stderr,
+        )
+        return EXIT_WAIT_TIMEOUT
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: job {args.job} goes on; {api.follow_hint(args.job)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK if state.is_success() else EXIT_RUN_FAILURE
