@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +126,7 @@ def raw_read(folder: Path, chunk: int = 8 << 20) -> float:
     return time.perf_counter() - t
 
 
-def one(kind: str, cfg: Path, run_dir: Path, env: dict, port, load: bool = True) -> dict:
+def one(kind: str, cfg: Path, run_dir: Path, env: dict, port: Callable[[], int], load: bool = True) -> dict:
     out = launch(cfg, run_dir, env, port())
     m = re.search(r"saved in ([\d.]+)s", out)
     if not m:
@@ -255,7 +256,13 @@ def save_probe(cfg: Path, tmp: Path, env: dict, port: int, reps: int) -> dict:
 
 
 def bench_ckpt_base(
-    tmp: Path, reps: int, env: dict, free_port, raw_write, log=print, full_load: bool = True
+    tmp: Path,
+    reps: int,
+    env: dict,
+    free_port: Callable[[], int],
+    raw_write: Callable[[Path, int], float],
+    log: Callable[[str], None] = print,
+    full_load: bool = True,
 ) -> dict:
     """``full_load=False`` (``--quick``) skips loading the full-state-dict checkpoint (one launch less)."""
     tmp.mkdir(parents=True, exist_ok=True)
@@ -280,7 +287,7 @@ def bench_ckpt_base(
         raw_w.append(raw_write(tmp / "raw.bin", runs["sharded"][-1]["bytes"]))
         raw_ranks.append(raw_write_per_rank(tmp, runs["sharded"][-1]["bytes"]))
 
-    def med(xs):
+    def med(xs: Sequence[float]) -> float:
         return statistics.median(xs)
 
     pairs = 5 if reps < 2 else 7

@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,7 +28,12 @@ from orchestrator.contract.heartbeat import Heartbeat  # noqa: E402
 from train.model import build_model  # noqa: E402
 
 
-def one_round(model, optimizer, steps: int, beat) -> float:  # noqa: ANN001
+def one_round(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    beat: Callable[[int, str], None],
+) -> float:
     """Median seconds per step over ``steps`` steps."""
     times = []
     for step in range(steps):

@@ -25,6 +25,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
@@ -157,8 +158,8 @@ def bench_memory(
     env: dict,
     presets: list[str],
     steps: int,
-    free_port,
-    log=print,
+    free_port: Callable[[], int],
+    log: Callable[[str], None] = print,
     skip: AbstractSet[tuple[str, str]] = frozenset(),
 ) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)

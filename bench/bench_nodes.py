@@ -25,8 +25,9 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -84,7 +85,17 @@ def first_step_after(run_dir_glob: tuple[Path, str], t0: float, job: str, timeou
     return float(got)
 
 
-def timed_job(fn, log, *args) -> float:
+if TYPE_CHECKING:
+    from typing import TypeVarTuple, Unpack  # Python >= 3.11 (requires-python is 3.10): typing only
+
+    Ts = TypeVarTuple("Ts")
+
+
+def timed_job(
+    fn: Callable[[Unpack[Ts], int], float],
+    log: Callable[[str], None],
+    *args: Unpack[tuple[Unpack[Ts], int]],
+) -> float:
     """``fn(*args)``, once more if Slurm failed the job before it trained (logged, not timed)."""
     try:
         return fn(*args)
@@ -136,7 +147,9 @@ def baseline(tmp: Path, nodes: int, i: int) -> float:
     return took
 
 
-def bench_nodes(tmp: Path, reps: int, log=print, png: Path | None = PNG) -> dict[str, Any]:
+def bench_nodes(
+    tmp: Path, reps: int, log: Callable[[str], None] = print, png: Path | None = PNG
+) -> dict[str, Any]:
     why = cluster_up()
     if why:
         return {"skipped": f"Slurm test cluster not reachable: {why}"}

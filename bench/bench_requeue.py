@@ -39,7 +39,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -121,7 +123,7 @@ class StatePoller(threading.Thread):
                     last[job] = ("GONE", "")
             self.stop.wait(self.interval)
 
-    def first(self, after: float, job: str, pred) -> float | None:
+    def first(self, after: float, job: str, pred: Callable[[str], bool]) -> float | None:
         for t, j, s, _ in self.changes:
             if t >= after and j == job and pred(s):
                 return t
@@ -189,7 +191,7 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
     t_signal = time.time()
     soak.run("scancel", "--signal=USR2", job_id, timeout=30)
 
-    def exit_record():
+    def exit_record() -> dict[str, Any] | None:
         try:
             d = json.loads((run_dir / "exit_status.json").read_text())
         except (OSError, ValueError):
@@ -206,7 +208,7 @@ def one_preemption(job_id: str, run_dir: Path, poller: StatePoller, timeout: flo
     rec["marker_time"] = float(marker["time"])
     rec["checkpoint_bytes"] = sum(marker["files"].values())
 
-    def resumed():
+    def resumed() -> tuple[dict[str, Any], dict[str, Any]] | None:
         evs = list(iter_metrics(run_dir))
         res = [e for e in evs if e.get("event") == "resume"][resumes_before:]
         if not res:
@@ -303,7 +305,9 @@ def last_attempt_logs(run_dir: Path, lines: int = 20) -> dict:
     return out
 
 
-def bench_requeue(tmp: Path, reps: int, log=print, requeue_as: str = "same_job") -> dict:
+def bench_requeue(
+    tmp: Path, reps: int, log: Callable[[str], None] = print, requeue_as: str = "same_job"
+) -> dict:
     """``requeue_as``: the profile key (``same_job``: scontrol requeue; ``new_job``: a successor)."""
     why = cluster_up()
     if why:

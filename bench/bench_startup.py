@@ -46,6 +46,7 @@ import re
 import shlex
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +269,7 @@ def summarize(recs: list[dict], phases: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def bench_startup(tmp: Path, reps: int, log=print) -> dict[str, Any]:
+def bench_startup(tmp: Path, reps: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     why = cluster_up()
     if why:
         return {"skipped": f"Slurm test cluster not reachable: {why}"}

@@ -18,8 +18,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.autograd.profiler_util import FunctionEventAvg
 
 TREE = Path(os.environ.get("BENCH_TREE", Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(TREE))
@@ -79,7 +83,7 @@ def main() -> int:
         sync()
     ev = prof.key_averages()
 
-    def dev_us(e) -> float:
+    def dev_us(e: FunctionEventAvg) -> float:
         return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
 
     # GPU-side spans of record_function ranges (FSDP::pre_backward, Optimizer.step#AdamW.step) overlap the

@@ -66,7 +66,7 @@ def reset_hwm() -> bool:
         return False
 
 
-def local_bytes(t) -> int:
+def local_bytes(t: torch.Tensor | None) -> int:
     if t is None:
         return 0
     if hasattr(t, "to_local"):  # DTensor (FSDP2)
@@ -74,7 +74,7 @@ def local_bytes(t) -> int:
     return t.numel() * t.element_size()
 
 
-def model_state(model, optimizer) -> dict:
+def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     params = sum(local_bytes(p) for p in model.parameters())
     grads = sum(local_bytes(p.grad) for p in model.parameters())
     optim = 0

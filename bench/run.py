@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ BASE_ENV = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="0")
 BASE_ENV.pop("ORCHESTRATOR_RUN_DIR", None)
 
 
-def med(xs):
+def med(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
@@ -487,7 +487,7 @@ def bench_ckpt(tmp: Path, reps: int, preset: str, steps: int, every: int) -> dic
 # Report
 
 
-def fmt(x, unit="s", nd=3):
+def fmt(x: float, unit: str = "s", nd: int = 3) -> str:
     return f"{x:.{nd}f} {unit}".strip()
 
 
@@ -826,7 +826,7 @@ def main() -> int:
     runs = R.setdefault("runs", {})
     t0 = time.perf_counter()
 
-    def item(name: str, fn) -> None:
+    def item(name: str, fn: Callable[[], object]) -> None:
         log(name)
         t = time.perf_counter()
         result = fn()

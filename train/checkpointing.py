@@ -34,10 +34,11 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,9 @@ from orchestrator.contract.run_dir import (
     checkpoint_folders,
 )
 from orchestrator.rank.checkpoint_io import load_state, own_shard_digests, without_zip_crc32
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 MARKER = COMPLETE_MARKER
 CHECKPOINTS = "checkpoints"
@@ -102,7 +106,7 @@ def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return checkpoint_folders(Path(run_dir))
 
 
-def _common_id(accelerator) -> str:
+def _common_id(accelerator: Accelerator) -> str:
     """One id for the temp folder, the same on every rank (rank 0 picks it)."""
     value = [uuid.uuid4().hex[:8] if accelerator.is_main_process else None]
     if accelerator.num_processes > 1:
@@ -125,7 +129,9 @@ class SaveResult:
     phases: dict = field(default_factory=dict)
 
 
-def save(accelerator, run_dir: str | os.PathLike, step: int, marker: dict, keep_last: int) -> SaveResult:
+def save(
+    accelerator: Accelerator, run_dir: str | os.PathLike, step: int, marker: dict, keep_last: int
+) -> SaveResult:
     """Synchronous save by every rank; returns when the checkpoint is complete and in place."""
     started = time.monotonic()
     root = checkpoints_dir(run_dir)
@@ -180,7 +186,13 @@ class AsyncCheckpointer:
     marker is written only after every rank's shards and rank 0's checksums are done.
     """
 
-    def __init__(self, accelerator, run_dir: str | os.PathLike, keep_last: int, want_checksums: bool = True):
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        run_dir: str | os.PathLike,
+        keep_last: int,
+        want_checksums: bool = True,
+    ) -> None:
         self.accelerator = accelerator
         self.run_dir = Path(run_dir)
         self.keep_last = keep_last
@@ -190,7 +202,9 @@ class AsyncCheckpointer:
         self.pending: dict | None = None
         self.completed: list[SaveResult] = []
 
-    def start(self, model, optimizer, step: int, marker: dict) -> None:
+    def start(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, marker: dict
+    ) -> None:
         """All ranks. Stages the state (copies) and returns; writing goes on in the background.
 
         ``marker`` holds no checksums: rank 0 adds them in the background (``want_checksums``)."""
@@ -356,7 +370,9 @@ class AsyncCheckpointer:
         return p["result"]
 
 
-def _optimizer_fqns(accelerator, model, optimizer) -> list[str]:
+def _optimizer_fqns(
+    accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> list[str]:
     """Parameter names in ``optimizer.state_dict()`` index order (its ``state`` keys are positions),
     so that checksums over a DDP optimizer copy use the names ``get_optimizer_state_dict`` uses."""
     names = {id(p): n for n, p in accelerator.unwrap_model(model).named_parameters()}
@@ -367,7 +383,14 @@ def _optimizer_fqns(accelerator, model, optimizer) -> list[str]:
 # Loading
 
 
-def load(accelerator, folder: Path, marker: dict, optimizer, current: dict, warn=print) -> list[str]:
+def load(
+    accelerator: Accelerator,
+    folder: Path,
+    marker: dict,
+    optimizer: torch.optim.Optimizer,
+    current: dict,
+    warn: Callable[[str], None] = print,
+) -> list[str]:
     """Restore model, optimizer, scheduler, train state and RNG from ``folder``; all ranks.
 
     Returns the warnings (what could not be carried over)."""

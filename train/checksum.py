@@ -14,6 +14,7 @@ stored in its ``COMPLETE.json``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from typing import cast
@@ -48,7 +49,9 @@ def tensor_checksum(named: Mapping[str, torch.Tensor]) -> float:
     return float(total)
 
 
-def full_state(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(parameters, optimizer state) as full tensors keyed by clean names; a collective: all ranks call it."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -67,7 +70,9 @@ def full_state(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, tor
     return params, _flat_optimizer_state(state)
 
 
-def checksums(model, optimizer, num_params: int) -> dict[str, float | None]:
+def checksums(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, num_params: int
+) -> dict[str, float | None]:
     """{"param_checksum", "optim_checksum"} (None for models too big to gather); a collective.
 
     ``num_params`` is the unsharded parameter count (sharded modules report local sizes)."""
@@ -103,7 +108,9 @@ def checksums_of_full_state(
     }
 
 
-def checksums_of_dcp_checkpoint(model_dir, optim_dir) -> dict[str, float | None]:
+def checksums_of_dcp_checkpoint(
+    model_dir: str | os.PathLike[str], optim_dir: str | os.PathLike[str]
+) -> dict[str, float | None]:
     """:func:`checksums` of a DCP checkpoint read back from disk by one process (no collectives).
 
     Used by the async save on rank 0, off the training thread: the saved files hold the same full
@@ -114,7 +121,7 @@ def checksums_of_dcp_checkpoint(model_dir, optim_dir) -> dict[str, float | None]
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    def read(folder) -> dict:
+    def read(folder: str | os.PathLike[str]) -> dict:
         loaded: dict = {}
         _load_state_dict(
             loaded,
@@ -146,7 +153,7 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-def local_shard_checksum(model) -> float:
+def local_shard_checksum(model: torch.nn.Module) -> float:
     """Checksum of the parameter values this rank holds (its shard), no communication.
 
     Ranks holding the same shard in different replicas (DDP: every rank; HSDP: the same position in

@@ -20,8 +20,12 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 def peak_mem_mb() -> float:
@@ -54,8 +58,14 @@ class Metrics:
     """Writes only on the main process; every method is a no-op elsewhere."""
 
     def __init__(
-        self, accelerator, run_dir: Path, max_steps: int, world_size: int, strategy: str, log_every: int
-    ):
+        self,
+        accelerator: Accelerator,
+        run_dir: Path,
+        max_steps: int,
+        world_size: int,
+        strategy: str,
+        log_every: int,
+    ) -> None:
         self.accelerator = accelerator
         self.main = accelerator.is_main_process
         self.max_steps = max_steps

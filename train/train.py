@@ -27,9 +27,12 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 if __package__ in (None, ""):
     # Run as a script (accelerate launch train/train.py): make `import train.x` work.
@@ -40,13 +43,13 @@ import torch.distributed as dist
 
 from orchestrator.contract import checkpoints
 from orchestrator.contract.attempt_start import write_attempt_start
+from orchestrator.contract.env import RUN_DIR_ENV, SCRIPT_HOOKS_ENV, STRATEGY_ENV
 
 # Exit codes and the exit-status file: the run directory's contract with the launcher.
 from orchestrator.contract.heartbeat import Heartbeat
 from orchestrator.contract.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
 from orchestrator.rank import selfcheck
 from orchestrator.rank import workarounds as accelerate_workarounds
-from orchestrator.rank.script_hooks import SCRIPT_HOOKS_ENV
 from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
 from train.checksum import checksums as _checksums
@@ -55,10 +58,13 @@ from train.data import Batcher, make_source
 from train.metrics import Metrics, process_start_time
 from train.model import build_model, count_params
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 _STOP_SIGNAL = {"signum": 0}
 
 
-def _on_signal(signum, _frame) -> None:
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
     # Only set a flag: the step loop agrees on stopping, then checkpoints. Never save here. The line
     # says which rank heard it (the per-rank logs show whether a relay reached every worker).
     _STOP_SIGNAL["signum"] = signum
@@ -104,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def lr_lambda(warmup: int, max_steps: int):
+def lr_lambda(warmup: int, max_steps: int) -> Callable[[int], float]:
     """Linear warm-up to 1, then cosine down to 0.1 at max_steps (multiplier of --lr)."""
 
     def f(step: int) -> float:
@@ -116,9 +122,9 @@ def lr_lambda(warmup: int, max_steps: int):
     return f
 
 
-def strategy_from_state(accelerator) -> tuple[str, int | None]:
+def strategy_from_state(accelerator: Accelerator) -> tuple[str, int | None]:
     """The strategy as actually running (for metrics and markers)."""
-    env_strategy = os.environ.get("ORCHESTRATOR_STRATEGY")
+    env_strategy = os.environ.get(STRATEGY_ENV)
     if deepspeed_zero.active(accelerator):
         return f"deepspeed_zero{deepspeed_zero.zero_stage(accelerator)}", None
     if accelerator.distributed_type.value != "FSDP":
@@ -130,8 +136,8 @@ def strategy_from_state(accelerator) -> tuple[str, int | None]:
     return guessed or "fsdp", version
 
 
-def resolve_run_dir(args, accelerator) -> Path:
-    chosen = args.run_dir or os.environ.get("ORCHESTRATOR_RUN_DIR")
+def resolve_run_dir(args: argparse.Namespace, accelerator: Accelerator) -> Path:
+    chosen = args.run_dir or os.environ.get(RUN_DIR_ENV)
     if not chosen:
         chosen = str(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
     value = [chosen]
@@ -140,7 +146,7 @@ def resolve_run_dir(args, accelerator) -> Path:
     return Path(value[0]).resolve()
 
 
-def agree(accelerator, local: list[float]) -> list[float]:
+def agree(accelerator: Accelerator, local: list[float]) -> list[float]:
     """Element-wise MAX over ranks (one small all_reduce)."""
     t = torch.tensor(local, dtype=torch.float64)
     if accelerator.num_processes > 1:
@@ -148,7 +154,7 @@ def agree(accelerator, local: list[float]) -> list[float]:
     return t.tolist()
 
 
-def mean_over_ranks(accelerator, value: float) -> float:
+def mean_over_ranks(accelerator: Accelerator, value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     if accelerator.num_processes > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
@@ -156,14 +162,16 @@ def mean_over_ranks(accelerator, value: float) -> float:
     return float(t[0])
 
 
-def checksums(model, optimizer, num_params: int) -> dict[str, float | None]:
+def checksums(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, num_params: int
+) -> dict[str, float | None]:
     """A collective: full-state checksums, gathered the way the running strategy needs."""
     if num_params <= MAX_PARAMS_FOR_CHECKSUM and type(model).__name__ == "DeepSpeedEngine":
         return deepspeed_zero.checksums(model, optimizer)
     return _checksums(model, optimizer, num_params)
 
 
-def local_shard_checksum(model) -> float:
+def local_shard_checksum(model: torch.nn.Module) -> float:
     if type(model).__name__ == "DeepSpeedEngine":
         return deepspeed_zero.local_shard_checksum(model)
     return _local_shard_checksum(model)
@@ -177,7 +185,7 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def evaluate(accelerator, model, batcher: Batcher, n_batches: int) -> float:
+def evaluate(accelerator: Accelerator, model: torch.nn.Module, batcher: Batcher, n_batches: int) -> float:
     model.eval()
     total = 0.0
     with torch.no_grad():
@@ -232,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Self-check, phase 1: before anything is built.
     problems = selfcheck.check_launch(accelerator, expectation)
-    run_dir_hint = args.run_dir or os.environ.get("ORCHESTRATOR_RUN_DIR")
+    run_dir_hint = args.run_dir or os.environ.get(RUN_DIR_ENV)
     if problems:
         selfcheck.fail(
             problems,
@@ -421,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         last_saved_step = step
         return time.monotonic() - t0
 
-    def report_async(result) -> None:
+    def report_async(result: checkpointing.SaveResult | None) -> None:
         if result is not None:
             metrics.say(
                 f"checkpoint step {result.step} complete (async, {result.seconds:.2f}s): {result.path}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from orchestrator.contract.run_dir import EXIT_SELFCHECK, write_exit_status
 from orchestrator.rank.expectations import (
@@ -33,6 +34,11 @@ from orchestrator.rank.expectations import (
     expectations_from_env,
 )
 
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from deepspeed import DeepSpeedEngine
+
 __all__ = [
     "DEEPSPEED_STAGE",
     "FSDP1_SHARDING",
@@ -46,11 +52,11 @@ __all__ = [
 ]
 
 
-def _found_launch(accelerator) -> str:
+def _found_launch(accelerator: Accelerator) -> str:
     return f"world size {accelerator.num_processes}, distributed type {accelerator.distributed_type.value}"
 
 
-def check_launch(accelerator, exp: Expectation) -> list[str]:
+def check_launch(accelerator: Accelerator, exp: Expectation) -> list[str]:
     """Phase 1, right after ``Accelerator()``: world size, node layout, distributed type."""
     problems: list[str] = []
     world = accelerator.num_processes
@@ -96,7 +102,7 @@ def check_launch(accelerator, exp: Expectation) -> list[str]:
     return problems
 
 
-def _check_deepspeed_launch(accelerator, exp: Expectation) -> list[str]:
+def _check_deepspeed_launch(accelerator: Accelerator, exp: Expectation) -> list[str]:
     """DeepSpeed asked for: it is active, at the asked ZeRO stage, over every rank (the world size is
     checked above; on CPU without the gloo backend Accelerate sees 1 while DeepSpeed sees them all)."""
     assert exp.strategy is not None
@@ -119,13 +125,15 @@ def _check_deepspeed_launch(accelerator, exp: Expectation) -> list[str]:
     if exp.world_size and exp.world_size > 1 and accelerator.num_processes == 1:
         problems.append(
             "Accelerate found no process-group backend (world size 1) though DeepSpeed runs over every rank: "
-            "on CPU it needs gloo (the orchestrator supplies it through orchestrator/node/site/sitecustomize.py "
+            "on CPU it needs gloo (the orchestrator supplies it through orchestrator/rank/site/sitecustomize.py "
             "on PYTHONPATH; by hand, InitProcessGroupKwargs(backend='gloo'))"
         )
     return problems
 
 
-def _check_deepspeed_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[list[str], str]:
+def _check_deepspeed_model(
+    accelerator: Accelerator, model: torch.nn.Module, exp: Expectation, num_params: int
+) -> tuple[list[str], str]:
     """After ``prepare``: a DeepSpeed engine at the asked stage, data-parallel over every rank, and at
     ZeRO-3 the parameters really partitioned (this rank holds about 1/world of them)."""
     assert exp.strategy is not None
@@ -135,17 +143,18 @@ def _check_deepspeed_model(accelerator, model, exp: Expectation, num_params: int
         return [
             f"expected the model wrapped in a DeepSpeedEngine ({exp.strategy}), found {type(model).__name__}"
         ], ""
+    engine = cast("DeepSpeedEngine", model)
     problems = []
-    found_stage = model.zero_optimization_stage()
+    found_stage = engine.zero_optimization_stage()
     if found_stage != stage:
         problems.append(f"expected ZeRO stage {stage}, the engine runs stage {found_stage}")
-    dp = int(getattr(model, "dp_world_size", world))
+    dp = int(getattr(engine, "dp_world_size", world))
     if dp != world:
         problems.append(f"expected DeepSpeed data parallelism over {world} ranks, found {dp}")
     found = f"DeepSpeed ZeRO-{found_stage} over {dp} ranks"
     if found_stage == 3:
         held = full = 0
-        for p in model.module.parameters():
+        for p in engine.module.parameters():
             partition = getattr(p, "ds_tensor", None)
             if partition is None:
                 problems.append("ZeRO-3: a parameter without a partition (ds_tensor): not partitioned")
@@ -155,7 +164,7 @@ def _check_deepspeed_model(accelerator, model, exp: Expectation, num_params: int
             if p.numel() != 0:
                 problems.append("ZeRO-3: a parameter still holds its full data outside forward")
                 break
-        limit = _ceil_div(num_params, world) + sum(1 for _ in model.module.parameters())
+        limit = _ceil_div(num_params, world) + sum(1 for _ in engine.module.parameters())
         if full != num_params:
             problems.append(f"ZeRO-3: partitions describe {full} parameters, the model has {num_params}")
         elif world > 1 and held > limit:
@@ -178,7 +187,9 @@ def expected_groups(exp: Expectation, world: int) -> tuple[int, int]:
     return world, 1
 
 
-def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[list[str], str]:
+def check_model(
+    accelerator: Accelerator, model: torch.nn.Module, exp: Expectation, num_params: int
+) -> tuple[list[str], str]:
     """Phase 2, after ``prepare``: the wrapping really happened, with the expected groups.
 
     Returns (problems, one-line description of what was found)."""
@@ -273,25 +284,24 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
 
     if not isinstance(model, FSDPModule):
         return [f"expected the model sharded with FSDP2 fully_shard, found {type(model).__name__}"], ""
-    # fully_shard mixes FSDPModule into the module's own nn.Module class; FSDPModule's stub
-    # lacks nn.Module's methods.
-    params = list(model.parameters())  # type: ignore[attr-defined]
-    if not all(isinstance(p, DTensor) for p in params):
+    params = list(model.parameters())
+    shards = [p for p in params if isinstance(p, DTensor)]
+    if len(shards) != len(params):
         return ["expected every parameter to be an FSDP2 DTensor, found plain tensors"], ""
-    mesh = params[0].device_mesh
+    mesh = shards[0].device_mesh
     shape = tuple(mesh.shape)
-    placements = tuple(type(p).__name__ for p in params[0].placements)
+    placements = tuple(type(p).__name__ for p in shards[0].placements)
     want_shape = (replicate, shard) if strategy in HYBRID else (shard,)
     want_placements = ("Replicate", "Shard") if strategy in HYBRID else ("Shard",)
     if shape != want_shape:
         problems.append(f"expected an FSDP2 device mesh of shape {want_shape}, found {shape}")
     if placements != want_placements:
         problems.append(f"expected parameter placements {want_placements}, found {placements}")
-    local = sum(p.to_local().numel() for p in params)
+    local = sum(p.to_local().numel() for p in shards)
     # fully_shard splits each parameter along dim 0: a rank holds at most ceil(rows / shard) rows of it
     # (more than num_params / shard when the rows do not divide, e.g. a 10-class output layer on 4 ranks).
     most = sum(
-        _ceil_div(p.shape[0], shard) * (p.numel() // max(1, p.shape[0])) if p.dim() else 1 for p in params
+        _ceil_div(p.shape[0], shard) * (p.numel() // max(1, p.shape[0])) if p.dim() else 1 for p in shards
     )
     if local > most:
         problems.append(
@@ -307,7 +317,7 @@ def check_model(accelerator, model, exp: Expectation, num_params: int) -> tuple[
     )
 
 
-def _root_only_hint(accelerator, model) -> str:
+def _root_only_hint(accelerator: Accelerator, model: torch.nn.Module) -> str:
     """Size-based wrapping that made none of the model's layers a unit of its own (each is under
     ``min_num_params``) shards the model in one or two big units: say so, and which classes
     ``--wrap-cls`` could name."""
@@ -334,7 +344,7 @@ def _root_only_hint(accelerator, model) -> str:
     )
 
 
-def _fsdp2_units(model) -> str:
+def _fsdp2_units(model: torch.nn.Module) -> str:
     """Which modules are FSDP2 units, e.g. ``GPT, MLP x4``: what the wrap policy really did."""
     from collections import Counter
 
@@ -346,7 +356,7 @@ def _fsdp2_units(model) -> str:
     return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in names.items())
 
 
-def _fsdp2_reshard_after_forward(model) -> bool | None:
+def _fsdp2_reshard_after_forward(model: torch.nn.Module) -> bool | None:
     """reshard_after_forward of the FSDP2 units that carry the strategy's setting; None if there are none.
 
     Accelerate shards the root with torch's default (None: False for the root) and its "tail" (final norm,
@@ -397,7 +407,7 @@ def fail(problems: list[str], exp: Expectation, found: str, run_dir: str | None,
 # a profile default such as our GPT's ``TransformerBlock`` then failed every other model.
 
 
-def wrap_class_names(accelerator) -> list[str]:
+def wrap_class_names(accelerator: Accelerator) -> list[str]:
     """The layer classes the FSDP plugin will wrap (TRANSFORMER_BASED_WRAP); [] for any other policy."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     names = getattr(plugin, "transformer_cls_names_to_wrap", None) if plugin is not None else None
@@ -409,7 +419,7 @@ def wrap_class_names(accelerator) -> list[str]:
     return list(names)
 
 
-def candidate_layer_classes(model) -> list[str]:
+def candidate_layer_classes(model: torch.nn.Module) -> list[str]:
     """Classes that make sense as FSDP units: a Hugging Face model's ``_no_split_modules``, else the
     classes of modules repeated in a ``ModuleList``/``Sequential`` (the transformer blocks)."""
     import torch
@@ -425,7 +435,7 @@ def candidate_layer_classes(model) -> list[str]:
     return sorted(found, key=lambda n: -found[n])
 
 
-def check_wrap_class(accelerator, model) -> list[str]:
+def check_wrap_class(accelerator: Accelerator, model: torch.nn.Module) -> list[str]:
     """Problems with the wrap classes asked for (none when every one exists in ``model``)."""
     wanted = wrap_class_names(accelerator)
     if not wanted:
@@ -457,7 +467,7 @@ def fail_wrap(problems: list[str], rank: int) -> None:
     os._exit(EXIT_SELFCHECK)
 
 
-def describe_units(model) -> str:
+def describe_units(model: torch.nn.Module) -> str:
     """The FSDP units ``prepare`` made, by class: ``3 units: 2 x Block, 1 x GPT`` (root included)."""
     try:
         from torch.distributed.fsdp import FSDPModule

@@ -16,11 +16,17 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.device_mesh import DeviceMesh
 
 WORKAROUNDS = (
     "fsdp_on_cpu",
@@ -63,7 +69,9 @@ class Pending:
 # The workarounds
 
 
-def _fsdp_plugin(workaround: str, accelerator, fsdp_version: int):
+def _fsdp_plugin(
+    workaround: str, accelerator: Accelerator, fsdp_version: int
+) -> FullyShardedDataParallelPlugin | None:
     """The FSDP plugin when ``workaround`` is enabled and the run is FSDP of that version, else None."""
     from accelerate.utils import DistributedType
 
@@ -78,7 +86,7 @@ def _fsdp_plugin(workaround: str, accelerator, fsdp_version: int):
     return plugin
 
 
-def _set_state(accelerator, name: str, value) -> None:
+def _set_state(accelerator: Accelerator, name: str, value: object) -> None:
     """Set a field of Accelerate's process state so that it sticks: ``AcceleratorState()`` is rebuilt all
     over Accelerate and each time copies PartialState's fields over its own, so set both."""
     from accelerate.state import PartialState
@@ -101,7 +109,7 @@ def defer_parallelism_config_on_cpu(pending: Pending) -> None:
         )
 
 
-def enable_fsdp_on_cpu(accelerator, pending: Pending) -> None:
+def enable_fsdp_on_cpu(accelerator: Accelerator, pending: Pending) -> None:
     """Accelerate enables FSDP only for GPU-like devices: on CPU (``ACCELERATE_USE_CPU=1``) it keeps the
     distributed type MULTI_CPU and silently drops the FSDP plugin, so the run is plain DDP. Put the
     plugin (built from the same FSDP_* env vars Accelerate reads) back and set the type to FSDP."""
@@ -122,7 +130,7 @@ def enable_fsdp_on_cpu(accelerator, pending: Pending) -> None:
     pending.applied.append("fsdp_on_cpu")
 
 
-def use_cpu_device_without_index(accelerator, pending: Pending) -> None:
+def use_cpu_device_without_index(accelerator: Accelerator, pending: Pending) -> None:
     """For MULTI_CPU Accelerate sets the device to ``cpu:0``; FSDP then compares it with the ``cpu``
     its tensors live on and fails: "Inconsistent compute device and device_id on rank 0: cpu vs cpu:0"."""
     if disabled("cpu_device_index"):
@@ -132,7 +140,7 @@ def use_cpu_device_without_index(accelerator, pending: Pending) -> None:
         pending.applied.append("cpu_device_index")
 
 
-def disable_sync_module_states_on_cpu(accelerator, pending: Pending) -> None:
+def disable_sync_module_states_on_cpu(accelerator: Accelerator, pending: Pending) -> None:
     """``fsdp_sync_module_states: true`` on CPU fails in FSDP1 with "RuntimeError: There are currently no
     available devices found" (it broadcasts from an accelerator device). Every rank builds the model from
     the same seed, so there is nothing to synchronise: switch it off, loudly."""
@@ -152,7 +160,7 @@ def disable_sync_module_states_on_cpu(accelerator, pending: Pending) -> None:
         pending.applied.append("sync_module_states_on_cpu")
 
 
-def apply_parallelism_config_on_cpu(accelerator, pending: Pending) -> None:
+def apply_parallelism_config_on_cpu(accelerator: Accelerator, pending: Pending) -> None:
     """Second half of ``defer_parallelism_config_on_cpu``: build the replicate x shard ParallelismConfig
     (HSDP on FSDP2) and its CPU device mesh now that the distributed type is FSDP."""
     if not pending.parallelism_config_env:
@@ -167,7 +175,7 @@ def apply_parallelism_config_on_cpu(accelerator, pending: Pending) -> None:
     pending.applied.append("parallelism_config_on_cpu")
 
 
-def fsdp1_hybrid_device_mesh(accelerator):
+def fsdp1_hybrid_device_mesh(accelerator: Accelerator) -> DeviceMesh | None:
     """FSDP1 HYBRID_SHARD / _HYBRID_SHARD_ZERO2 without a device mesh sizes its shard groups by
     ``torch.cpu.device_count()`` (1 on CPU): one-rank shard groups, a warning "switching to NO_SHARD",
     and gradients never synchronised across nodes. Accelerate passes no mesh (and has no option for
@@ -196,7 +204,9 @@ def procs_per_node(world: int) -> int:
     return world
 
 
-def wrap_fsdp1_with_mesh(accelerator, model: torch.nn.Module, mesh) -> torch.nn.Module:
+def wrap_fsdp1_with_mesh(
+    accelerator: Accelerator, model: torch.nn.Module, mesh: DeviceMesh
+) -> torch.nn.Module:
     """Wrap with FSDP1 exactly as ``Accelerator.prepare_model`` would, plus ``device_mesh`` (which it
     cannot pass). Accelerate sees an FSDP module afterwards and does not wrap it again."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -219,7 +229,7 @@ def wrap_fsdp1_with_mesh(accelerator, model: torch.nn.Module, mesh) -> torch.nn.
     )
 
 
-def fsdp2_size_based_wrap(accelerator, pending: Pending) -> None:
+def fsdp2_size_based_wrap(accelerator: Accelerator, pending: Pending) -> None:
     """Accelerate's FSDP2 version of SIZE_BASED_WRAP (``fsdp2_prepare_auto_wrap_policy``) claims to mimic
     FSDP1's but differs in two ways: it wraps ``nn.ModuleList``/``nn.ModuleDict`` containers, which
     ``fully_shard`` refuses ("fully_shard does not support containers that do not implement forward":
@@ -244,7 +254,9 @@ def fsdp2_size_based_wrap(accelerator, pending: Pending) -> None:
         total = sum(p.numel() for p in module.parameters(recurse=False))
         return total + sum(unwrapped_numel(c) for c in module.children() if not isinstance(c, FSDPModule))
 
-    def prepare_policy(fsdp2_plugin, model):
+    def prepare_policy(
+        fsdp2_plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module
+    ) -> Callable[[torch.nn.Module], bool] | None:
         fn = fsdp2_plugin.auto_wrap_policy
         fn = fn.func if isinstance(fn, functools.partial) else fn
         if fn is not size_based_auto_wrap_policy:
@@ -265,7 +277,7 @@ def fsdp2_size_based_wrap(accelerator, pending: Pending) -> None:
     fsdp_utils.fsdp2_prepare_auto_wrap_policy = prepare_policy
 
 
-def init_fsdp1_optimizer_state(accelerator, optimizer) -> None:
+def init_fsdp1_optimizer_state(accelerator: Accelerator, optimizer: torch.optim.Optimizer) -> None:
     """``load_state`` with FSDP1 builds its load template from the live optimizer; one that never
     stepped has no state, so the checkpoint's optimizer state is silently dropped (moments restart at
     zero, losses drift, no error). Initialise the state (a zero-lr step on zero gradients) first."""
@@ -283,7 +295,7 @@ def init_fsdp1_optimizer_state(accelerator, optimizer) -> None:
         _init_optim_state(getattr(optimizer, "optimizer", optimizer))
 
 
-def wait_before_end_training(accelerator) -> None:
+def wait_before_end_training(accelerator: Accelerator) -> None:
     """An FSDP run that reaches ``end_training()`` (process-group teardown) while another rank is still
     working aborts with SIGABRT ("terminate called without an active exception"). Barrier first."""
     if disabled("wait_before_end_training"):
@@ -301,7 +313,7 @@ def before_accelerator() -> Pending:
     return pending
 
 
-def after_accelerator(accelerator, pending: Pending) -> list[str]:
+def after_accelerator(accelerator: Accelerator, pending: Pending) -> list[str]:
     """Fix the freshly built Accelerator in place; returns the names of the workarounds applied."""
     enable_fsdp_on_cpu(accelerator, pending)
     if accelerator.distributed_type.value == "FSDP":
@@ -314,7 +326,9 @@ def after_accelerator(accelerator, pending: Pending) -> list[str]:
     return pending.applied
 
 
-def wrap_model(accelerator, model: torch.nn.Module, pending: Pending | None = None) -> torch.nn.Module:
+def wrap_model(
+    accelerator: Accelerator, model: torch.nn.Module, pending: Pending | None = None
+) -> torch.nn.Module:
     """Before the optimizer is built and before ``accelerator.prepare``: also where a ``--wrap-cls``
     the model lacks stops the run at once, naming the candidate classes (Accelerate would find it
     only inside ``prepare``)."""
@@ -331,10 +345,10 @@ def wrap_model(accelerator, model: torch.nn.Module, pending: Pending | None = No
     return wrap_fsdp1_with_mesh(accelerator, model, mesh)
 
 
-def before_load_state(accelerator, optimizer) -> None:
+def before_load_state(accelerator: Accelerator, optimizer: torch.optim.Optimizer) -> None:
     init_fsdp1_optimizer_state(accelerator, optimizer)
 
 
-def finish(accelerator) -> None:
+def finish(accelerator: Accelerator) -> None:
     wait_before_end_training(accelerator)
     accelerator.end_training()
