@@ -129,6 +129,8 @@ def _validator() -> Any:
     import importlib
 
     return importlib.import_module(SCHEMA_MODULE).validate
+
+
 _R = TypeVar("_R", bound="_Record")
 
 
