@@ -119,6 +119,14 @@ def test_node_side_interpreter_comes_from_the_setup_lines(
         check=True,
         timeout=120,
     )
+    # ``--system-site-packages`` sees the base interpreter's packages, not those of a venv the suite
+    # runs in (where orchestrator and torch are installed): the node venv reads that one's too, with
+    # its .pth files (an editable install is one).
+    (venv_site,) = venv.glob("lib/python*/site-packages")
+    outer = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (venv_site / "suite_packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in outer)
+    )
     base = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
     profiles = user_profile_dir(
         tmp_path, setup=[*base.get("setup", []), f"source '{venv}/bin/activate'"], python="python"
