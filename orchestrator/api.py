@@ -31,15 +31,41 @@ from orchestrator.core.progress import WaitTimeout, follow_hint
 from orchestrator.core.sweep_status import SWEEP_METRICS, SweepStatus, sweep_status
 
 if TYPE_CHECKING:
+    from typing import TypedDict, Unpack  # Unpack: Python 3.11; read by the type checker only
+
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.config.profiles import ClusterProfile
     from orchestrator.contract.job_states import JobState
+    from orchestrator.core.resume import ResumeOverrides
     from orchestrator.core.stacks import Stacks
     from orchestrator.core.status import StatusReport
     from orchestrator.core.status import StatusRow as StatusRow
     from orchestrator.registry.store import JobRecord, Registry
     from orchestrator.registry.sweeps import SweepRecord
     from orchestrator.schedulers.base import Request
+
+    class _PlanKeywordsRequired(TypedDict):
+        script: str
+
+    class PlanKeywords(_PlanKeywordsRequired, total=False):
+        """:func:`make_plan`'s keywords, which :func:`submit` and :func:`sweep` pass on. Declared for the
+        type checker only: mypy checks every forwarding call against ``make_plan``'s signature."""
+
+        args: Sequence[str]
+        profile: str | None
+        strategy: str | None
+        nodes: int | None
+        procs_per_node: int | None
+        name: str | None
+        time: str | None
+        max_requeues: int | None
+        auto_resume: bool
+        exclude: str | None
+        after: Sequence[str]
+        profiles_dir: str | None
+        options: Mapping[str, Any] | None
+        hang_timeout: int | None
+
 
 __all__ = [
     "SWEEP_METRICS",
@@ -208,23 +234,14 @@ def render_files(plan: LaunchPlan, node_rank: int | None = None, python: str | N
 
 def resume_plan(
     previous: LaunchPlan,
-    *,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    strategy: str | None = None,
-    profile: str | None = None,
-    profiles_dir: str | None = None,
+    **overrides: Unpack[ResumeOverrides],
 ) -> LaunchPlan:
     """The plan a resume of ``previous`` submits (None: as before)."""
     from orchestrator.core.resume import resume_plan as plan
 
     return plan(
         previous,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        strategy=strategy,
-        profile=profile,
-        profiles_dir=profiles_dir,
+        **overrides,
     )
 
 
@@ -245,44 +262,10 @@ def dry_run(plan: LaunchPlan) -> Request:
     return dry_run_(plan)
 
 
-def submit(
-    *,
-    script: str,
-    args: Sequence[str] = (),
-    snapshot: bool = False,
-    profile: str | None = None,
-    strategy: str | None = None,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    name: str | None = None,
-    time: str | None = None,
-    max_requeues: int | None = None,
-    auto_resume: bool = False,
-    exclude: str | None = None,
-    after: Sequence[str] = (),
-    profiles_dir: str | None = None,
-    options: Mapping[str, Any] | None = None,
-    hang_timeout: int | None = None,
-) -> Job:
-    """Submit a job; the keywords are :func:`make_plan`'s (``profile``, ``strategy``, ``nodes``, ``after``...)."""
-    plan = make_plan(
-        script=script,
-        args=args,
-        profile=profile,
-        strategy=strategy,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        name=name,
-        time=time,
-        max_requeues=max_requeues,
-        auto_resume=auto_resume,
-        exclude=exclude,
-        after=after,
-        profiles_dir=profiles_dir,
-        options=options,
-        hang_timeout=hang_timeout,
-    )
-    return submit_plan(plan, snapshot=snapshot)
+def submit(*, snapshot: bool = False, **plan: Unpack[PlanKeywords]) -> Job:
+    """Submit a job; the keywords are :func:`make_plan`'s (``script``, ``profile``, ``strategy``,
+    ``nodes``, ``after``...)."""
+    return submit_plan(make_plan(**plan), snapshot=snapshot)
 
 
 def status(
@@ -388,47 +371,14 @@ def stacks(job_id: str, home: Path | None = None) -> Stacks:
 
 # ---------------------------------------------------------------------------- sweeps
 def sweep_plan_points(
-    grid: Mapping[str, Sequence[Any]],
-    *,
-    script: str,
-    args: Sequence[str] = (),
-    profile: str | None = None,
-    strategy: str | None = None,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    name: str | None = None,
-    time: str | None = None,
-    max_requeues: int | None = None,
-    auto_resume: bool = False,
-    exclude: str | None = None,
-    after: Sequence[str] = (),
-    profiles_dir: str | None = None,
-    options: Mapping[str, Any] | None = None,
-    hang_timeout: int | None = None,
+    grid: Mapping[str, Sequence[Any]], **plan: Unpack[PlanKeywords]
 ) -> tuple[LaunchPlan, dict[str, list[str]]]:
     """The base plan and the grid as text (``{"lr": [1e-3, 3e-4]}`` -> ``["0.001", "0.0003"]``); the
     keywords are :func:`make_plan`'s."""
     from orchestrator.config.sweep_plan import parse_grid
 
     specs = [f"{k}=" + ",".join(str(v) for v in values) for k, values in grid.items()]
-    base = make_plan(
-        script=script,
-        args=args,
-        profile=profile,
-        strategy=strategy,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        name=name,
-        time=time,
-        max_requeues=max_requeues,
-        auto_resume=auto_resume,
-        exclude=exclude,
-        after=after,
-        profiles_dir=profiles_dir,
-        options=options,
-        hang_timeout=hang_timeout,
-    )
-    return base, parse_grid(specs)
+    return make_plan(**plan), parse_grid(specs)
 
 
 def dry_run_sweep(
@@ -455,43 +405,9 @@ def submit_sweep_plan(
 
 
 def sweep(
-    *,
-    grid: Mapping[str, Sequence[Any]],
-    script: str,
-    args: Sequence[str] = (),
-    max_parallel: int | None = None,
-    profile: str | None = None,
-    strategy: str | None = None,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    name: str | None = None,
-    time: str | None = None,
-    max_requeues: int | None = None,
-    auto_resume: bool = False,
-    exclude: str | None = None,
-    after: Sequence[str] = (),
-    profiles_dir: str | None = None,
-    options: Mapping[str, Any] | None = None,
-    hang_timeout: int | None = None,
+    *, grid: Mapping[str, Sequence[Any]], max_parallel: int | None = None, **plan: Unpack[PlanKeywords]
 ) -> Sweep:
     """A grid of runs as one job array: ``args`` name grid values as ``{lr}``; at most
     ``max_parallel`` tasks run at once (default: all). The keywords are :func:`make_plan`'s."""
-    base, text_grid = sweep_plan_points(
-        grid,
-        script=script,
-        args=args,
-        profile=profile,
-        strategy=strategy,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        name=name,
-        time=time,
-        max_requeues=max_requeues,
-        auto_resume=auto_resume,
-        exclude=exclude,
-        after=after,
-        profiles_dir=profiles_dir,
-        options=options,
-        hang_timeout=hang_timeout,
-    )
+    base, text_grid = sweep_plan_points(grid, **plan)
     return submit_sweep_plan(base, text_grid, max_parallel)

@@ -15,8 +15,10 @@ from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
     import signal
+    from typing import Unpack
 
     from orchestrator.contract.job_states import JobState
+    from orchestrator.core.resume import ResumeOverrides
     from orchestrator.core.status import StatusRow
     from orchestrator.core.sweep_status import SweepStatus
     from orchestrator.registry.store import Registry
@@ -84,22 +86,13 @@ class Job:
 
     def resume(
         self,
-        *,
-        nodes: int | None = None,
-        procs_per_node: int | None = None,
-        strategy: str | None = None,
-        profile: str | None = None,
-        profiles_dir: str | None = None,
+        **overrides: Unpack[ResumeOverrides],
     ) -> Job:
         """A new job in the same run directory from its last complete checkpoint (None: as before)."""
         return resume(
             self.job_id,
             home=self._home,
-            nodes=nodes,
-            procs_per_node=procs_per_node,
-            strategy=strategy,
-            profile=profile,
-            profiles_dir=profiles_dir,
+            **overrides,
         )[0]
 
 
@@ -124,12 +117,7 @@ def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | No
 def resume(
     job_id: str,
     home: Path | None = None,
-    *,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    strategy: str | None = None,
-    profile: str | None = None,
-    profiles_dir: str | None = None,
+    **overrides: Unpack[ResumeOverrides],
 ) -> tuple[Job, list[str]]:
     """``orchestrator resume``: the new job and the lines the command prints."""
     from orchestrator.core.resume import resume_job
@@ -139,11 +127,7 @@ def resume(
         new_job_id, lines = resume_job(
             registry,
             job_id,
-            nodes=nodes,
-            procs_per_node=procs_per_node,
-            strategy=strategy,
-            profile=profile,
-            profiles_dir=profiles_dir,
+            **overrides,
         )
         record = registry.get(new_job_id)
     return Job(new_job_id, Path(record.run_dir), home), lines
@@ -201,12 +185,7 @@ class Sweep:
 
     def resume_failed(
         self,
-        *,
-        nodes: int | None = None,
-        procs_per_node: int | None = None,
-        strategy: str | None = None,
-        profile: str | None = None,
-        profiles_dir: str | None = None,
+        **overrides: Unpack[ResumeOverrides],
     ) -> list[tuple[int, Job | None, list[str]]]:
         """``resume SWEEP --failed``: each task whose run ended other than COMPLETED resumed from its
         own last complete checkpoint, as a job of its own (``(task, new job or None, lines)``; a task
@@ -221,11 +200,7 @@ class Sweep:
                 job, lines = resume(
                     row.continued_as or row.job_id,
                     home=self._home,
-                    nodes=nodes,
-                    procs_per_node=procs_per_node,
-                    strategy=strategy,
-                    profile=profile,
-                    profiles_dir=profiles_dir,
+                    **overrides,
                 )
             except UserError as exc:
                 done.append((i, None, [f"task {i}: not resumed: {exc}"]))

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.options import OPTIONS
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profiles import load_profile
 from orchestrator.config.strategies import STRATEGIES
 from orchestrator.contract.errors import UserError
+
+if TYPE_CHECKING:
+    from typing import TypedDict, Unpack  # Unpack: Python 3.11; read by the type checker only
+
+    class ResumeOverrides(TypedDict, total=False):
+        """What a resume may change (:func:`resume_plan`'s keywords; absent or None: as before),
+        passed on by every resume entry point. mypy checks each forwarding call against
+        ``resume_plan``'s signature."""
+
+        nodes: int | None
+        procs_per_node: int | None
+        strategy: str | None
+        profile: str | None
+        profiles_dir: str | None
 
 
 def resume_plan(
@@ -103,12 +117,7 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
 def resume_job(
     registry: Any,
     job_id: str,
-    *,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    strategy: str | None = None,
-    profile: str | None = None,
-    profiles_dir: str | None = None,
+    **overrides: Unpack[ResumeOverrides],
 ) -> tuple[str, list[str]]:
     """The resume itself: checks and submission under the run's lock; the new job's id and the
     lines to print."""
@@ -121,23 +130,16 @@ def resume_job(
     run_dir = Path(job.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"job {job_id}: run directory {run_dir} no longer exists")
-    changes = {
-        "nodes": nodes,
-        "procs_per_node": procs_per_node,
-        "strategy": strategy,
-        "profile": profile,
-        "profiles_dir": profiles_dir,
-    }
     # The check and the submission under one lock: two resumes of one job started together submit once.
     try:
         with run_lock(run_dir, what=f"resume {job_id}"):
-            return _resume_locked(registry, job_id, job.job_id, run_dir, changes)
+            return _resume_locked(registry, job_id, job.job_id, run_dir, overrides)
     except RunLocked as exc:
         raise UserError(f"job {job_id}: {exc}; try again when it is done") from None
 
 
 def _resume_locked(
-    registry: Any, asked: str, job_id: str, run_dir: Path, changes: dict[str, Any]
+    registry: Any, asked: str, job_id: str, run_dir: Path, changes: ResumeOverrides
 ) -> tuple[str, list[str]]:
     from orchestrator.contract.run_dir import JOB_FILE, last_complete_checkpoint, read_current_plan_json
     from orchestrator.core.submission import submit
