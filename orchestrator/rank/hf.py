@@ -171,6 +171,10 @@ class CallbackMixin:
         if any_rank(self.stop.signum != 0):
             self.stopping = True
             control.should_save = True
+            # The stop signal reached every process of the step, the script's logging services too
+            # (wandb's service process dies of TERM): a log call now raises in the rank before the
+            # checkpoint is written. The step is saved, not logged.
+            control.should_log = False
         self._beat(int(state.global_step) + 1, "data")
         if control.should_save:
             self._beat(int(state.global_step), "checkpoint")
