@@ -1,6 +1,6 @@
 """Every workaround for Accelerate (1.15.0) / torch (2.13) behaviour, in one place.
 
-All but one are about CPU; ``fsdp2_size_based_wrap`` is wrong on GPUs as well.
+Most are about CPU; ``fsdp2_size_based_wrap`` and ``fsdp2_fp32_reduce`` are wrong on GPUs as well.
 
 One function per workaround; each says what Accelerate (or torch under it) does
 wrong, so it can be deleted when that is fixed. ``train.py`` calls them through
@@ -37,6 +37,7 @@ WORKAROUNDS = (
     "fsdp1_optimizer_state_on_load",
     "wait_before_end_training",
     "fsdp2_size_based_wrap",
+    "fsdp2_fp32_reduce",
 )
 
 
@@ -277,6 +278,35 @@ def fsdp2_size_based_wrap(accelerator: Accelerator, pending: Pending) -> None:
     fsdp_utils.fsdp2_prepare_auto_wrap_policy = prepare_policy
 
 
+def fsdp2_fp32_reduce(accelerator: Accelerator, pending: Pending) -> None:
+    """With ``mixed_precision: bf16`` (or fp16) Accelerate builds FSDP2's policy as
+    ``MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low, output_dtype=low)``: gradients are
+    reduce-scattered across ranks in 16 bits (the sum of N ranks' gradients rounded to 8 mantissa
+    bits), and the root module's outputs are cast to 16 bits, so a loss the model computes in fp32
+    comes back rounded (bf16 losses move in steps of 1/32 near 5). Keep the 16-bit parameters for
+    compute, but reduce gradients and return outputs in fp32, as FSDP1's default does for buffers and
+    as torch's FSDP2 recipes do. Only Accelerate's own default is replaced: a policy the script built
+    with other dtypes is left alone."""
+    plugin = _fsdp_plugin("fsdp2_fp32_reduce", accelerator, fsdp_version=2)
+    if plugin is None:
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = plugin.mixed_precision_policy
+    if not isinstance(policy, MixedPrecisionPolicy):
+        return
+    low = policy.param_dtype
+    if low not in (torch.bfloat16, torch.float16) or policy.reduce_dtype != low or policy.output_dtype != low:
+        return
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(
+        param_dtype=low,
+        reduce_dtype=torch.float32,
+        output_dtype=torch.float32,
+        cast_forward_inputs=policy.cast_forward_inputs,
+    )
+    pending.applied.append("fsdp2_fp32_reduce")
+
+
 def init_fsdp1_optimizer_state(accelerator: Accelerator, optimizer: torch.optim.Optimizer) -> None:
     """``load_state`` with FSDP1 builds its load template from the live optimizer; one that never
     stepped has no state, so the checkpoint's optimizer state is silently dropped (moments restart at
@@ -321,6 +351,7 @@ def after_accelerator(accelerator: Accelerator, pending: Pending) -> list[str]:
         disable_sync_module_states_on_cpu(accelerator, pending)
         apply_parallelism_config_on_cpu(accelerator, pending)
         fsdp2_size_based_wrap(accelerator, pending)
+        fsdp2_fp32_reduce(accelerator, pending)
     elif pending.parallelism_config_env:
         os.environ.update(pending.parallelism_config_env)
     return pending.applied
