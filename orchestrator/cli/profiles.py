@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                         "scheduler": profile.scheduler,
                         "partition": profile.partition or "-",
                         "nodes": f"{profile.nodes.default}..{profile.nodes.max}",
-                        "gpus": f"{profile.gpus_per_node}x{profile.gpu_type}"
+                        "gpus": f"{profile.gpus_per_node}x{profile.gpu_type or 'gpu'}"
                         if profile.gpus_per_node
                         else "cpu",
                         "path": display_path(path),

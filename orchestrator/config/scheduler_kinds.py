@@ -30,6 +30,9 @@ class SchedulerKind:
     """Whether a sweep's tasks can be one job array."""
     render_main_ip: str
     """The main process address ``render`` shows (a sample where the real one is known only on the node)."""
+    gpus_of_this_machine: bool
+    """Whether its nodes are this machine: a GPU profile then trains on the GPUs found here (counted at
+    planning, :mod:`orchestrator.config.gpus`), one rank per GPU, never more than there are."""
     rdzv_backend: str | None
     """torchrun's rendezvous backend; None: the profile's ``rdzv_backend``. Local simulated nodes share
     one host, where c10d's rendezvous races for the port: static."""
@@ -43,6 +46,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
         writes_batch_script=True,
         has_arrays=True,
         render_main_ip="10.0.0.1",
+        gpus_of_this_machine=False,
         rdzv_backend=None,
     ),
     "local": SchedulerKind(
@@ -52,6 +56,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
         writes_batch_script=False,
         has_arrays=False,
         render_main_ip="127.0.0.1",
+        gpus_of_this_machine=True,
         rdzv_backend="static",
     ),
 }

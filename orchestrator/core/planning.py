@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.options import OPTIONS
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profiles import display_path, load_profile
+from orchestrator.config.scheduler_kinds import scheduler_kind
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
+    from orchestrator.config.gpus import GpuCount
     from orchestrator.config.profiles import ClusterProfile
 
 #: The script of a plan that names none (``render`` with no ``-- SCRIPT``).
@@ -69,6 +71,8 @@ def plan_from_options(
     """The checked plan. ``options``: strategy options by name (None or absent: not given);
     ``after``: ``JOB[:ok|any]`` as typed; ``exclude``: ``n1,n2`` as typed."""
     profile_name, path, cluster = load_profile(profile, profiles_dir)
+    if cluster.gpus_per_node and scheduler_kind(cluster.scheduler).gpus_of_this_machine:
+        cluster = fit_to_this_machine(profile_name, cluster, nodes, procs_per_node)
     if name is not None and (not name or any(c in name for c in "\n\r\0")):
         raise UserError(f"--name: expected a non-empty single-line name, got {name!r}")
     given = {o.name: (options or {}).get(o.name) for o in OPTIONS}
@@ -93,6 +97,43 @@ def plan_from_options(
     except UserError as exc:
         typed = {**given, "nodes": nodes, "procs_per_node": procs_per_node}
         raise UserError(blame_profile(str(exc), typed, display_path(path))) from None
+
+
+def fit_to_this_machine(
+    profile_name: str,
+    cluster: ClusterProfile,
+    nodes: int | None,
+    procs_per_node: int | None,
+    found: GpuCount | None = None,
+) -> ClusterProfile:
+    """A GPU profile whose nodes are this machine (``local_gpu``): its ``gpus_per_node`` is the most
+    a node may use; the plan gets what this machine has (shared by its simulated nodes), so the
+    default is one rank per GPU found. Asking for more GPUs than there are is refused here, naming
+    the count and how it was found, instead of failing in NCCL at the first collective."""
+    from orchestrator.config.gpus import count_gpus
+
+    found = found or count_gpus()
+    node_count = cluster.nodes.default if nodes is None else nodes
+    if found.count == 0:
+        raise UserError(
+            f"--profile {profile_name}: trains on this machine's GPUs (gpus_per_node: {cluster.gpus_per_node}), "
+            f"but none were found ({found.source}); use --profile local to train on CPU"
+        )
+    wanted = procs_per_node if procs_per_node is not None else cluster.procs_per_node
+    if wanted is not None and node_count >= 1 and wanted * node_count > found.count:
+        raise UserError(
+            f"--procs-per-node: {node_count} node(s) x {wanted} process(es) need {wanted * node_count} GPUs "
+            f"(one process per GPU), but this machine has {found.count} ({found.source})"
+        )
+    per_node = min(cluster.gpus_per_node, found.count // max(node_count, 1))
+    if node_count >= 1 and per_node == 0:
+        raise UserError(
+            f"--nodes: {node_count} simulated nodes need at least one GPU each, but this machine has "
+            f"{found.count} ({found.source})"
+        )
+    if per_node == cluster.gpus_per_node:
+        return cluster
+    return type(cluster)._make({**cluster.__dict__, "gpus_per_node": per_node})
 
 
 #: flag -> (option or keyword name, the profile key that supplies it when the flag is not given)

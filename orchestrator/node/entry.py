@@ -97,6 +97,10 @@ def training_environment(
     elif plan.uses_cpu:
         # Scripts written for GPUs call plain Accelerator(); without this each rank trains alone.
         env["ACCELERATE_USE_CPU"] = "1"
+    else:
+        # A GPU profile: one left over in the submitting shell (local jobs inherit it) would train on CPU.
+        env.pop("ACCELERATE_USE_CPU", None)
+    env.update(node.device_environment(plan))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (NODE_SITE_DIR, env.get("PYTHONPATH", "")) if p)
     env[SCRIPT_HOOKS_ENV] = "1" if plan.options.script_hooks else "0"
     env[LAUNCHER_ENV] = plan.profile.launcher

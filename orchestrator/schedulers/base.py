@@ -215,6 +215,11 @@ class NodeEnvironment(ABC):
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         """The address every node uses to reach node 0."""
 
+    def device_environment(self, plan: LaunchPlan) -> dict[str, str]:
+        """Variables that give this node's ranks their GPUs (added to the training environment).
+        A real node owns its GPUs; simulated nodes sharing one machine need a share each."""
+        return {}
+
     def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
         """``(node, exit code)`` of another node of this job that has failed, or None.
 

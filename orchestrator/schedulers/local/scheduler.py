@@ -59,6 +59,25 @@ class LocalNodeEnvironment(NodeEnvironment):
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         return LOCALHOST
 
+    def device_environment(self, plan: LaunchPlan) -> dict[str, str]:
+        """Simulated nodes share this machine's GPUs: node N gets the N-th ``procs_per_node`` of them
+        (``CUDA_VISIBLE_DEVICES``), so every rank's ``cuda:LOCAL_RANK`` is a GPU of its own. One node
+        keeps the environment as it is."""
+        if plan.uses_cpu or self.num_nodes < 2:
+            return {}
+        from orchestrator.config.gpus import count_gpus
+
+        found = count_gpus()
+        share = found.visible[
+            self.node_rank * plan.procs_per_node : (self.node_rank + 1) * plan.procs_per_node
+        ]
+        if len(share) < plan.procs_per_node:
+            raise RunFailure(
+                f"node {self.node_rank}: {plan.nodes} simulated node(s) x {plan.procs_per_node} GPU(s) need "
+                f"{plan.world_size} GPUs, this machine has {found.count} ({found.source})"
+            )
+        return {"CUDA_VISIBLE_DEVICES": ",".join(share)}
+
     def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
         """What the Slurm step's kill-on-bad-exit does: a simulated node whose training exited
         non-zero (not a requeue) ends the others. Without it node 0's torchrun sat in its 300 s exit
