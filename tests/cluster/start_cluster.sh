@@ -95,8 +95,19 @@ end_strays() {   # end_strays NAME PIDFILE
   [ -n "$left" ] || return 0
   log "ending stray $1 of this cluster: $left"
   kill -KILL $left 2>/dev/null || true
+  # Wait for the killed pids themselves, not for strays() to stop naming them: a dying process loses
+  # its memory (so /proc/PID/environ, which strays() reads) before it closes its files, and in that
+  # window it still holds its port; the new daemon then "exited during start-up". A process has closed
+  # everything once it is gone or a zombie.
   deadline=$(( $(date +%s) + 10 ))
-  while [ -n "$(strays "$1" "$2")" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.1; done
+  while [ "$(date +%s)" -lt "$deadline" ] && ! all_ended $left; do sleep 0.1; done
+}
+all_ended() {   # all_ended PID...: each is gone or a zombie (its files and sockets closed)
+  local p state
+  for p in "$@"; do
+    state=$(ps -o stat= -p "$p" 2>/dev/null) || continue
+    [[ "$state" == Z* ]] || return 1
+  done
 }
 # Start a daemon in the foreground (-D) in its own session (setsid: a Ctrl-C aimed at the test run
 # must not reach it) and record its pid ourselves, so that a daemon dying during start-up (bad
@@ -115,7 +126,8 @@ wait_daemon() {   # wait_daemon SECONDS NAME PIDFILE LOGFILE CONDITION...
   local secs=$1 what=$2 pidfile=$3 logf=$4; shift 4
   local deadline=$(( $(date +%s) + secs ))
   until "$@" >/dev/null 2>&1; do
-    alive "$pidfile" || { show_log "$logf"; die "$what exited during start-up (log: $logf)"; }
+    # The daemon's own output (LOGFILE with .out) holds what it printed before it opened its log.
+    alive "$pidfile" || { show_log "$logf"; show_log "${logf%.log}.out"; die "$what exited during start-up (log: $logf)"; }
     [ "$(date +%s)" -lt "$deadline" ] || { show_log "$logf"; die "$what not ready after ${secs}s (log: $logf)"; }
     sleep 0.1
   done
