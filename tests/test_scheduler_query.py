@@ -541,15 +541,29 @@ def test_status_of_a_job_squeue_forgot_comes_from_real_sacct(
     script(bin_dir, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
     env = {**orch_env, "PATH": f"{bin_dir}{os.pathsep}{orch_env['PATH']}"}
 
+    def accounting_node_list() -> str:
+        """What the real sacct says right now (the test's own call, not the product's)."""
+        res = subprocess.run(
+            ["sacct", "-nXP", "-j", job_id, "-o", "NodeList"], capture_output=True, text=True, timeout=15
+        )
+        return res.stdout.strip()
+
     def from_sacct() -> dict | None:
         status = run_cli(["status", job_id, "--json"], env, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         data = json.loads(status.stdout)
-        return data if data["jobs"][0]["source"] == "sacct" else None
+        row = data["jobs"][0]
+        # slurmdbd records the end, and under load the node list too, asynchronously: wait until the
+        # product's row is the finished one and equals what accounting itself says.
+        settled = row["source"] == "sacct" and row["state"] == "COMPLETED"
+        return data if settled and row["node_list"] == accounting_node_list() else None
 
-    # slurmdbd records the end asynchronously: poll until accounting has it
     data = poll(from_sacct, 60, "the job's end in accounting", interval=0.5)
     row = data["jobs"][0]
     assert (row["source"], row["state"], row["stale"]) == ("sacct", "COMPLETED", False), data
-    assert row["node_list"] == "n[1-2]" and row["exit_code"] == "0:0", row
+    # two nodes were asked for: the list names two (n[1-2], n[2-3], "n1,n3", ...)
+    hosts = subprocess.run(
+        ["scontrol", "show", "hostnames", row["node_list"]], capture_output=True, text=True, timeout=15
+    ).stdout.split()
+    assert len(hosts) == 2 and row["exit_code"] == "0:0", row
     assert data["scheduler_calls"] == {"squeue": 1, "sacct": 1} and data["errors"] == []

@@ -143,10 +143,16 @@ def test_stopped_rank_fails_the_job_with_stacks_and_auto_resume_completes(
         cycler.start()
         try:
             slow = poll(flagged, 90, "status --json to flag rank 1 as a straggler", interval=0)
+            # The batch step re-reads the heartbeats whenever a rank moves to another phase; with rank
+            # 1 duty-cycled on a loaded 2-core machine a step can take tens of seconds.
             poll(
                 lambda: f"straggler: rank 1 on {victim}" in batch_log(run_dir, job_id),
-                30,
+                90,
                 f"the batch step to log the straggler (rank 1 at step {rank_record(run_dir, 1).get('step')})",
+                diagnostics=lambda: (
+                    f"rank 0: {rank_record(run_dir, 0)}\nrank 1: {rank_record(run_dir, 1)}\n"
+                    + batch_log(run_dir, job_id)[-3000:]
+                ),
             )
         finally:
             slowing.set()
