@@ -7,15 +7,18 @@ jobs; the parsing tests feed the reader the log text real runs produce."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.supervise.failure_report import explain_failure, scan_errors
-from tests.helpers.cli import REPO, job_and_run_dir, run_cli
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli
 
 CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")
+TRAIN = str(REPO / "train" / "train.py")
 
 # What node 0's log looked like when rank 3 (node 1) raised: its own ranks died of the consequence.
 NODE0_LOG = """\
@@ -101,6 +104,33 @@ def test_restore_mismatch_exit_status_is_quoted(tmp_path: Path) -> None:
     assert why.lines == ("exit 4: restore mismatch", "model checksum differs")
 
 
+# Node 0's log when rank 1 was SIGKILLed: rank 0 dies of the consequence, the launcher saw rank 1 die.
+KILLED_LOG = """\
+[orchestrator node] host=vm node_rank=0/1 job=local-1 attempt=0
+[orchestrator launch] started 2 rank(s) by fork: pids 25754 25755 (ranks 0..1 of 2)
+[orchestrator launch] rank 1 (local 1) exited with code 137: sending SIGTERM to 1 other rank(s)
+[default0]:[rank 0] received SIGTERM
+[default0]:[rank0]: Traceback (most recent call last):
+[default0]:[rank0]:   File "train.py", line 476, in main
+[default0]:[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:15267
+[orchestrator node] host=vm node_rank=0 exit=137 after 5.3 s
+"""
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause(tmp_path: Path) -> None:
+    _attempt(tmp_path, {0: KILLED_LOG}, {0: 137})
+    why = explain_failure(tmp_path, "local-1", procs_per_node=2)
+    assert why is not None and (why.node, why.rank) == (0, 1), why
+    assert "SIGKILL" in why.lines[0] and why.logs_command.endswith("--node 0 --rank 1")
+
+
+def test_the_rank_that_ended_first_is_the_cause_without_error_lines(tmp_path: Path) -> None:
+    log = KILLED_LOG.replace("code 137", "code 1")
+    _attempt(tmp_path, {0: log}, {0: 1})
+    why = explain_failure(tmp_path, "local-1", procs_per_node=2)
+    assert why is not None and why.rank == 1 and "exited first, with code 1" in why.lines[0]
+
+
 def test_nothing_to_explain(tmp_path: Path) -> None:
     assert explain_failure(tmp_path, "1") is None
 
@@ -148,6 +178,40 @@ def test_local_crashed_rank_is_explained_and_ends_the_job_fast(orch_env: dict[st
     # The command it names shows that rank's traceback.
     logs = run_cli(command.split()[1:], orch_env, timeout=60)
     assert logs.returncode == 0 and "ValueError: boom from the test script (rank 3)" in logs.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_local_sigkilled_rank_is_blamed_not_its_peer(orch_env: dict[str, str]) -> None:
+    """A real SIGKILL of rank 1: rank 0 then dies of gloo's "connection closed", which must not be
+    named as the cause (issue #35, item 4)."""
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "2", "--strategy", "ddp",
+         "--", TRAIN, "--preset", "tiny", "--data", "synthetic", "--max-steps", "100000"],
+        orch_env,
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    pids_file = run_dir / "logs" / "attempt_0" / "node_0_ranks" / "rank_pids.json"
+
+    def training() -> int | None:
+        try:
+            ranks = json.loads(pids_file.read_text())["ranks"]
+        except (OSError, ValueError, KeyError):
+            return None
+        metrics = run_dir / "metrics.jsonl"
+        return int(ranks["1"]) if "1" in ranks and metrics.exists() and metrics.stat().st_size else None
+
+    os.kill(poll(training, 90, "rank 1 training"), signal.SIGKILL)
+    waited = run_cli(["wait", job_id, "--poll", "0.3", "--timeout", "90"], orch_env, timeout=120)
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert f"orchestrator logs {job_id} --node 0 --rank 1" in waited.stdout, waited.stdout
+    assert "SIGKILL" in waited.stdout and "rank 0 failed" not in waited.stdout, waited.stdout
+    reason = json.loads(run_cli(["status", "--json", job_id], orch_env, timeout=60).stdout)["jobs"][0][
+        "reason"
+    ]
+    assert reason.startswith("node 0 rank 1 failed: rank 1 died of SIGKILL"), reason
 
 
 @pytest.mark.slurm

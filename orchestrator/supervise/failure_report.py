@@ -51,6 +51,14 @@ _CONSEQUENCE = re.compile(
     re.IGNORECASE,
 )
 _SCHEDULER_NODE = re.compile(r"_(\d+)_log\.(?:err|out)$")
+#: The direct launcher's line for the first rank of its node that ended badly
+#: (``orchestrator/node/direct_launch.py``; signals as 128 + N, as a shell reports them).
+_LAUNCHER_EXIT = re.compile(r"^\[orchestrator launch\] rank (\d+) \(local (\d+)\) exited with code (-?\d+)")
+#: torchrun's summary of its first failed child: ``rank : 1 (local_rank: 1)``, ``exitcode : -9``.
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+#: The signal a supervisor sends a rank's peers once one failed: a death by it is a consequence.
+_SIGTERM = 15
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,89 @@ def _exit_codes(attempt_path: Path) -> dict[int, int]:
     return codes
 
 
+@dataclass(frozen=True)
+class RankDeath:
+    """A rank that ended badly, as its node's launcher saw it (the first one on that node)."""
+
+    node: int
+    rank: int
+    code: int
+    """The exit code; a death by signal N is 128 + N."""
+    line: int
+    """Its line number in the node log: the launcher notes the first failure before any of its
+    consequences."""
+
+    @property
+    def signal(self) -> int | None:
+        return self.code - 128 if 128 < self.code < 160 else None
+
+    def describe(self) -> str:
+        sig = self.signal
+        if sig is None:
+            return f"rank {self.rank} exited first, with code {self.code}"
+        import signal as _signal
+
+        try:
+            name = _signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = {
+            "SIGKILL": "killed from outside the job (kill -9, or the kernel's out-of-memory killer)",
+            "SIGSEGV": "a crash in native code",
+            "SIGBUS": "a bus error (often a full /dev/shm)",
+            "SIGABRT": "aborted by native code",
+        }.get(name, "killed by a signal")
+        return f"rank {self.rank} died of {name} (exit code {self.code}): {why}"
+
+
+def rank_deaths(lines: Iterable[str], node: int) -> list[RankDeath]:
+    """The launcher's record of the first rank of ``node`` that ended badly (direct launcher or
+    torchrun's root-cause block)."""
+    out: list[RankDeath] = []
+    pending: tuple[int, int] | None = None
+    for number, raw in enumerate(lines):
+        m = _LAUNCHER_EXIT.match(raw)
+        if m:
+            code = int(m.group(3))
+            if code < 0:
+                code = 128 - code
+            if code not in (0, EXIT_REQUEUE):
+                out.append(RankDeath(node, int(m.group(1)), code, number))
+            continue
+        r = _TORCHRUN_RANK.match(raw)
+        if r:
+            pending = (int(r.group(1)), number)
+            continue
+        e = _TORCHRUN_EXIT.match(raw)
+        if e and pending is not None:
+            code = int(e.group(1))
+            if code < 0:
+                code = 128 - code
+            if code not in (0, EXIT_REQUEUE):
+                out.append(RankDeath(node, pending[0], code, pending[1]))
+            pending = None
+    return out
+
+
+def _root_death(attempt_path: Path, consequence_ranks: set[int]) -> RankDeath | None:
+    """The rank death that caused the others: one by a signal other than the SIGTERM a launcher
+    sends to the peers of a failed rank, else one whose log holds no consequence of another's
+    failure; on ties the lowest node."""
+    deaths: list[RankDeath] = []
+    for node, path in node_logs(attempt_path):
+        found = rank_deaths(_read_tail(path), node)
+        if found:
+            deaths.append(found[0])
+    if not deaths:
+        return None
+
+    def order(d: RankDeath) -> tuple[int, int, int]:
+        by_signal = d.signal is not None and d.signal != _SIGTERM
+        return (0 if by_signal else 1, 1 if d.rank in consequence_ranks else 0, d.node)
+
+    return min(deaths, key=order)
+
+
 def _candidates(
     attempt_path: Path, procs_per_node: int, codes: dict[int, int]
 ) -> list[tuple[int, int, int | None, _RankErrors, Path]]:
@@ -201,6 +292,19 @@ def _candidates(
     return out
 
 
+def _death_explanation(
+    job_id: str,
+    death: RankDeath,
+    candidates: list[tuple[int, int, int | None, _RankErrors, Path]],
+    attempt_path: Path,
+    codes: dict[int, int],
+) -> Explanation:
+    own = [c for c in candidates if c[2] == death.rank]
+    lines = (death.describe(), *(own[0][3].lines if own else []))
+    path = next((str(p) for n, p in node_logs(attempt_path) if n == death.node), "")
+    return Explanation(job_id, death.node, death.rank, tuple(lines[:MAX_QUOTED]), path, codes)
+
+
 def explain_failure(
     run_dir: Path | str,
     job_id: str,
@@ -216,6 +320,13 @@ def explain_failure(
         attempt_path = attempts[-1][1]
         codes = _exit_codes(attempt_path)
         candidates = _candidates(attempt_path, max(1, procs_per_node), codes)
+        # A rank its launcher saw die of a signal (SIGKILL, SIGSEGV, ...) is the cause: its peers'
+        # errors ("connection closed", a timeout) are what its death did to them. So is, when no
+        # rank wrote an error of its own, the rank that ended first.
+        consequence_ranks = {c[2] for c in candidates if c[2] is not None and c[3].consequence_only}
+        death = _root_death(attempt_path, consequence_ranks)
+        if death is not None and death.signal not in (None, _SIGTERM):
+            return _death_explanation(job_id, death, candidates, attempt_path, codes)
         if candidates and not candidates[0][3].consequence_only:
             _, node, rank, errors, path = candidates[0]
             lines = tuple(errors.lines[:MAX_QUOTED])
@@ -228,6 +339,8 @@ def explain_failure(
             return Explanation(
                 job_id, bad[0] if bad else None, None, tuple(lines[:MAX_QUOTED]), str(run_dir), codes
             )
+        if death is not None:
+            return _death_explanation(job_id, death, candidates, attempt_path, codes)
     # Errors raised around the launch (set-up, the interpreter, a full disk) reach only the scheduler's files.
     for path in scheduler_logs:
         found = scan_errors(_read_tail(path)).get(None)
