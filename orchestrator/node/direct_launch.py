@@ -362,6 +362,10 @@ def _become(script: str, script_args: list[str], env: dict[str, str]) -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()
+    if env.get("PYTHONFAULTHANDLER"):  # a fresh interpreter reads it at start-up
+        import faulthandler
+
+        faulthandler.enable()
     _node_site(extra)
 
 

@@ -108,6 +108,9 @@ def training_environment(
     env.setdefault("WANDB_RUN_ID", tracker_run_id(run_dir))
     env.setdefault("WANDB_RESUME", "allow")
     env.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(run_dir) / TENSORBOARD_DIR))
+    # A rank killed by SIGSEGV/SIGABRT/SIGBUS (a native crash in torch, gloo or NCCL) prints its Python
+    # stack into its log, so the failure report has more to show than an exit code of 139.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     if not plan.uses_cpu:
         # Hang evidence on GPUs: NCCL's flight recorder keeps the last collectives of every rank and
         # dumps them into the attempt's log folder when NCCL's own timeout fires (profile env wins).
