@@ -47,6 +47,7 @@ from orchestrator.contract.run_dir import (
     umask,
 )
 from orchestrator.core.run_lock import RunLocked, run_lock
+from orchestrator.core.snapshot import copy_snapshot, plan_snapshot
 from orchestrator.schedulers import get_scheduler
 from orchestrator.schedulers.base import submission_token
 
@@ -107,10 +108,9 @@ def planned_run_dir(plan: LaunchPlan) -> Path:
 
 
 def snapshot_script(plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
-    """Copy the script's folder so later edits do not change a queued job."""
-    source = Path(plan.script).resolve().parent
+    """Copy the script's folder so later edits do not change a queued job (:mod:`.snapshot`)."""
     target = run_dir / SNAPSHOT_DIR
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "runs", ".git", "*.pyc"))
+    copy_snapshot(plan_snapshot(plan.script), target, plan.profile.share_with_group)
     return replace(plan, script=str(target / Path(plan.script).name))
 
 
@@ -164,6 +164,8 @@ def submit(
     plan, submitted as it is. ``after_job``: the job may start only once that one has ended (a successor).
     """
     check_submittable(plan)
+    if snapshot:
+        plan_snapshot(plan.script)  # too large a folder is refused before anything is created
     share = plan.profile.share_with_group
     with umask(run_umask(share)):
         if existing_run_dir is not None:
@@ -238,7 +240,8 @@ def _submit_into(
 ) -> Submitted:
     scheduler = get_scheduler(plan.profile.scheduler)
     attempt_base: int | None = None
-    token: str | None = None
+    # A new run directory's submission was begun by submit(): end it whatever fails here.
+    token: str | None = submission_token(run_dir, 0) if new_run_dir else None
     try:
         if new_run_dir:
             plan = snapshot_script(plan, run_dir) if snapshot else absolute_script(plan)
