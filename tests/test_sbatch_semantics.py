@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profiles import parse_profile
-from orchestrator.config.render import PYTHON_VAR, render_sbatch
+from orchestrator.config.render import NODE_SETUP_VAR, PYTHON_VAR, render_sbatch
 from orchestrator.contract.errors import UserError
 from tests.helpers.golden import PYTHON, REPO, RUN_DIR, SUBMITIT, Combo, builtin_profiles, combos, plan_for
 
@@ -52,6 +52,24 @@ def parse_script(script: str) -> tuple[list[tuple[str, str | None]], list[str]]:
         "an #SBATCH line after the first command is ignored"
     )
     return directives, body
+
+
+def statements(lines: list[str]) -> list[str]:
+    """The code lines (no blanks, no comments), a quoted string spanning lines joined into one."""
+    out: list[str] = []
+    pending = ""
+    for line in lines:
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            shlex.split(pending)
+        except ValueError:  # "No closing quotation": the string goes on
+            continue
+        out.append(pending)
+        pending = ""
+    assert not pending, f"an unclosed quotation: {pending}"
+    return out
 
 
 def check_script(plan: LaunchPlan, script: str, attempt_base: int = 0) -> None:
@@ -91,14 +109,26 @@ def check_script(plan: LaunchPlan, script: str, attempt_base: int = 0) -> None:
         else:
             assert options[f"--{key}"] == str(value)
     # The body, in order: set-up lines as written, the interpreter looked up after them, the
-    # environment (quoted), then the supervised step as the last command.
-    code = [line for line in body if line.strip() and not line.lstrip().startswith("#")]
+    # environment (quoted), with set-up lines what each node's task runs first (set-up lines and the
+    # environment again), then the supervised step as the last command.
+    code = statements(body)
     setup = list(profile.setup)
     assert code[: len(setup)] == setup
     rest = code[len(setup) :]
     resolve = f"{PYTHON_VAR}=$(command -v {shlex.quote(PYTHON)}) || "
     assert rest[0].startswith(resolve) and "exit 1" in rest[0]
     assert rest[1] == f"export {PYTHON_VAR}"
+    node_setup: list[str] = []
+    if setup:
+        (assignment,) = shlex.split(rest[-2])
+        name, _, node_script = assignment.partition("=")
+        assert name == NODE_SETUP_VAR
+        node_lines = statements(node_script.splitlines())
+        assert node_lines[: len(setup)] == setup and node_lines[-1] == 'exec "$@"', node_lines
+        profile_exports = rest[2 : 2 + len(profile.env)]
+        assert node_lines[len(setup) : -1] == profile_exports, node_lines
+        node_setup = ["bash", "-c", f"${NODE_SETUP_VAR}", "orchestrator-node-setup"]
+        rest = rest[:-2] + rest[-1:]
     exports = [shlex.split(line) for line in rest[2:-1]]
     assert all(words[0] == "export" and len(words) == 2 for words in exports), rest
     expected_env = {k: ("1" if v else "0") if isinstance(v, bool) else str(v) for k, v in profile.env.items()}
@@ -127,7 +157,7 @@ def check_script(plan: LaunchPlan, script: str, attempt_base: int = 0) -> None:
         f"{SUBMITIT}/%j_%t_log.err",
     ]
     task = [f"${PYTHON_VAR}", "-u", "-m", "submitit.core._submit", SUBMITIT]
-    assert step == [*supervisor, "--", *srun, *task]
+    assert step == [*supervisor, "--", *srun, *node_setup, *task]
 
 
 @pytest.mark.parametrize("combo", list(SLURM_PLANS), ids=[c.id for c in SLURM_PLANS])
@@ -177,8 +207,20 @@ def test_a_profile_using_every_key() -> None:
         ('source "$HOME/venvs/train/bin/activate"\n', ""),
         ("export NCCL_IB_HCA=mlx5\n", "export NCCL_IB_HCA=mlx4\n"),
         ("#SBATCH --time=2-00:00:00\n", "#SBATCH --time=01:00:00\n"),
+        ('bash -c "$ORCHESTRATOR_NODE_SETUP" orchestrator-node-setup ', ""),
+        ('\nmodule load cuda/12.4 nccl/2.21\nsource "$HOME/venvs/train/bin/activate"\nexport', "\nexport"),
     ],
-    ids=["requeue", "signal", "kill-on-bad-exit", "supervisor", "setup-line", "env-value", "time"],
+    ids=[
+        "requeue",
+        "signal",
+        "kill-on-bad-exit",
+        "supervisor",
+        "setup-line",
+        "env-value",
+        "time",
+        "setup-not-on-nodes",
+        "node-setup-lines",
+    ],
 )
 def test_the_check_catches_a_script_that_lost_something(mutation: tuple[str, str]) -> None:
     """The checker itself can fail: each of these edits of a real script is caught."""

@@ -112,7 +112,9 @@ def test_node_side_interpreter_comes_from_the_setup_lines(
     slurm_cluster: dict, orch_env: dict, tmp_path: Path
 ) -> None:
     """A venv that only the nodes activate (profile setup), at a path the submitting interpreter knows
-    nothing of; profile key ``python: python`` is looked up after the setup lines."""
+    nothing of; profile key ``python: python`` is looked up after the setup lines. The set-up lines run
+    on every node, before its node entry: each node leaves its own mark and exports its own name (the
+    batch host's environment alone would tell every rank "n1")."""
     venv = tmp_path / "node venv"  # a space: the path must travel as one word
     subprocess.run(
         [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
@@ -128,9 +130,14 @@ def test_node_side_interpreter_comes_from_the_setup_lines(
         "".join(f"import site; site.addsitedir({p!r})\n" for p in outer)
     )
     base = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
-    profiles = user_profile_dir(
-        tmp_path, setup=[*base.get("setup", []), f"source '{venv}/bin/activate'"], python="python"
-    )
+    marks = tmp_path / "setup marks"
+    setup = [
+        *base.get("setup", []),
+        f"source '{venv}/bin/activate'",
+        f"mkdir -p '{marks}' && hostname > '{marks}'/\"$(hostname)\"",
+        'export MARKER_VALUE="set up on $(hostname)"',
+    ]
+    profiles = user_profile_dir(tmp_path, setup=setup, python="python")
     out = tmp_path / "plain"
     res = run_cli(
         [
@@ -160,6 +167,8 @@ def test_node_side_interpreter_comes_from_the_setup_lines(
     assert {r["prefix"] for r in records} == {str(venv)}, records
     assert {r["python"] for r in records} == {str(venv / "bin" / "python")}
     assert len({r["host"] for r in records}) == 2
+    assert [r["marker"] for r in records] == [f"set up on {r['host']}" for r in records], records
+    assert sorted(p.name for p in marks.iterdir()) == sorted(r["host"] for r in records)
     node_log = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text()
     assert f"python={venv}/bin/python" in node_log
 

@@ -277,9 +277,12 @@ def test_whole_script_with_srun_stub(sandbox: dict[str, object]) -> None:
     want = expected_env(sandbox["profile"])  # type: ignore[arg-type]
     sandbox_env(tmp)
     stub = tmp / "stub.sh"
-    args_file, env_file = tmp / "srun_args", tmp / "srun_env"
+    args_file, env_file, node_env_file = tmp / "srun_args", tmp / "srun_env", tmp / "node_env"
+    # The stub also runs what each node's task runs first (set-up lines and environment, then
+    # ``exec "$@"``), with ``env -0`` standing in for the node entry.
     stub.write_text(
-        f'srun() {{ printf "%s\\0" "$@" > {args_file}; env -0 > {env_file}; }}\n'
+        f'srun() {{ printf "%s\\0" "$@" > {args_file}; env -0 > {env_file}; shift 6; '
+        f'"$1" "$2" "$3" "$4" env -0 > {node_env_file}; }}\n'
         "python3() { echo 'python3 must not run' >&2; exit 99; }\n"
     )
     path = tmp / "sbatch.sh"
@@ -295,18 +298,20 @@ def test_whole_script_with_srun_stub(sandbox: dict[str, object]) -> None:
     assert not marker.exists()
     env = parse_dump(env_file.read_bytes())
     assert {k: env[k] for k in want} == want
+    node_env = parse_dump(node_env_file.read_bytes())
+    assert {k: node_env[k] for k in want} == want
     args = [a.decode() for a in args_file.read_bytes().split(b"\0") if a]
     folder = "/SAMPLE/run_dir/submitit"
-    assert args[:7] == [
+    assert args[:6] == [
         "--unbuffered",
         "--kill-on-bad-exit=1",
         "--output",
         f"{folder}/%j_%t_log.out",
         "--error",
         f"{folder}/%j_%t_log.err",
-        sys.executable,
     ]
-    assert args[7:] == ["-u", "-m", "submitit.core._submit", folder]
+    assert args[6] == "bash" and args[7] == "-c" and args[9] == "orchestrator-node-setup", args
+    assert args[10:] == [sys.executable, "-u", "-m", "submitit.core._submit", folder]
 
 
 def test_hostile_run_dir_and_python_via_api(tmp_path: Path) -> None:
@@ -333,7 +338,7 @@ def test_hostile_run_dir_and_python_via_api(tmp_path: Path) -> None:
     assert parse_dump(result.stdout)["ORCHESTRATOR_RUN_DIR"] == run_dir
     args = [a.decode() for a in args_file.read_bytes().split(b"\0") if a]
     assert args[3] == f"{folder}/%j_%t_log.out"
-    assert args[6:] == [python, "-u", "-m", "submitit.core._submit", folder]
+    assert args[10:] == [python, "-u", "-m", "submitit.core._submit", folder]
     directives = dict(sbatch_directives(script))
     check = run_bash(f"set -f\nset -- {directives['--output']}\nprintf '%s' \"$#:$1\"\n", tmp_path)
     assert check.stdout.decode() == f"1:{folder}/%j_0_log.out"

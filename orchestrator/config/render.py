@@ -34,6 +34,9 @@ DEFAULT_MIN_NUM_PARAMS = 1_000_000
 SAMPLE_JOB_ID = "12345"
 #: The shell variable the batch script resolves the node-side interpreter into (profile key ``python``).
 PYTHON_VAR = "ORCHESTRATOR_PYTHON"
+#: The batch script's variable holding what each node's task runs before its node entry: the profile's
+#: set-up lines and environment (``bash -c "$ORCHESTRATOR_NODE_SETUP" ...`` on the srun line).
+NODE_SETUP_VAR = "ORCHESTRATOR_NODE_SETUP"
 
 
 def templates_dir() -> Path:
@@ -228,6 +231,7 @@ def render_sbatch(
         submitit_dir=SUBMITIT_DIR,
         array_task_file=ARRAY_TASK_FILE,
         python_var=PYTHON_VAR,
+        node_setup_var=NODE_SETUP_VAR,
         auto_resume=plan.auto_resume,
         hang_timeout=plan.hang_timeout,
         exclude_nodes=",".join(plan.exclude_nodes),
