@@ -9,12 +9,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
-torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
-
-from orchestrator.rank.dcp_reader import DirectReader, direct_dcp_reads  # noqa: E402
-from tests.helpers import train_launch as tl  # noqa: E402
+from orchestrator.rank.dcp_reader import DirectReader, direct_dcp_reads
+from tests.helpers import train_launch as tl
 
 
 def _source() -> dict[str, torch.Tensor]:

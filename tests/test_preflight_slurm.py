@@ -27,6 +27,7 @@ import pytest
 
 from orchestrator.contract.run_dir import attempt_dir, preflight_dir, read_json
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, user_profile_dir
+from tests.helpers.preconditions import require
 from tests.helpers.slurm_cluster import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -60,8 +61,10 @@ def in_node_netns(node: str, *command: str) -> subprocess.CompletedProcess[str]:
 def test_slow_link_is_named_and_auto_resume_completes_without_it(
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    if slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE") != "netns":
-        pytest.skip("needs the cluster's netns mode (a link of its own per node)")
+    require(
+        slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE") == "netns",
+        "needs the cluster's netns mode (a link of its own per node)",
+    )
     names = slurm_cluster["ORCHESTRATOR_TEST_CLUSTER_NODE_NAMES"].split(",")
     assert len(names) >= 3, names
     first, victim, spare = names[0], names[1], names[2]
