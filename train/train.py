@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         applied = ", ".join(pending.applied) or "none"
         print(
             f"self-check ok: {expectation.describe()} ({found}); workarounds applied: {applied}; "
-            f"{num_params / 1e6:.2f}M parameters; run dir {run_dir}",
+            f"{num_params / 1e6:.2f}M parameters; device {accelerator.device}; run dir {run_dir}",
             flush=True,
         )
 

@@ -90,7 +90,8 @@ def patch_accelerator(module: ModuleType) -> None:
             if self.is_main_process:
                 applied = ", ".join(getattr(self, "_orchestrator_workarounds", [])) or "none"
                 print(
-                    f"[orchestrator] self-check ok: {expectation.describe()} ({found}); workarounds: {applied}",
+                    f"[orchestrator] self-check ok: {expectation.describe()} ({found}); workarounds: {applied}; "
+                    f"device {self.device}",
                     file=sys.stderr,
                     flush=True,
                 )
