@@ -208,3 +208,38 @@ def test_missing_node_interpreter_fails_the_job_with_the_reason(
     logs = run_cli(["logs", job_id], orch_env)
     assert logs.returncode == 0 and "no node logs" in logs.stderr
     assert "python-that-no-node-has" in logs.stdout and "profile key python" in logs.stdout
+
+
+def test_a_node_environment_missing_submitit_says_so_in_status_and_wait(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    """A first-day mistake on a real cluster: the nodes' venv lacks a package. Here it has every package
+    of the suite's environment but submitit (each linked in, submitit left out), so Python's ``-m``
+    fails with its own one-line format (no traceback): ``python: Error while finding module
+    specification for 'submitit.core._submit' (ModuleNotFoundError: No module named 'submitit')``.
+    ``wait`` and ``status`` must show that line and the node, not "no error found"."""
+    venv = tmp_path / "node venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (venv_site,) = venv.glob("lib/python*/site-packages")
+    outer = [Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    for site in outer:
+        for entry in site.iterdir():
+            if entry.name.lower().startswith("submitit") or (venv_site / entry.name).exists():
+                continue
+            (venv_site / entry.name).symlink_to(entry)
+    base = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+    profiles = user_profile_dir(
+        tmp_path, setup=[*base.get("setup", []), f"source '{venv}/bin/activate'"], python="python"
+    )
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "1", "--wait",
+         "--poll", "0.5", "--", SCRIPT, "--expect-world-size", "1", "--out", str(tmp_path / "plain")],
+        orch_env,
+        timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    job_id, _ = job_and_run_dir(res.stdout)
+    assert "No module named 'submitit'" in res.stdout, res.stdout
+    status = json.loads(run_cli(["status", job_id, "--json"], orch_env, timeout=60).stdout)["jobs"][0]
+    assert status["state"] == "FAILED", status
+    assert "No module named 'submitit'" in status["reason"] and "node 0" in status["reason"], status

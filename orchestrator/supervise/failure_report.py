@@ -40,7 +40,10 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s.*|:?)$")
 _ERROR_TEXT = re.compile(
     r"No space left on device|Disk quota exceeded|SELF-CHECK FAILED|^\[rank \d+\]\s+- |^error: |NCCL error|"
     r"ncclInternalError|ncclSystemError|CUDA out of memory|out of memory|Segmentation fault|"
-    r"core dumped|Bus error",
+    r"core dumped|Bus error|"
+    # Python's own one-line failures, which never reach a traceback: `python -m` of a module that is
+    # not there (a node environment without a package), a script that is not there, a missing command.
+    r"Error while finding module specification|can't open file|No module named|: command not found",
 )
 #: What a rank dies of when *another* rank failed: consequences, never the cause.
 _CONSEQUENCE = re.compile(
