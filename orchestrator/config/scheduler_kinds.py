@@ -33,6 +33,10 @@ class SchedulerKind:
     gpus_of_this_machine: bool
     """Whether its nodes are this machine: a GPU profile then trains on the GPUs found here (counted at
     planning, :mod:`orchestrator.config.gpus`), one rank per GPU, never more than there are."""
+    ends_for_good: bool
+    """Whether a job that has ended can never run again under its id (local: a new attempt is a new
+    job). Where it can (Slurm: ``scontrol requeue``, a requeue after NODE_FAIL), an ended state may
+    still move on while the scheduler reports it."""
     rdzv_backend: str | None
     """torchrun's rendezvous backend; None: the profile's ``rdzv_backend``. Local simulated nodes share
     one host, where c10d's rendezvous races for the port: static."""
@@ -47,6 +51,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
         has_arrays=True,
         render_main_ip="10.0.0.1",
         gpus_of_this_machine=False,
+        ends_for_good=False,
         rdzv_backend=None,
     ),
     "local": SchedulerKind(
@@ -57,6 +62,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
         has_arrays=False,
         render_main_ip="127.0.0.1",
         gpus_of_this_machine=True,
+        ends_for_good=True,
         rdzv_backend="static",
     ),
 }

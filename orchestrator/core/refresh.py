@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.contract import run_alive
 from orchestrator.contract.job_states import JobState
+from orchestrator.contract.run_dir import JOB_ID_FILE
 from orchestrator.schedulers.query import QueryResult, SchedulerState, combine, state_record
 
 if TYPE_CHECKING:
@@ -37,6 +41,42 @@ def _final(job: JobRecord) -> SchedulerState:
     )
 
 
+def settle(job: JobRecord, st: SchedulerState, ends_for_good: bool) -> SchedulerState:
+    """The two rules every scheduler's answer passes through.
+
+    An ended state is final: a job recorded as ended stays ended where nothing can run it again
+    under its id (``ends_for_good``). Measured before this rule: moving a COMPLETED local job's run
+    directory turned it PENDING ("local launcher has not started"), recorded as such, and ``wait``
+    never returned. A job has ended only when its processes are gone: an end reported while a
+    process of the run still holds the run's lock (:mod:`orchestrator.contract.run_alive`) reads
+    RUNNING, naming the pids."""
+    if job.last_state.is_terminal() and not st.state.is_terminal():
+        if ends_for_good:
+            return replace(
+                st, state=job.last_state, raw_state=job.last_state.value, reason=st.reason or job.reason
+            )
+        return st
+    if st.state.is_terminal() and not job.last_state.is_terminal() and _newest_of_its_run(job):
+        living = run_alive.holders(job.run_dir)
+        if living is not None:
+            where = f"pid {', '.join(map(str, living))}" if living else "a process on another host"
+            return replace(
+                st,
+                state=JobState.RUNNING,
+                raw_state=JobState.RUNNING.value,
+                reason=f"{st.state.value} reported, but {where} of the run still runs",
+            )
+    return st
+
+
+def _newest_of_its_run(job: JobRecord) -> bool:
+    """Whether the run directory's ``job_id`` file names ``job`` (a resume hands it to a new job)."""
+    try:
+        return (Path(job.run_dir) / JOB_ID_FILE).read_text().strip() in ("", job.job_id)
+    except OSError:
+        return False
+
+
 def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: float = 5.0) -> QueryResult:
     """Current state of ``jobs`` (one batched query per scheduler), written back to the registry
     (history grows only on change, plus node list / exit code / reason).
@@ -57,8 +97,12 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
     errors: list[str] = []
     calls = {"squeue": 0, "sacct": 0}
     for name, group in by_scheduler.items():
-        result = get_scheduler(name).query(group, timeout_s, fallback)
-        states.update(result.states)
+        scheduler = get_scheduler(name)
+        result = scheduler.query(group, timeout_s, fallback)
+        for job in group:
+            st = result.states.get(job.job_id)
+            if st is not None:
+                states[job.job_id] = settle(job, st, scheduler.kind.ends_for_good)
         errors.extend(result.errors)
         for key, count in result.calls.items():
             calls[key] = calls.get(key, 0) + count

@@ -94,11 +94,20 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
     run's newest job (this one, or the one its run went on in) must be over first. A run that
     completed has nothing left to train. Called under the run's lock, so no other resume can submit
     between this check and this one's submission."""
+    from orchestrator.contract import run_alive
     from orchestrator.contract.job_states import JobState
     from orchestrator.core.refresh import refresh_states
 
     newest = registry.run_of(job_id).newest_job_id
     record = registry.get(newest)
+    living = run_alive.holders(record.run_dir)
+    if living is not None:
+        # Whatever any scheduler says: a process of the run (an orphaned rank, say) still trains.
+        who = f"pid {', '.join(map(str, living))}" if living else "a process on another host"
+        raise UserError(
+            f"job {job_id}: {who} of its run still runs in {record.run_dir}; a resume now would train "
+            f"twice in one run directory. Wait for it to end, or cancel it (orchestrator cancel {newest})"
+        )
     st = refresh_states(registry, [record]).states.get(newest)
     state = st.state if st is not None else record.last_state
     if state is JobState.COMPLETED:
@@ -151,9 +160,10 @@ def _resume_locked(
     previous = LaunchPlan.from_json(data)
     checkpoint = last_complete_checkpoint(run_dir)
     if checkpoint is None:
-        raise UserError(
-            f"job {asked}: no complete checkpoint in {run_dir / 'checkpoints'}; nothing to resume from"
-        )
+        from orchestrator.contract.run_dir import hook_checkpoint_dirs
+
+        where = ", ".join(str(d) for d in [run_dir / "checkpoints", *hook_checkpoint_dirs(run_dir)])
+        raise UserError(f"job {asked}: no complete checkpoint of this run in {where}; nothing to resume from")
     plan = resume_plan(previous, **changes)
     check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
     submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))

@@ -39,7 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.env import LAUNCHER_ENV
+from orchestrator.contract import run_alive
+from orchestrator.contract.env import LAUNCHER_ENV, RUN_DIR_ENV
 
 #: The environment variable carrying the profile's ``launcher`` to the node's launcher.
 #: Seconds the other ranks get to leave after one failed, before SIGKILL (torchrun: 30).
@@ -67,13 +68,21 @@ def not_direct_reason(args: Any, env: dict[str, str]) -> str | None:
     return None
 
 
-def rank_environments(args: Any) -> list[dict[str, str]]:
+def rank_environments(args: Any, held_port: int | None = None) -> list[dict[str, str]]:
     """One environment per local rank: Accelerate's launch environment plus torchrun's worker variables.
 
-    Runs in the launcher with ``os.environ`` already the ranks' base environment."""
-    from accelerate.utils.launch import prepare_multi_gpu_env
+    Runs in the launcher with ``os.environ`` already the ranks' base environment. ``held_port``: the
+    rendezvous port this launcher holds itself (handed over by the node): Accelerate's check that
+    the port is free must not count that one as taken."""
+    import accelerate.utils.launch as accelerate_launch
 
-    base = prepare_multi_gpu_env(args)  # also validates the port as accelerate launch does
+    in_use = accelerate_launch.is_port_in_use
+    if held_port is not None:
+        accelerate_launch.is_port_in_use = lambda port=None: int(port or 0) != held_port and in_use(port)  # type: ignore[assignment]
+    try:
+        base = accelerate_launch.prepare_multi_gpu_env(args)  # validates the port as accelerate launch does
+    finally:
+        accelerate_launch.is_port_in_use = in_use
     nnodes = int(args.num_machines or 1)
     nproc = int(args.nproc_per_node)
     node_rank = int(getattr(args, "node_rank", 0) or 0) if nnodes > 1 else 0
@@ -157,10 +166,16 @@ def run_ranks(
             signal.signal(sig, _parent_signal)
     ranks: dict[int, _Rank] = {}
     sel = selectors.DefaultSelector()
+    launcher = os.getpid()
     for local, env in enumerate(envs):
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the rank; never returns
+            # A rank never outlives its launcher, and holds the run's lock itself (run_alive).
+            run_alive.die_with_parent(launcher)
+            run_alive.forget_inherited()
+            if env.get(RUN_DIR_ENV):
+                run_alive.hold(env[RUN_DIR_ENV])
             os.close(read_fd)
             for other in ranks.values():
                 os.close(other.fd)

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.contract import run_alive
 from orchestrator.contract.attempt_start import NO_HOOK, describe_start, read_attempt_start
 from orchestrator.contract.env import (
     ATTEMPT_ENV,
@@ -189,7 +190,6 @@ def _launch_and_wait(
         NodeRuntime,
         accelerate_launch_command,
         needs_deepspeed_config_file,
-        port_for_job,
         render_accelerate_config,
         render_deepspeed_config,
     )
@@ -197,7 +197,7 @@ def _launch_and_wait(
 
     host = socket.gethostname()
     main_ip = node.main_ip(plan, path)
-    port = port_for_job(node.job_id, plan.profile.port_range.start, plan.profile.port_range.end)
+    port, listener = _rendezvous_port(plan, node, path)
     runtime = NodeRuntime(machine_rank=node.node_rank, main_process_ip=main_ip, main_process_port=port)
     config_path = node_config_file(path, node.node_rank)
     deepspeed_path = None
@@ -219,6 +219,8 @@ def _launch_and_wait(
     )
     stop = stop_signal(plan.profile.signal.name)
     if relay.received:
+        if listener is not None:
+            listener.close()
         # Stopped before training started: nothing to checkpoint. The pre-timeout signal asks
         # for a requeue (the next attempt resumes from the last complete checkpoint).
         code = EXIT_REQUEUE if stop in relay.received else 128 + relay.received[0]
@@ -237,11 +239,11 @@ def _launch_and_wait(
     env = training_environment(plan, node, run_dir, attempt)
     started = time.monotonic()
     launched_at = time.time()
-    launcher = prewarmed.hand_off(argv, env, log_path, node_log_bin)
+    launcher = prewarmed.hand_off(argv, env, log_path, node_log_bin, listener)
     node_pid_file(path, node.node_rank).write_text(str(launcher.pid))
     relay.launcher = launcher
     try:
-        code = _wait_or_stop_on_failed_peer(launcher, node, path, log)
+        code = _wait_or_stop_on_failed_peer(launcher, node, path, log, relay)
     finally:
         kill_tree(launcher.pid)
     elapsed = time.monotonic() - started
@@ -278,15 +280,66 @@ def _launch_and_wait(
     return code
 
 
+#: In the attempt's folder: the port node 0 of a job on a shared host chose (:func:`_rendezvous_port`).
+RENDEZVOUS_PORT_FILE = "rendezvous_port"
+#: How long the other nodes wait for node 0 to choose it.
+RENDEZVOUS_PORT_WAIT_S = 60.0
+
+
+def _rendezvous_port(plan: LaunchPlan, node: NodeEnvironment, path: Path) -> tuple[int, Any]:
+    """The rendezvous port, and on node 0 of a job on a shared host the socket that holds it.
+
+    A node that is a whole machine of the job's own uses the port derived from the job id. Simulated
+    nodes share one machine with other jobs, whose ids come from other registries (every
+    ``ORCHESTRATOR_HOME`` numbers from ``local-1``): there node 0 takes a port nobody holds, keeps it
+    bound and listening until its launcher's store owns it (the socket is handed over), and writes it
+    where the other nodes read it. Measured before: two registries' ``local-1`` both chose port 29614
+    and the second failed at once."""
+    from orchestrator.config.render import port_for_job
+    from orchestrator.contract.run_dir import write_json_atomic
+
+    start, end = plan.profile.port_range.start, plan.profile.port_range.end
+    derived = port_for_job(node.job_id, start, end)
+    if not node.shares_host:
+        return derived, None
+    record = path / RENDEZVOUS_PORT_FILE
+    if node.is_first_node:
+        from orchestrator.node.launch_store import hold_free_port
+
+        try:
+            listener = hold_free_port(derived, start, end)
+        except OSError as exc:
+            raise RunFailure(f"rendezvous: {exc}") from None
+        port = int(listener.getsockname()[1])
+        write_json_atomic(record, {"port": port})
+        return port, listener
+    deadline = time.monotonic() + RENDEZVOUS_PORT_WAIT_S
+    while True:
+        from orchestrator.contract.run_dir import read_json
+
+        data = read_json(record) or {}
+        if isinstance(data.get("port"), int):
+            return int(data["port"]), None
+        if time.monotonic() > deadline:
+            raise RunFailure(
+                f"node 0 chose no rendezvous port within {RENDEZVOUS_PORT_WAIT_S:.0f} s ({record})"
+            )
+        time.sleep(0.1)
+
+
 #: How often a running node looks for a failed peer (local jobs; see NodeEnvironment.failed_peer).
 PEER_CHECK_S = 0.5
 #: This node's exit code when its training was stopped because another node failed (SIGTERM's).
 EXIT_PEER_FAILED = 128 + int(signal.SIGTERM)
 
 
-def _wait_or_stop_on_failed_peer(launcher: Any, node: NodeEnvironment, path: Path, log: Any) -> int:
+def _wait_or_stop_on_failed_peer(
+    launcher: Any, node: NodeEnvironment, path: Path, log: Any, relay: SignalRelay | None = None
+) -> int:
     """Wait for the launcher; if another node of the job fails meanwhile, stop this node's training
-    (as the Slurm step's kill-on-bad-exit does) and return :data:`EXIT_PEER_FAILED`."""
+    (as the Slurm step's kill-on-bad-exit does) and return :data:`EXIT_PEER_FAILED`. Where the
+    scheduler does not kill what outlives a SIGTERM by itself (``node.kill_wait_s``: Slurm's KillWait
+    does it there), training still running that long after one is killed (SIGKILL's exit code)."""
     import subprocess
 
     while True:
@@ -294,6 +347,23 @@ def _wait_or_stop_on_failed_peer(launcher: Any, node: NodeEnvironment, path: Pat
             return int(launcher.wait(timeout=PEER_CHECK_S))
         except subprocess.TimeoutExpired:
             pass
+        wait_s = node.kill_wait_s
+        if (
+            wait_s is not None
+            and relay is not None
+            and relay.terminated_at is not None
+            and time.monotonic() - relay.terminated_at >= wait_s
+        ):
+            print(
+                f"[orchestrator node] training still running {wait_s:.0f} s after SIGTERM: killing it",
+                file=log,
+                flush=True,
+            )
+            kill_tree(launcher.pid)
+            with contextlib.suppress(OSError):
+                launcher.kill()
+            launcher.wait()
+            return 128 + int(signal.SIGKILL)
         peer = node.failed_peer(path)
         if peer is None:
             continue
@@ -328,9 +398,13 @@ class NodeTask:
         for sig in FORWARDED_SIGNALS:
             if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored on purpose: a local job's SIGINT
                 signal.signal(sig, _note_signal)
+        run_dir = Path(self.run_dir)
+        # Nothing of the run outlives this process's parent (the scheduler's task starter), and the
+        # run reads as alive while this process lives (orchestrator.contract.run_alive).
+        run_alive.die_with_parent(os.getppid())
+        run_alive.hold(run_dir)
         # First of all, so that its imports overlap the plan's and the config rendering.
         prewarmed = PrewarmedLauncher()
-        run_dir = Path(self.run_dir)
         try:
             from orchestrator.config.plan import LaunchPlan
             from orchestrator.schedulers import get_scheduler

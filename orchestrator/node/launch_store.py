@@ -26,30 +26,53 @@ from typing import Any
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def listen_early(envs: list[dict[str, str]]) -> socket.socket | None:
+def listen_early(envs: list[dict[str, str]], held: socket.socket | None = None) -> socket.socket | None:
     """Node 0: the store's listening socket (bound now), and the ranks told to be clients. Other
     nodes: ranks told to be clients (of node 0's launcher or, if it could not bind, of rank 0: the
     client side is the same). None where nothing was bound (not node 0, or the port is taken: then
-    rank 0 hosts the store as before, and meets the same error it always would)."""
+    rank 0 hosts the store as before, and meets the same error it always would). ``held``: the port's
+    socket, bound and listening since the node chose the port (a local job's node 0): used as it is."""
     if not envs:
+        if held is not None:
+            held.close()
         return None
     for env in envs:
         env[USE_AGENT_STORE] = "True"
     if envs[0].get("GROUP_RANK", "0") != "0":
+        if held is not None:
+            held.close()
         return None
-    port = int(envs[0]["MASTER_PORT"])
+    if held is not None:
+        return held
     try:
-        if socket.has_dualstack_ipv6():
-            listener = socket.create_server(
-                ("", port), family=socket.AF_INET6, backlog=socket.SOMAXCONN, dualstack_ipv6=True
-            )
-        else:
-            listener = socket.create_server(("", port), backlog=socket.SOMAXCONN)
+        return bind_listener(int(envs[0]["MASTER_PORT"]))
     except OSError:
         for env in envs:
             env[USE_AGENT_STORE] = "False"
         return None
-    return listener
+
+
+def bind_listener(port: int) -> socket.socket:
+    """A socket listening on ``port`` on every address (OSError where the port is taken)."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(
+            ("", port), family=socket.AF_INET6, backlog=socket.SOMAXCONN, dualstack_ipv6=True
+        )
+    return socket.create_server(("", port), backlog=socket.SOMAXCONN)
+
+
+def hold_free_port(first: int, start: int, end: int) -> socket.socket:
+    """A listening socket on the first port of ``[start, end]`` that nobody holds, trying from
+    ``first`` on. The caller keeps it until the store owns it (:func:`listen_early`'s ``held``): a
+    port that is only checked and let go can be taken by another job before the store binds it."""
+    span = end - start + 1
+    for i in range(span):
+        port = start + (first - start + i) % span
+        try:
+            return bind_listener(port)
+        except OSError:
+            continue
+    raise OSError(f"no free port in {start}-{end}")
 
 
 def serve(listener: socket.socket, env: dict[str, str]) -> Any:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,56 +32,94 @@ class PrewarmedLauncher:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.channel: socket.socket | None = None
         import importlib.util
 
         if importlib.util.find_spec("accelerate") is None:
             return  # the plain ``accelerate`` command is used then (launcher_argv)
-        from orchestrator.node.launcher_shim import PREWARMED_ARG, TITLE_ROOM
+        from orchestrator.node.launcher_shim import CHANNEL_ENV, PARENT_ENV, PREWARMED_ARG, TITLE_ROOM
 
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", SHIM_MODULE, PREWARMED_ARG, " " * TITLE_ROOM],
-            stdin=subprocess.PIPE,
-            start_new_session=True,
-        )
+        # A channel for the rendezvous socket the node may hand over later (hand_off's ``listener``).
+        self.channel, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", SHIM_MODULE, PREWARMED_ARG, " " * TITLE_ROOM],
+                stdin=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(theirs.fileno(),),
+                env={**os.environ, PARENT_ENV: str(os.getpid()), CHANNEL_ENV: str(theirs.fileno())},
+            )
+        finally:
+            theirs.close()
 
     def hand_off(
-        self, argv: list[str], env: dict[str, str], log_path: Path, node_log_bin: IO[bytes]
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        node_log_bin: IO[bytes],
+        listener: socket.socket | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Run ``argv`` (``accelerate launch ...``) in the prewarmed interpreter, or start it now."""
+        """Run ``argv`` (``accelerate launch ...``) in the prewarmed interpreter, or start it now.
+
+        ``listener``: the rendezvous port's socket, bound by the node since it chose the port; the
+        prewarmed launcher gets the socket itself (over its channel), so the port is never free
+        between the choice and the store. Closed here in every case."""
+        from orchestrator.node.launcher_shim import PARENT_ENV
+
         proc, self.proc = self.proc, None
-        if proc is None or argv[:1] != ["accelerate"] or proc.poll() is not None:
-            if proc is not None:
-                _discard(proc)
-            return subprocess.Popen(
-                launcher_argv(argv),
-                env=env,
-                stdout=node_log_bin,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        assert proc.stdin is not None
-        request = json.dumps({"argv": argv[1:], "env": env, "log": str(log_path)})
+        channel, self.channel = self.channel, None
+        fresh_env = {**env, PARENT_ENV: str(os.getpid())}
         try:
-            proc.stdin.write(request.encode() + b"\n")
-            proc.stdin.close()
-        except BrokenPipeError:  # it died while importing: start the command the ordinary way
-            _discard(proc)
-            return subprocess.Popen(
-                launcher_argv(argv),
-                env=env,
-                stdout=node_log_bin,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
+            if proc is None or argv[:1] != ["accelerate"] or proc.poll() is not None:
+                if proc is not None:
+                    _discard(proc)
+                return _start(argv, fresh_env, node_log_bin, listener)
+            assert proc.stdin is not None
+            request = json.dumps(
+                {"argv": argv[1:], "env": env, "log": str(log_path), "listener": listener is not None}
             )
-        return proc
+            try:
+                if listener is not None:
+                    assert channel is not None
+                    socket.send_fds(channel, [b"L"], [listener.fileno()])
+                proc.stdin.write(request.encode() + b"\n")
+                proc.stdin.close()
+            except (BrokenPipeError, ConnectionError):  # it died while importing: the ordinary way
+                _discard(proc)
+                return _start(argv, fresh_env, node_log_bin, listener)
+            return proc
+        finally:
+            if listener is not None:
+                listener.close()
+            if channel is not None:
+                channel.close()
 
     def discard(self) -> None:
         """Not launching after all: stop the prewarmed interpreter."""
         proc, self.proc = self.proc, None
         if proc is not None:
             _discard(proc)
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+
+
+def _start(
+    argv: list[str], env: dict[str, str], node_log_bin: IO[bytes], listener: socket.socket | None
+) -> subprocess.Popen[bytes]:
+    """The launcher started now. Its rendezvous is bound by whoever hosts the store there (rank 0, or
+    torchrun's agent), so a port held by the node is let go just before."""
+    if listener is not None:
+        listener.close()
+    return subprocess.Popen(
+        launcher_argv(argv),
+        env=env,
+        stdout=node_log_bin,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _discard(proc: subprocess.Popen[bytes]) -> None:
@@ -110,6 +150,8 @@ class SignalRelay:
         """Signals that end the attempt: one that arrives before any worker exists stops the launcher
         (a worker started later would never hear of it and train on until the hard kill)."""
         self.received: list[int] = []
+        self.terminated_at: float | None = None
+        """When the first SIGTERM arrived (monotonic): the grace before the kill starts then."""
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -133,6 +175,8 @@ class SignalRelay:
         import psutil
 
         self.received.append(signum)
+        if signum == signal.SIGTERM and self.terminated_at is None:
+            self.terminated_at = time.monotonic()
         name = signal.Signals(signum).name
         if self.launcher is None or self.launcher.returncode is not None:
             self._say(f"received {name} while no training runs")

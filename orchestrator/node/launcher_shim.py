@@ -24,8 +24,12 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
+
+from orchestrator.contract import run_alive
+from orchestrator.contract.env import RUN_DIR_ENV
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -39,11 +43,19 @@ TITLE_ROOM = 2048
 #: Makes torch ask NVML, not the CUDA driver, whether CUDA is there: ranks forked from this process
 #: cannot use a driver initialized in it (orchestrator.node.direct_launch). Never passed on to the ranks.
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+#: The node entry's pid: this launcher dies with it (and its ranks with this launcher). Not passed on.
+PARENT_ENV = "ORCHESTRATOR_LAUNCHER_PARENT"
+#: The prewarmed launcher's end of a socket pair on which the node hands over the rendezvous socket.
+CHANNEL_ENV = "ORCHESTRATOR_LAUNCHER_CHANNEL"
 
 
 def main() -> int:
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, _ignore)
+    parent = os.environ.pop(PARENT_ENV, "")
+    if parent.isdigit():
+        run_alive.die_with_parent(int(parent))
+    channel_fd = os.environ.pop(CHANNEL_ENV, "")
     from orchestrator.node.direct_launch import prepare_titles
 
     prepare_titles()
@@ -59,6 +71,14 @@ def main() -> int:
     if not line.strip():
         return 0
     request = json.loads(line)
+    listener = None
+    if request.get("listener") and channel_fd.isdigit():
+        with socket.socket(fileno=int(channel_fd)) as channel:
+            _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+        if fds:
+            listener = socket.socket(fileno=fds[0])
+    if request["env"].get(RUN_DIR_ENV):
+        run_alive.hold(request["env"][RUN_DIR_ENV])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -68,7 +88,7 @@ def main() -> int:
     os.dup2(log, 2)
     os.environ.clear()
     os.environ.update(request["env"])
-    code = _direct_launch(request["argv"])
+    code = _direct_launch(request["argv"], listener)
     if code is not None:
         return code
     _accelerate(request["argv"])
@@ -100,10 +120,14 @@ def _cuda_checks_through_nvml() -> Iterator[bool]:
             os.environ.pop(NVML_CHECK, None)
 
 
-def _direct_launch(argv: list[str]) -> int | None:
+def _direct_launch(argv: list[str], held: socket.socket | None = None) -> int | None:
     """``accelerate launch`` of DDP/FSDP with its ranks forked here (orchestrator.node.direct_launch); None
-    where the launch must go through torchrun (then nothing was started)."""
+    where the launch must go through torchrun (then nothing was started). ``held``: the rendezvous
+    port's socket, bound by the node entry since it chose the port (closed here where torchrun's agent
+    binds the port itself)."""
     if argv[:1] != ["launch"]:
+        if held is not None:
+            held.close()
         return None
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
@@ -112,11 +136,15 @@ def _direct_launch(argv: list[str]) -> int | None:
     with _cuda_checks_through_nvml() as added:
         args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
         reason = direct_launch.not_direct_reason(args, dict(os.environ))
-        envs = [] if reason else direct_launch.rank_environments(args)  # before torch._dynamo sets variables
+        held_port = int(held.getsockname()[1]) if held is not None else None
+        # before torch._dynamo sets variables
+        envs = [] if reason else direct_launch.rank_environments(args, held_port)
     if added:  # the ranks' environment is the node's, without it
         for env in envs:
             env.pop(NVML_CHECK, None)
-    listener = None if reason else launch_store.listen_early(envs)  # before the ~1 s of preimport
+    if reason and held is not None:
+        held.close()
+    listener = None if reason else launch_store.listen_early(envs, held)  # before the ~1 s of preimport
     reason = reason or direct_launch.preimport()
     if reason is not None:
         if listener is not None:

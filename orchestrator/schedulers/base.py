@@ -206,6 +206,12 @@ class NodeEnvironment(ABC):
     job_id: str
     restarts: int
     """How many times the scheduler requeued this job (0 on the first run)."""
+    shares_host: bool = False
+    """Whether the job's nodes share their machine with other jobs' nodes (simulated local nodes):
+    its rendezvous port must then be one nobody holds, not one derived from the job id."""
+    kill_wait_s: float | None = None
+    """Seconds between a SIGTERM and the SIGKILL of whatever training still runs, where the node
+    must do it itself (Slurm's KillWait does it on a cluster: None)."""
 
     @property
     def is_first_node(self) -> bool:

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from orchestrator.schedulers.query import QueryResult
 
 LOCALHOST = "127.0.0.1"
+#: Seconds from a local job's SIGTERM (``cancel``) to the SIGKILL of what still trains (Slurm's
+#: KillWait, 30 s by default); the environment of the submitting command may set it.
+KILL_WAIT_ENV = "ORCHESTRATOR_LOCAL_KILL_WAIT_S"
+KILL_WAIT_S = 30.0
 #: How long node 0 of a local job waits for the other simulated nodes' exit codes.
 LOCAL_PEER_WAIT_S = 60.0
 CONTROLLER_LOG = "controller.log"
@@ -55,6 +59,11 @@ class LocalNodeEnvironment(NodeEnvironment):
         self.hostnames = [LOCALHOST] * env.num_tasks
         self.job_id = job_key
         self.restarts = 0
+        self.shares_host = True
+        try:
+            self.kill_wait_s = max(0.0, float(os.environ.get(KILL_WAIT_ENV, KILL_WAIT_S)))
+        except ValueError:
+            self.kill_wait_s = KILL_WAIT_S
 
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         return LOCALHOST
@@ -302,16 +311,34 @@ class LocalScheduler(Scheduler):
     def query(
         self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]
     ) -> QueryResult:
+        from orchestrator.contract.job_states import JobState
         from orchestrator.schedulers.local.state import local_state
         from orchestrator.schedulers.query import QueryResult, SchedulerState
 
         states: dict[str, SchedulerState] = {}
+        errors: list[str] = []
         for job in jobs:
             if not owns_run_dir(job):
                 # A later job (`resume`) runs in this run directory now: its files describe that job.
                 # This one's outcome was recorded when it was handed over (prepare_run_dir).
                 states[job.job_id] = SchedulerState(
                     job_id=job.job_id, state=job.last_state, raw_state=job.last_state.value, source="registry"
+                )
+                continue
+            if not Path(job.run_dir).is_dir():
+                # Everything a local job is lives there: without it, say so and keep what the
+                # registry recorded (an ended job stays ended: orchestrator.core.refresh.settle).
+                recorded = job.last_state if job.last_state.is_terminal() else JobState.UNKNOWN
+                missing = f"run directory {job.run_dir} is missing"
+                errors.append(f"job {job.job_id}: {missing}")
+                states[job.job_id] = SchedulerState(
+                    job_id=job.job_id,
+                    state=recorded,
+                    raw_state=recorded.value,
+                    source="registry",
+                    stale=True,
+                    reason=f"{missing}; recorded: {job.reason}" if job.reason else missing,
+                    exit_code=job.exit_code,
                 )
                 continue
             ls = local_state(job.run_dir)
@@ -325,7 +352,11 @@ class LocalScheduler(Scheduler):
                 node_list="localhost",
             )
         return QueryResult(
-            states=states, source="run_dir", stale=False, errors=(), calls={"squeue": 0, "sacct": 0}
+            states=states,
+            source="run_dir",
+            stale=bool(errors),
+            errors=tuple(errors),
+            calls={"squeue": 0, "sacct": 0},
         )
 
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:

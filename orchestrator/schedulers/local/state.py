@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.contract import run_alive
 from orchestrator.contract.job_states import JobState
 from orchestrator.contract.run_dir import (
     CANCEL_MARKER,
@@ -30,6 +31,8 @@ class LocalState:
     exit_code: int | None = None
     reason: str | None = None
     alive_pids: tuple[int, ...] = ()
+    holders: tuple[int, ...] = ()
+    """The pids on this host that hold the run's lock (orchestrator.contract.run_alive)."""
 
 
 def read_local_pids(run_dir: Path) -> dict[str, int]:
@@ -79,6 +82,19 @@ def local_state(run_dir: Path | str) -> LocalState:
     final record (FAILED). No pid file yet means the launcher has not started (PENDING).
     """
     run_dir = Path(run_dir)
+    living = run_alive.holders(run_dir)
+    if living is not None:
+        # A job has ended only when its processes are gone (orchestrator.contract.run_alive), whatever
+        # its controller or its final record say: a rank orphaned by a killed controller trains on.
+        recorded = read_local_pids(run_dir)
+        try:
+            started: float | None = (run_dir / LOCAL_PIDS_FILE).stat().st_mtime
+        except OSError:
+            started = None
+        recorded_alive = [p for p in recorded.values() if _pid_alive(p, started)]
+        # Signals go to the recorded controller while it lives (it reaches every node); to the
+        # processes holding the run's lock once it is gone.
+        return LocalState(JobState.RUNNING, alive_pids=tuple(recorded_alive or living), holders=tuple(living))
     final = read_json(run_dir / LOCAL_STATE_FILE)
     if final is not None:
         raw = str(final.get("state", "UNKNOWN")).upper()

@@ -1,0 +1,168 @@
+"""Nothing trains twice, and no state goes backwards (issue 35, items 1 and 2), on the local profile.
+
+Real jobs, real signals: ``kill -9`` of the job's controller or of a node's launcher must take every
+rank with it, ``status`` must not call the job ended while a process of it lives, and ``resume`` must
+refuse while one does, naming its pid. A job that ended stays ended when its run directory goes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli
+
+pytestmark = pytest.mark.slow
+SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[int]]:
+    """Pids this test started outside a job (strays it made): killed on teardown, with every job."""
+    extra: list[int] = []
+    yield extra
+    for pids in (tmp_path / "runs").glob("*/local_pids.json"):
+        for pid in json.loads(pids.read_text()).values():
+            kill_tree(int(pid))
+    for ranks in (tmp_path / "runs").glob("*/logs/attempt_*/node_*_ranks/rank_pids.json"):
+        record = json.loads(ranks.read_text())
+        for pid in [record["launcher"], *record["ranks"].values()]:
+            kill_tree(int(pid))
+    for stray in (tmp_path / "runs").glob("*/stray.pid"):
+        kill_tree(int(stray.read_text()))
+    for pid in extra:
+        kill_tree(pid)
+
+
+def _submit(env: dict[str, str], *script_args: str, nodes: int = 2) -> tuple[str, Path]:
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", str(nodes), "--procs-per-node", "1", "--", SCRIPT]
+        + list(script_args),
+        env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    return job_and_run_dir(res.stdout)
+
+
+def _training(run_dir: Path, nodes: int) -> dict[str, list[int]] | None:
+    """``{"launchers", "ranks"}`` once every node's ranks are forked and one has trained a step."""
+    records = sorted(run_dir.glob("logs/attempt_0/node_*_ranks/rank_pids.json"))
+    metrics = run_dir / "metrics.jsonl"
+    if len(records) < nodes or not metrics.exists() or not metrics.read_text().strip():
+        return None
+    found: dict[str, list[int]] = {"launchers": [], "ranks": []}
+    for path in records:
+        record = json.loads(path.read_text())
+        found["launchers"].append(int(record["launcher"]))
+        found["ranks"].extend(int(p) for p in record["ranks"].values())
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _state(env: dict[str, str], job_id: str) -> dict:
+    res = run_cli(["status", job_id, "--json"], env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)["jobs"][0]
+
+
+def _ends_only_when_ranks_are_gone(env: dict[str, str], job_id: str, ranks: list[int]) -> dict:
+    """Poll until the job reads ended; at every look where it does, no rank may be alive."""
+
+    def ended() -> dict | None:
+        row = _state(env, job_id)
+        if row["terminal"]:  # then gone already when status looked: alive after it, they were then too
+            living = _alive(ranks)
+            assert living == [], f"{row['state']} while {living} train"
+            return row
+        return None
+
+    row = poll(ended, 60, f"job {job_id} ended", interval=0.5, diagnostics=lambda: f"alive: {_alive(ranks)}")
+    assert _alive(ranks) == []
+    return row
+
+
+@pytest.mark.parametrize("victim", ["controller", "launcher"])
+def test_kill_9_of_a_local_jobs_controller_or_launcher_leaves_no_rank_training(
+    orch_env: dict[str, str], started: list[int], victim: str
+) -> None:
+    """Before: the controller's kill left the submitit tasks, launchers and ranks training under
+    PPID 1 while ``status`` said FAILED; the launcher's left its ranks training."""
+    job_id, run_dir = _submit(orch_env)
+    pids = poll(lambda: _training(run_dir, 2), 120, "both nodes training")
+    target = (
+        json.loads((run_dir / "local_pids.json").read_text())["controller"]
+        if victim == "controller"
+        else pids["launchers"][1]
+    )
+    os.kill(target, signal.SIGKILL)
+    row = _ends_only_when_ranks_are_gone(orch_env, job_id, pids["ranks"] + pids["launchers"])
+    assert row["state"] == "FAILED"
+
+
+def test_resume_refuses_while_a_process_of_the_run_lives_and_names_it(
+    orch_env: dict[str, str], started: list[int]
+) -> None:
+    """A process the script left behind (a fork of rank 0) outlives the job's kill: the job is not
+    ended while it lives, and ``resume`` says which pid trains on."""
+    job_id, run_dir = _submit(orch_env, "--leave-child", nodes=1)
+    pids = poll(lambda: _training(run_dir, 1), 120, "training")
+    stray = int(
+        poll(lambda: (run_dir / "stray.pid").exists() and (run_dir / "stray.pid").read_text(), 30, "stray")
+    )
+    started.append(stray)
+    os.kill(json.loads((run_dir / "local_pids.json").read_text())["controller"], signal.SIGKILL)
+    poll(lambda: not _alive(pids["ranks"]), 30, "the rank killed with its parents")
+    assert _alive([stray]) == [stray]
+    row = _state(orch_env, job_id)
+    assert not row["terminal"], row
+    res = run_cli(["resume", job_id], orch_env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"pid {stray}" in res.stderr and "train twice" in res.stderr
+    res = run_cli(["cancel", job_id], orch_env)  # not "already ended": it signals the stray
+    assert res.returncode == 0, res.stdout + res.stderr
+    kill_tree(stray)
+    row = poll(lambda: (r := _state(orch_env, job_id))["terminal"] and r, 30, "ended once the stray is gone")
+    res = run_cli(["resume", job_id], orch_env)
+    assert "still runs" not in res.stderr, res.stderr
+
+
+def test_an_ended_job_stays_ended_when_its_run_directory_goes(
+    orch_env: dict[str, str], started: list[int]
+) -> None:
+    """Before: a COMPLETED or FAILED job whose run directory was moved read PENDING ("local launcher
+    has not started"), recorded COMPLETED -> PENDING, and ``wait`` never returned."""
+    job_id, run_dir = _submit(orch_env, nodes=1)
+    pids = poll(lambda: _training(run_dir, 1), 120, "training")
+    os.kill(json.loads((run_dir / "local_pids.json").read_text())["controller"], signal.SIGKILL)
+    _ends_only_when_ranks_are_gone(orch_env, job_id, pids["ranks"])
+    moved = run_dir.with_name(run_dir.name + ".moved")
+    shutil.move(run_dir, moved)
+    row = _state(orch_env, job_id)
+    assert row["state"] == "FAILED" and row["terminal"], row
+    assert "missing" in (row.get("reason") or ""), row
+    res = run_cli(["wait", job_id], orch_env, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    res = run_cli(["status", job_id, "--watch"], orch_env, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    from orchestrator.registry.store import Registry
+
+    with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as registry:
+        history = [h["state"] if isinstance(h, dict) else h[0] for h in registry.get(job_id).state_history]
+    assert "PENDING" not in history[history.index("FAILED") :], history
