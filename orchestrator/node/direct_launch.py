@@ -78,7 +78,11 @@ def rank_environments(args: Any, held_port: int | None = None) -> list[dict[str,
 
     in_use = accelerate_launch.is_port_in_use
     if held_port is not None:
-        accelerate_launch.is_port_in_use = lambda port=None: int(port or 0) != held_port and in_use(port)  # type: ignore[assignment]
+
+        def is_port_in_use(port: int | None = None) -> bool:
+            return int(port or 0) != held_port and in_use(port)
+
+        accelerate_launch.is_port_in_use = is_port_in_use
     try:
         base = accelerate_launch.prepare_multi_gpu_env(args)  # validates the port as accelerate launch does
     finally:
