@@ -190,20 +190,22 @@ def make_plan(
 ) -> LaunchPlan:
     """The checked plan of a job, exactly as ``submit`` builds it from its flags. ``options``: strategy
     options by name (``{"mixed_precision": "bf16"}``), the ``--`` flags of ``orchestrator submit``."""
+    from orchestrator.config.inputs import optional_text, options_mapping, path_text
     from orchestrator.config.options import OPTIONS
     from orchestrator.core.planning import plan_from_options
 
+    path_text("script", script)  # required here: only `render` plans without a script
     known = {o.name for o in OPTIONS}
-    given = dict(options or {})
+    given = options_mapping(options)
     unknown = sorted(set(given) - known)
     if unknown:
         raise UserError(f"options: unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})")
-    if strategy is not None:
+    if optional_text("strategy", strategy) is not None:
         given["strategy"] = strategy
     return plan_from_options(
         script=script,
         args=args,
-        profile=profile or os.environ.get("ORCHESTRATOR_PROFILE", "local"),
+        profile=optional_text("profile", profile) or os.environ.get("ORCHESTRATOR_PROFILE", "local"),
         profiles_dir=profiles_dir,
         nodes=nodes,
         procs_per_node=procs_per_node,
@@ -302,8 +304,11 @@ def wait(
     import io
     import time
 
+    from orchestrator.config.inputs import seconds
     from orchestrator.core.progress import wait_for_job
 
+    poll = seconds("poll", poll, optional=False) or poll
+    timeout = seconds("timeout", timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     with _using(registry, home) as reg:
         job = reg.get(job_id)  # an unknown id: a user error
@@ -375,10 +380,10 @@ def sweep_plan_points(
 ) -> tuple[LaunchPlan, dict[str, list[str]]]:
     """The base plan and the grid as text (``{"lr": [1e-3, 3e-4]}`` -> ``["0.001", "0.0003"]``); the
     keywords are :func:`make_plan`'s."""
-    from orchestrator.config.sweep_plan import parse_grid
+    from orchestrator.config.inputs import grid as check_grid
 
-    specs = [f"{k}=" + ",".join(str(v) for v in values) for k, values in grid.items()]
-    return make_plan(**plan), parse_grid(specs)
+    text_grid = check_grid(grid)  # values are never re-split: "a,b" is one value
+    return make_plan(**plan), text_grid
 
 
 def dry_run_sweep(
@@ -386,9 +391,11 @@ def dry_run_sweep(
 ) -> tuple[Request | None, list[tuple[dict[str, str], LaunchPlan]]]:
     """What :func:`submit_sweep_plan` would submit now: the array request (None where the scheduler
     has no arrays) and each task's parameters and plan."""
+    from orchestrator.config.inputs import max_parallel as check_max_parallel
     from orchestrator.core.sweep_submit import dry_run_sweep as dry_run_
 
-    return dry_run_(base, grid, max_parallel or math.prod(len(v) for v in grid.values()))
+    limit = check_max_parallel(max_parallel)
+    return dry_run_(base, grid, limit or math.prod(len(v) for v in grid.values()))
 
 
 def submit_sweep_plan(
@@ -397,10 +404,12 @@ def submit_sweep_plan(
     max_parallel: int | None,
     registry: Registry | None = None,
 ) -> Sweep:
+    from orchestrator.config.inputs import max_parallel as check_max_parallel
     from orchestrator.core.sweep_submit import submit_sweep
 
+    limit = check_max_parallel(max_parallel)
     reg = registry if registry is not None else open_registry()
-    done = submit_sweep(base, grid, max_parallel or math.prod(len(v) for v in grid.values()), reg)
+    done = submit_sweep(base, grid, limit or math.prod(len(v) for v in grid.values()), reg)
     return Sweep(done.sweep_id, done.sweep_dir, reg.path.parent)
 
 
@@ -409,5 +418,8 @@ def sweep(
 ) -> Sweep:
     """A grid of runs as one job array: ``args`` name grid values as ``{lr}``; at most
     ``max_parallel`` tasks run at once (default: all). The keywords are :func:`make_plan`'s."""
+    from orchestrator.config.inputs import max_parallel as check_max_parallel
+
+    check_max_parallel(max_parallel)  # before the plan: nothing is created for a refused sweep
     base, text_grid = sweep_plan_points(grid, **plan)
     return submit_sweep_plan(base, text_grid, max_parallel)

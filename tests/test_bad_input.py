@@ -274,6 +274,28 @@ CASES: list[Case] = [
     cli_case(
         "name_newline", ["render", "--profile", "slurm_a100", "--name", "a\nb"], "--name", "single-line"
     ),
+    # issue #35 item 9: accepted before, refused now with the range
+    cli_case(
+        "time_absurd_days",
+        ["render", "--profile", "slurm_a100", "--time", "99999999-00:00:00"],
+        "--time",
+        "366 days",
+    ),  # fmt: skip
+    cli_case(
+        "time_fields_out_of_range",
+        ["render", "--profile", "slurm_a100", "--time", "99:99:99"],
+        "--time",
+        "0-59",
+    ),  # fmt: skip
+    cli_case(
+        "max_requeues_over_cap",
+        ["render", "--profile", "slurm_a100", "--max-requeues", "1000"],
+        "--max-requeues",
+        "0 to 100",
+    ),  # fmt: skip
+    cli_case("wait_timeout_nan", ["wait", "local-1", "--timeout", "nan"], "--timeout", "nan"),
+    cli_case("wait_poll_inf", ["wait", "local-1", "--poll", "inf"], "--poll", "inf"),
+    yaml_case("time_limit_out_of_range", "scheduler: local\ntime_limit: '99:99:99'\n", "time_limit", "0-59"),
     cli_case("name_empty", ["render", "--profile", "slurm_a100", "--name", ""], "--name", "non-empty"),
     cli_case("out_is_a_file", ["render", "--profile", "local", "--out", "afile"], "--out", "not a directory"),
     Case(

@@ -13,7 +13,8 @@ import argparse
 import sys
 
 from orchestrator import api
-from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, UserError
+from orchestrator.config.inputs import seconds
+from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE
 
 EXIT_WAIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
@@ -34,10 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.poll <= 0:
-        raise UserError(f"--poll must be positive, not {args.poll}")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UserError(f"--timeout must be positive, not {args.timeout}")
+    seconds("--poll", args.poll, optional=False)  # nan, inf, 0 and negatives: the API's one check
+    seconds("--timeout", args.timeout)
     try:
         # an unknown id: one line, exit 2
         state = api.wait(args.job, poll=args.poll, timeout=args.timeout, out=sys.stdout)

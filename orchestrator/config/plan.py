@@ -257,15 +257,15 @@ def build_plan(
         )
     if hang_timeout is not None and not 1 <= hang_timeout <= 86400:
         raise UserError(f"--hang-timeout: expected seconds from 1 to 86400, got {hang_timeout}")
-    if max_requeues is not None and max_requeues < 0:
-        raise UserError(f"--max-requeues: expected an integer >= 0, got {max_requeues}")
+    if max_requeues is not None and not 0 <= max_requeues <= 100:
+        raise UserError(f"--max-requeues: expected an integer from 0 to 100, got {max_requeues}")
     if time_limit is not None:
-        from orchestrator.config.profiles import TIME_RE
+        from orchestrator.config.inputs import slurm_time_minutes
 
-        if not TIME_RE.match(time_limit):
-            raise UserError(
-                f"--time: expected a Slurm time such as '04:00:00' or '90' (minutes), got {time_limit!r}"
-            )
+        try:
+            slurm_time_minutes(time_limit)
+        except ValueError as exc:
+            raise UserError(f"--time: expected {exc}") from None
     return LaunchPlan(
         profile_name=profile_name,
         profile=profile,

@@ -51,8 +51,9 @@ _MANAGED_SBATCH_KEYS = frozenset(
 
 
 def _check_slurm_time(value: str) -> str:
-    if not TIME_RE.match(value):
-        raise ValueError("a Slurm time such as '04:00:00', '2-00:00:00' or '90' (minutes)")
+    from orchestrator.config.inputs import slurm_time_minutes
+
+    slurm_time_minutes(value)  # the format, and fields in range: 99:99:99 is no time
     return value
 
 

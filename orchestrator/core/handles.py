@@ -50,8 +50,11 @@ class Job:
         where progress lines go (default nowhere). ``timeout`` passed: :class:`TimeoutError`."""
         import time
 
+        from orchestrator.config.inputs import seconds
         from orchestrator.core.progress import WaitTimeout, wait_for_job
 
+        poll = seconds("poll", poll, optional=False) or poll
+        timeout = seconds("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._open() as registry:
             try:
@@ -106,10 +109,11 @@ def get_job(job_id: str, home: Path | None = None) -> Job:
 
 def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | None = None) -> str:
     """Cancel a job (or signal it), under its run's lock; the line to print."""
-    from orchestrator.core.cancel import cancel_locked, parse_signal
+    from orchestrator.config.inputs import signal_value
+    from orchestrator.core.cancel import cancel_locked
     from orchestrator.registry.store import Registry
 
-    signum = parse_signal(sig) if isinstance(sig, str) else sig
+    signum = signal_value(sig)  # 0, "5s", 1.5: refused, as `cancel --signal` refuses them
     with Registry.open(home) as registry:
         return cancel_locked(registry, job_id, signum)
 
@@ -161,6 +165,10 @@ class Sweep:
         """Every task's final state, by job id (a local sweep's later tasks are waited for as they start)."""
         import time
 
+        from orchestrator.config.inputs import seconds
+
+        poll = seconds("poll", poll, optional=False) or poll
+        timeout = seconds("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         states: dict[str, JobState] = {}
         while True:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.inputs import check_plan_inputs
 from orchestrator.config.options import OPTIONS
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profiles import display_path, load_profile
@@ -69,7 +70,20 @@ def plan_from_options(
     options: Mapping[str, Any] | None = None,
 ) -> LaunchPlan:
     """The checked plan. ``options``: strategy options by name (None or absent: not given);
-    ``after``: ``JOB[:ok|any]`` as typed; ``exclude``: ``n1,n2`` as typed."""
+    ``after``: ``JOB[:ok|any]`` as typed; ``exclude``: ``n1,n2`` as typed. Every keyword is checked
+    first (:func:`orchestrator.config.inputs.check_plan_inputs`: the API's and the CLI's one check)."""
+    checked = check_plan_inputs(
+        {
+            "script": script or DEFAULT_SCRIPT, "args": args, "profile": profile, "profiles_dir": profiles_dir,
+            "nodes": nodes, "procs_per_node": procs_per_node, "name": name, "time": time,
+            "max_requeues": max_requeues, "auto_resume": auto_resume, "exclude": exclude, "after": after,
+            "hang_timeout": hang_timeout, "options": options,
+        }
+    )  # fmt: skip
+    script, args, profiles_dir, options = (
+        checked["script"], checked["args"], checked["profiles_dir"], checked["options"]
+    )  # fmt: skip
+    after = checked["after"]
     profile_name, path, cluster = load_profile(profile, profiles_dir)
     if cluster.gpus_per_node and scheduler_kind(cluster.scheduler).gpus_of_this_machine:
         cluster = fit_to_this_machine(profile_name, cluster, nodes, procs_per_node)

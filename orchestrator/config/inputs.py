@@ -1,0 +1,214 @@
+"""The checks of every value a caller hands the product, shared by the Python API and the CLI.
+
+argparse turns flags into typed values, so most of these never fire from the command line; the
+API takes whatever Python hands it, and the same planning path (``core/planning.py``) checks it
+here before anything is created. A wrong type or value is a :class:`UserError` naming the keyword
+and what was expected: never a TypeError from deep inside, never a value silently reinterpreted.
+
+Sequences of strings (a script's ``args``, ``after``, a grid's values) refuse a bare string instead
+of splitting it: ``args="--max-steps 5"`` was submitted as single characters, and shlex-splitting
+would guess at a shell's quoting the caller never asked for. ``args`` and grid values take numbers
+(``3e-4`` -> ``"0.0003"``), as a command line would show them; anything else is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.contract.errors import UserError
+
+#: A Slurm time: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``.
+_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(?:(\d+):)?(\d+):(\d+)|(\d+))\Z")
+#: Longest time limit taken: a year (Slurm's own limit is the partition's, usually far less).
+MAX_TIME_MINUTES = 366 * 24 * 60
+#: Grid names: words, as ``{NAME}`` placeholders in the script's arguments.
+_GRID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _kind(value: object) -> str:
+    return f"{value!r} (a {type(value).__name__})"
+
+
+def slurm_time_minutes(text: str) -> int:
+    """Minutes of a Slurm time limit; ValueError (with what is expected) for a malformed or absurd one."""
+    m = _TIME.match(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"a Slurm time such as '04:00:00', '2-00:00:00' or '90' (minutes), got {text!r}")
+    days, d_hours, d_min, d_sec, hours, minutes, seconds, only_minutes = m.groups()
+    if days is not None:
+        h, mi, s = int(d_hours), int(d_min or 0), int(d_sec or 0)
+        if h > 23 or mi > 59 or s > 59:
+            raise ValueError(f"hours 0-23, minutes and seconds 0-59 after the days, got {text!r}")
+        total = int(days) * 1440 + h * 60 + mi + (1 if s else 0)
+    elif only_minutes is not None:
+        total = int(only_minutes)
+    else:
+        mi, s = int(minutes), int(seconds)
+        if (hours is not None and mi > 59) or s > 59:
+            raise ValueError(f"minutes and seconds 0-59, got {text!r}")
+        total = int(hours or 0) * 60 + mi + (1 if s else 0)
+    if total < 1:
+        raise ValueError(f"at least one minute, got {text!r}")
+    if total > MAX_TIME_MINUTES:
+        raise ValueError(f"at most 366 days, got {text!r}")
+    return total
+
+
+def optional_text(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise UserError(f"{name}: expected a string, got {_kind(value)}")
+    return value
+
+
+def path_text(name: str, value: object, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise UserError(f"{name}: expected a path (a non-empty string), got {_kind(value)}")
+    return value
+
+
+def whole(name: str, value: object, low: int, high: int | None = None, optional: bool = True) -> int | None:
+    """An int in ``low..high``; a bool, float or string is refused (``nodes=1.5``, ``nodes="2"``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        what = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise UserError(f"{name}: expected an integer {what}, got {_kind(value)}")
+    if value < low or (high is not None and value > high):
+        what = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise UserError(f"{name}: expected an integer {what}, got {value}")
+    return value
+
+
+def flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{name}: expected True or False, got {_kind(value)}")
+    return value
+
+
+def seconds(name: str, value: object, optional: bool = True) -> float | None:
+    """A finite number of seconds > 0 (``wait(timeout=...)``, ``--poll``): ``"5"``, nan and inf refused."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"{name}: expected a number of seconds > 0, got {_kind(value)}")
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{name}: expected a finite number of seconds > 0, got {value}")
+    return float(value)
+
+
+def _word(name: str, value: object) -> str:
+    """One command-line word: a string, or a number written as a command line shows it."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise UserError(f"{name}: a string with a NUL byte cannot be a command-line word")
+        return value
+    if isinstance(value, os.PathLike):
+        return str(os.fspath(value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    raise UserError(f"{name}: expected strings (or numbers), got {_kind(value)}")
+
+
+def words(name: str, value: object) -> list[str]:
+    """A list or tuple of command-line words. A bare string is refused, not split (see the module)."""
+    if isinstance(value, str | bytes):
+        hint = "; split it yourself (shlex.split) if it is a command line" if name == "args" else ""
+        raise UserError(f"{name}: expected a list of strings, not the string {value!r}{hint}")
+    if not isinstance(value, list | tuple):
+        raise UserError(f"{name}: expected a list of strings, got {_kind(value)}")
+    return [_word(f"{name}[{i}]", item) for i, item in enumerate(value)]
+
+
+def options_mapping(value: object) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise UserError(f"options: expected a mapping of option names to values, got {_kind(value)}")
+    return dict(value)
+
+
+def grid(value: object) -> dict[str, list[str]]:
+    """``{"lr": [1e-3, 3e-4]}`` -> ``{"lr": ["0.001", "0.0003"]}``: names are words, values a
+    non-empty list of distinct strings or numbers (a value may hold a comma: it is never re-split)."""
+    if not isinstance(value, Mapping) or not value:
+        raise UserError(
+            f"grid: expected a non-empty mapping such as {{'lr': [1e-3, 3e-4]}}, got {_kind(value)}"
+        )
+    out: dict[str, list[str]] = {}
+    for key, values in value.items():
+        if not isinstance(key, str) or not _GRID_NAME.match(key):
+            raise UserError(f"grid: expected names that are words such as lr, got {key!r}")
+        if isinstance(values, str | bytes):
+            raise UserError(
+                f"grid[{key!r}]: expected a list of values, got the string {values!r} (write [{values!r}])"
+            )
+        texts = words(f"grid[{key!r}]", values)
+        if not texts:
+            raise UserError(f"grid[{key!r}]: expected a non-empty list of values")
+        if any(not t for t in texts):
+            raise UserError(f"grid[{key!r}]: an empty value")
+        if len(set(texts)) != len(texts):
+            raise UserError(f"grid[{key!r}]: a value is listed twice")
+        out[key] = texts
+    return out
+
+
+def signal_value(value: object) -> signal.Signals | None:
+    """None (cancel), or a signal to send: a name (``"USR1"``, ``"SIGTERM"``), a number or a
+    ``signal.Signals``. 0 (no signal: "is it alive?") and unknown numbers are refused, as ``cancel
+    --signal 0`` is."""
+    if value is None:
+        return None
+    if isinstance(value, signal.Signals):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise UserError(f"signal: expected a signal name or number (e.g. TERM, USR1, 10), got {_kind(value)}")
+    text = str(value).strip().upper()
+    try:
+        if text.isdigit():
+            sig = signal.Signals(int(text))
+        else:
+            sig = signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+    except (KeyError, ValueError):
+        raise UserError(f"--signal {value!r}: not a signal name or number (e.g. TERM, USR1, 10)") from None
+    return sig
+
+
+def check_plan_inputs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords of a plan (``make_plan``'s), type-checked and normalised; raises UserError."""
+    out = dict(kwargs)
+    out["script"] = path_text("script", kwargs.get("script"))
+    out["args"] = words("args", kwargs.get("args", ()))
+    for key in ("profile", "strategy", "name", "time", "exclude"):
+        out[key] = optional_text(key, kwargs.get(key))
+    out["profiles_dir"] = path_text("profiles_dir", kwargs.get("profiles_dir"), optional=True)
+    out["nodes"] = whole("nodes", kwargs.get("nodes"), 1)
+    out["procs_per_node"] = whole("procs_per_node", kwargs.get("procs_per_node"), 1)
+    out["max_requeues"] = whole("--max-requeues", kwargs.get("max_requeues"), 0, 100)
+    out["hang_timeout"] = whole("--hang-timeout", kwargs.get("hang_timeout"), 1, 86400)
+    out["auto_resume"] = flag("auto_resume", kwargs.get("auto_resume", False))
+    out["after"] = words("after", kwargs.get("after", ()))
+    out["options"] = options_mapping(kwargs.get("options"))
+    if out["time"] is not None:
+        try:
+            slurm_time_minutes(out["time"])
+        except ValueError as exc:
+            raise UserError(f"--time: expected {exc}") from None
+    return out
+
+
+def max_parallel(value: object) -> int | None:
+    return whole("max_parallel", value, 1)
