@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from orchestrator.contract.errors import UserError
 from orchestrator.contract.run_dir import RUN_LOCK_FILE
 
 
@@ -41,7 +42,10 @@ def run_lock(run_dir: Path, timeout_s: float = 120.0, what: str = "") -> Iterato
         yield
         return
     path = Path(run_dir) / RUN_LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # a full disk, a read-only or vanished run directory: one line, no traceback
+        raise UserError(f"cannot lock run directory {run_dir}: {exc.strerror or exc}") from None
     try:
         deadline = time.monotonic() + timeout_s
         delay = 0.02
@@ -59,8 +63,9 @@ def run_lock(run_dir: Path, timeout_s: float = 120.0, what: str = "") -> Iterato
                 time.sleep(delay)
                 delay = min(delay * 2, 0.25)
         info = f"pid {os.getpid()} ({what or ' '.join(sys.argv[:3])})".encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info, 0)
+        with contextlib.suppress(OSError):  # who holds it is a courtesy; the flock is the lock (ENOSPC)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info, 0)
         _HELD[key] = fd
         try:
             yield
