@@ -30,3 +30,6 @@ SCRIPT_HOOKS_ENV = "ORCHESTRATOR_SCRIPT_HOOKS"
 LAUNCHER_ENV = "ORCHESTRATOR_LAUNCHER"
 #: "1": no Accelerate workaround is applied (to measure what they fix).
 DISABLE_WORKAROUNDS_ENV = "ORCHESTRATOR_DISABLE_WORKAROUNDS"
+#: "1": a Trainer run may train in an output_dir that holds another run's checkpoints (and
+#: overwrite them); otherwise it is refused before training (orchestrator.hf).
+OVERWRITE_CHECKPOINTS_ENV = "ORCHESTRATOR_OVERWRITE_CHECKPOINTS"

@@ -24,6 +24,9 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         CORRUPT.json                written by a restore that found the content does not match
                                     COMPLETE.json's digests: the folder is never chosen again
       checkpoints/.tmp-step_*       checkpoints being written (never read)
+      checkpoint_dirs.json          folders outside the run where its hook's library writes checkpoints
+                                    (a Trainer's output_dir: checkpoint-N, counted when their
+                                    COMPLETE.json names this run): orchestrator.contract.hook_checkpoints
       exit_status.json              rank 0's last word: {"code", "reason", "step", "time"}
       loaded.json, final.json       train/: what a resume restored; the final checksums
       replicas/rank<R>.json         train/: per-rank shard checksums at the end
@@ -87,6 +90,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.hook_checkpoints import (
+    hook_checkpoint_dirs,
+    hook_checkpoint_folders,
+    run_identity,
+)
+from orchestrator.contract.jsonfiles import read_json, write_json_atomic
+
 JOB_FILE = "job.json"
 JOB_ID_FILE = "job_id"
 SBATCH_FILE = "sbatch.sh"
@@ -131,27 +141,6 @@ _ATTEMPT_PLAN_RE = re.compile(r"^job\.attempt_(\d+)\.json$")
 NODE_LOG_RE = re.compile(r"^node_(\d+)\.log$")
 NODE_EXIT_RE = re.compile(r"^node_(\d+)\.exit$")
 NODE_RANKS_RE = re.compile(r"^node_(\d+)_ranks$")
-
-
-# ---------------------------------------------------------------------------- JSON files
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None if missing, unreadable or half-written."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def write_json_atomic(path: Path, data: dict[str, Any], indent: int | None = None) -> None:
-    """Write through a temp file and rename: a reader sees the old file or the new one, never half.
-    The temp name is per process: two writers (a broken launch where two ranks both believe they
-    are rank 0) must not interleave their bytes in one temp file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=indent), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- permissions
@@ -391,6 +380,8 @@ class CheckpointInfo:
     strategy: str | None
     n_files: int
     total_bytes: int
+    #: The run that wrote it (:func:`run_identity`), when its marker says.
+    run: str | None = None
 
 
 def checkpoint_folder_name(step: int) -> str:
@@ -453,6 +444,7 @@ def verify_checkpoint(ckpt_dir: Path) -> CheckpointInfo | None:
         strategy=strategy if isinstance(strategy, str) else None,
         n_files=len(files),
         total_bytes=sum(files.values()),
+        run=marker["run"] if isinstance(marker.get("run"), str) else None,
     )
 
 
@@ -472,20 +464,37 @@ def checkpoint_folders(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def all_checkpoint_folders(run_dir: Path) -> list[tuple[int, Path, bool]]:
+    """``[(step, folder, in_run_dir)]``: the run's own ``step_*`` folders and the ``checkpoint-N``
+    folders of the directories its hook recorded, newest first (not yet checked)."""
+    found = [(step, path, True) for step, path in checkpoint_folders(run_dir)]
+    for folder in hook_checkpoint_dirs(run_dir):
+        found += [(step, path, False) for step, path in hook_checkpoint_folders(folder)]
+    return sorted(found, key=lambda t: (t[0], t[2]), reverse=True)
+
+
 def last_complete_checkpoint(run_dir: Path) -> CheckpointInfo | None:
-    """Newest checkpoint that is complete by :func:`check_checkpoint`; torn ones are skipped."""
-    for _, path in checkpoint_folders(run_dir):
+    """Newest checkpoint of the run that is complete by :func:`check_checkpoint`; torn ones are
+    skipped. Besides ``checkpoints/step_*``, the ``checkpoint-N`` folders in the directories the
+    run's hook recorded (``checkpoint_dirs.json``) whose marker names this run."""
+    own = None
+    for _, path, in_run_dir in all_checkpoint_folders(run_dir):
         info = verify_checkpoint(path)
-        if info is not None:
-            return info
+        if info is None:
+            continue
+        if not in_run_dir:
+            own = own or run_identity(run_dir)
+            if info.run != own:
+                continue
+        return info
     return None
 
 
 def corrupt_checkpoints(run_dir: Path) -> list[tuple[int, str]]:
     """``[(step, reason)]`` of the checkpoints a restore skipped as corrupt, newest first."""
-    out = []
-    for step, path in checkpoint_folders(run_dir):
+    out, own = [], run_identity(run_dir)
+    for step, path, in_run_dir in all_checkpoint_folders(run_dir):
         data = read_json(path / CORRUPT_MARKER)
-        if data is not None:
+        if data is not None and (in_run_dir or (read_json(path / COMPLETE_MARKER) or {}).get("run") == own):
             out.append((step, str(data.get("reason", "?"))))
     return out

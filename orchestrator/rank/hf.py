@@ -18,6 +18,13 @@ node's import hook (:mod:`orchestrator.rank.script_hooks`; ``--no-script-hooks``
   (:mod:`orchestrator.rank.stop`); they save that step, and the job leaves with exit 75 for a requeue.
   (Transformers' own ``enable_jit_checkpoint`` handles TERM only, on a timer per rank: see README.)
 * ``on_log`` and each step feed ``metrics.jsonl`` for ``status``, ``logs``, ``plot`` and the ETA.
+* Where the checkpoints are: rank 0 records the ``output_dir`` in the run directory
+  (``checkpoint_dirs.json``), so ``orchestrator resume`` finds the newest complete ``checkpoint-N``
+  of this run and ``status`` shows it.
+* A run never overwrites another run's checkpoints: :func:`refuse_foreign_checkpoints` stops the job
+  before training (exit 2) when ``output_dir`` holds ``checkpoint-N`` folders this run did not write,
+  naming the run and ``orchestrator resume JOB``; ``ORCHESTRATOR_OVERWRITE_CHECKPOINTS=1`` trains
+  there anyway.
 """
 
 from __future__ import annotations
@@ -33,11 +40,18 @@ from typing import Any
 
 from orchestrator.contract.attempt_start import write_attempt_start
 from orchestrator.contract.checkpoints import mark_complete_in_place, newest_complete
-from orchestrator.contract.env import RUN_DIR_ENV, STRATEGY_ENV
+from orchestrator.contract.env import OVERWRITE_CHECKPOINTS_ENV, RUN_DIR_ENV, STRATEGY_ENV
 from orchestrator.contract.heartbeat import Heartbeat
+from orchestrator.contract.hook_checkpoints import (
+    hook_checkpoint_folders,
+    hook_steps_being_saved,
+    record_hook_checkpoint_dir,
+    run_identity,
+)
 from orchestrator.contract.run_dir import (
     COMPLETE_MARKER,
     EXIT_REQUEUE,
+    JOB_ID_FILE,
     METRICS_FILE,
     read_json,
     write_exit_status,
@@ -51,9 +65,81 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STEP_EVENT_INTERVAL_S = 1.0
 
 
+#: Exit code of a run refused before training: its output_dir holds another run's checkpoints.
+EXIT_OUTPUT_DIR_TAKEN = 2
+
+
 def _run_id() -> str | None:
     run_dir = os.environ.get(RUN_DIR_ENV)
-    return str(Path(run_dir).resolve()) if run_dir else None
+    return run_identity(run_dir) if run_dir else None
+
+
+def _record(output_dir: str | os.PathLike[str], **steps: int) -> None:
+    """Rank 0: where this run's checkpoints go (``checkpoint_dirs.json``), and which step is being saved."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir and os.environ.get("RANK", "0") == "0":
+        with contextlib.suppress(OSError):
+            record_hook_checkpoint_dir(Path(run_dir), Path(output_dir), HOOK, **steps)
+
+
+def foreign_checkpoints(
+    output_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str]
+) -> list[tuple[Path, str | None]]:
+    """``[(folder, the run that wrote it or None)]``: the ``checkpoint-N`` folders in ``output_dir`` that
+    this run did not write (marked by another run, or by none and not a save of this run's), newest first."""
+    run = run_identity(run_dir)
+    ours_unmarked = hook_steps_being_saved(Path(run_dir), Path(output_dir))
+    found = []
+    for step, folder in hook_checkpoint_folders(Path(output_dir)):
+        marker = read_json(folder / COMPLETE_MARKER)
+        owner = marker.get("run") if marker is not None else None
+        if owner == run or (marker is None and step in ours_unmarked):
+            continue
+        found.append((folder, owner if isinstance(owner, str) else None))
+    return found
+
+
+def _refusal(output_dir: str | os.PathLike[str], run_dir: str) -> str | None:
+    found = foreign_checkpoints(output_dir, run_dir)
+    if not found:
+        return None
+    names = ", ".join(folder.name for folder, _ in found[:4]) + (", ..." if len(found) > 4 else "")
+    owners = sorted({owner for _, owner in found if owner})
+    if owners:
+        try:
+            job = (Path(owners[0]) / JOB_ID_FILE).read_text().strip() or None
+        except OSError:
+            job = None
+        whose = f"of run {owners[0]}" + (f" (job {job})" if job else "")
+        cont = f"continue that run with `orchestrator resume {job}`" if job else "continue that run"
+    else:
+        whose = "not written by an orchestrator run (no COMPLETE.json naming one)"
+        cont = "move them away"
+    return (
+        f"error: output_dir {Path(output_dir).resolve()} holds checkpoints {whose}: {names}; this run "
+        f"would overwrite them, so it stops before training. {cont[0].upper()}{cont[1:]}, give this run "
+        f"another output_dir, or set {OVERWRITE_CHECKPOINTS_ENV}=1 to train there anyway"
+    )
+
+
+def refuse_foreign_checkpoints(output_dir: str | os.PathLike[str]) -> None:
+    """Stop every rank before training (exit 2) when ``output_dir`` holds checkpoints of another run;
+    a run that goes on (a requeue, ``orchestrator resume``) finds only its own. Rank 0 decides; call it
+    on every rank. Outside a job, or with ``ORCHESTRATOR_OVERWRITE_CHECKPOINTS=1``, it does nothing."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    decide = os.environ.get("RANK", "0") == "0" and os.environ.get(OVERWRITE_CHECKPOINTS_ENV, "") != "1"
+    why = broadcast_from_main(_refusal(output_dir, run_dir) if decide else None)
+    if why is None:
+        _record(output_dir)
+        return
+    if os.environ.get("RANK", "0") == "0":
+        print(why, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            write_exit_status(Path(run_dir), EXIT_OUTPUT_DIR_TAKEN, "output_dir", problems=[why])
+    barrier()
+    raise SystemExit(EXIT_OUTPUT_DIR_TAKEN)
 
 
 def _say_on_rank0(line: str) -> None:
@@ -113,6 +199,8 @@ class CallbackMixin:
         self.step_started = time.monotonic()
         self._metrics: Any = None
         self.resumed_from: str | None = None
+        #: refuse_foreign_checkpoints ran (the script hook runs it before choosing a checkpoint).
+        self.guarded = False
         #: For the hang watchdog (None outside a job): the Trainer's events give data/forward (step
         #: begin), optimizer (before its step) and checkpoint (a save decided at step end).
         self.heartbeat = Heartbeat.for_this_rank()
@@ -146,6 +234,9 @@ class CallbackMixin:
 
     # -- Trainer events
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.guarded:  # the callback added by hand: before the first step, still nothing overwritten
+            self.guarded = True
+            refuse_foreign_checkpoints(args.output_dir)
         if state.is_world_process_zero:
             step = int(state.global_step)
             checkpoint = None
@@ -179,6 +270,7 @@ class CallbackMixin:
         if control.should_save:
             self._beat(int(state.global_step), "checkpoint")
         if control.should_save and state.is_world_process_zero:
+            _record(args.output_dir, saving=int(state.global_step))
             # Transformers rewrites checkpoint-<step> in place when it exists (a step trained again after
             # a resume from an older checkpoint): the old marker must not vouch for half-new files.
             with contextlib.suppress(FileNotFoundError):
@@ -209,6 +301,7 @@ class CallbackMixin:
                 folder,
                 {"step": int(state.global_step), "time": time.time(), "hook": HOOK, "run": _run_id()},
             )
+            _record(args.output_dir, saved=int(state.global_step))
         barrier()
         self._beat(int(state.global_step) + 1, "data")
         if self.stopping:

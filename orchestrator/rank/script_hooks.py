@@ -119,13 +119,20 @@ def patch_trainer(module: ModuleType) -> None:
 
     def train(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         if enabled() and (resume_from_checkpoint is None or resume_from_checkpoint is True):
-            from orchestrator.rank.hf import CallbackMixin, last_complete_checkpoint
+            from orchestrator.rank.hf import (
+                CallbackMixin,
+                last_complete_checkpoint,
+                refuse_foreign_checkpoints,
+            )
 
+            # Before anything is chosen or written: never train over another run's checkpoints.
+            refuse_foreign_checkpoints(self.args.output_dir)
             # True would make Transformers take its newest checkpoint-N, torn or not.
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             for cb in self.callback_handler.callbacks:
                 if isinstance(cb, CallbackMixin):
                     cb.resumed_from = resume_from_checkpoint
+                    cb.guarded = True
         return original_train(self, resume_from_checkpoint, *args, **kwargs)
 
     cls.__init__ = __init__
