@@ -150,13 +150,15 @@ def test_an_ended_job_stays_ended_when_its_run_directory_goes(
     has not started"), recorded COMPLETED -> PENDING, and ``wait`` never returned."""
     job_id, run_dir = _submit(orch_env, nodes=1)
     pids = poll(lambda: _training(run_dir, 1), 120, "training")
-    os.kill(json.loads((run_dir / "local_pids.json").read_text())["controller"], signal.SIGKILL)
+    assert run_cli(["cancel", job_id], orch_env).returncode == 0
     _ends_only_when_ranks_are_gone(orch_env, job_id, pids["ranks"])
     moved = run_dir.with_name(run_dir.name + ".moved")
     shutil.move(run_dir, moved)
     row = _state(orch_env, job_id)
-    assert row["state"] == "FAILED" and row["terminal"], row
-    assert "missing" in (row.get("reason") or ""), row
+    assert row["state"] == "CANCELLED" and row["terminal"], row
+    assert row["stale"], row  # the registry's record, not a look at the run directory
+    res = run_cli(["status", job_id], orch_env, timeout=60)
+    assert f"run directory {run_dir} is missing" in res.stdout + res.stderr, res.stdout + res.stderr
     res = run_cli(["wait", job_id], orch_env, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
     res = run_cli(["status", job_id, "--watch"], orch_env, timeout=60)
@@ -164,5 +166,5 @@ def test_an_ended_job_stays_ended_when_its_run_directory_goes(
     from orchestrator.registry.store import Registry
 
     with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as registry:
-        history = [h["state"] if isinstance(h, dict) else h[0] for h in registry.get(job_id).state_history]
-    assert "PENDING" not in history[history.index("FAILED") :], history
+        history = [str(change.state) for change in registry.history(job_id)]
+    assert history[-1] == "CANCELLED" and "PENDING" not in history[history.index("CANCELLED") :], history
