@@ -62,6 +62,9 @@ def patch_accelerator(module: ModuleType) -> None:
         original_init(self, *args, **kwargs)
         applied = workarounds.after_accelerator(self, pending)
         problems = selfcheck.check_launch(self, expectation)
+        cause = selfcheck.in_code_plugin_cause(self, expectation) if kwargs.get("fsdp_plugin") else None
+        if problems and cause:
+            problems = [cause, *problems]
         if problems:
             selfcheck.fail(problems, expectation, selfcheck._found_launch(self), _run_dir(), _rank())
         self._orchestrator_expectation = expectation
@@ -73,13 +76,19 @@ def patch_accelerator(module: ModuleType) -> None:
             return original_prepare(self, *args, **kwargs)
         import torch
 
+        from orchestrator.rank import selfcheck
+
         sizes = [
             sum(p.numel() for p in arg.parameters()) if isinstance(arg, torch.nn.Module) else None
             for arg in args
         ]
+        for arg in args:
+            # A --wrap-cls the model lacks: exit 3 with the candidates, before Accelerate's own error.
+            wrap_problems = selfcheck.check_wrap_class(self, arg) if isinstance(arg, torch.nn.Module) else []
+            if wrap_problems:
+                selfcheck.fail_wrap(wrap_problems, self.process_index)
         result = original_prepare(self, *args, **kwargs)
         prepared = result if isinstance(result, (tuple, list)) and len(args) > 1 else (result,)
-        from orchestrator.rank import selfcheck
 
         for size, obj in zip(sizes, prepared):
             if size is None:
