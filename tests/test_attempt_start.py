@@ -81,3 +81,39 @@ def test_the_newest_intact_checkpoint_of_this_run_is_chosen(
     assert "checkpoint-40: written by another run" in text
     assert "checkpoint-30" in text and "truncated or torn" in text
     assert "checkpoint-20" in text and (c20 / "CORRUPT.json").exists()
+
+
+def test_a_trainer_runs_recorded_checkpoints_count_for_the_run_and_others_are_foreign(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook records its output_dir in the run directory: the run's newest complete ``checkpoint-N``
+    there is the run's checkpoint (``resume``, ``status``); another run's, or an unmarked folder this
+    run never began, is foreign; a folder this run began and did not finish is its own."""
+    from orchestrator.contract.hook_checkpoints import record_hook_checkpoint_dir
+    from orchestrator.contract.run_dir import last_complete_checkpoint as run_checkpoint
+    from orchestrator.rank.hf import foreign_checkpoints
+
+    run, other, out = tmp_path / "run", tmp_path / "other", tmp_path / "out"
+    run.mkdir()
+    other.mkdir()
+    monkeypatch.delenv("RANK", raising=False)
+    assert run_checkpoint(run) is None
+    _hf_checkpoint(out, 10, str(run.resolve()))
+    _hf_checkpoint(out, 30, str(other.resolve()))
+    assert run_checkpoint(run) is None  # not recorded yet: the run directory alone knows nothing
+    record_hook_checkpoint_dir(run, out, "trainer")
+    record_hook_checkpoint_dir(run, out, "trainer", saving=20)
+    (out / "checkpoint-20").mkdir()  # this run's save, torn
+    (out / "checkpoint-40").mkdir()  # nobody's marker, never begun by this run
+    info = run_checkpoint(run)
+    assert info is not None and (info.step, info.path) == (10, out / "checkpoint-10"), info
+    assert foreign_checkpoints(out, run) == [
+        (out / "checkpoint-40", None),
+        (out / "checkpoint-30", str(other.resolve())),
+    ]
+    record_hook_checkpoint_dir(run, out, "trainer", saved=20)
+    assert [f.name for f, _ in foreign_checkpoints(out, run)] == [
+        "checkpoint-40",
+        "checkpoint-30",
+        "checkpoint-20",
+    ]

@@ -46,8 +46,8 @@ def record_hook_checkpoint_dir(
     dirs = [d for d in data.get("dirs", []) if isinstance(d, str)]
     if key not in dirs:
         dirs.append(key)
-    saving = data.get("saving")
-    pending: dict[str, Any] = saving if isinstance(saving, dict) else {}
+    recorded = data.get("saving")
+    pending: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     steps = {int(s) for s in pending.get(key, []) if isinstance(s, int)}
     if saving is not None:
         steps.add(saving)
