@@ -62,3 +62,35 @@ def test_an_fsdp_plugin_in_code_under_ddp_is_named_as_the_cause(
     )
     assert "--strategy full_shard" in cause and "drop fsdp_plugin= from Accelerator(...)" in cause, cause
     assert "cause: the script passes its own FSDP plugin" in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("fsdp_version", ["1", "2"])
+def test_save_model_under_fsdp_with_sharded_state_dict_saves_loadable_full_weights(
+    orch_env: dict[str, str], tmp_path: Path, fsdp_version: str
+) -> None:
+    """Transformers' ``save_model`` writes nothing under FSDP unless the state dict is full; the product's
+    default is ``--state-dict sharded``. The hook gathers the full weights and rank 0 writes them."""
+    import torch
+    from transformers import GPT2LMHeadModel, set_seed
+
+    final = tmp_path / "final"
+    res = run_cli(
+        ["submit", *ONE_NODE, "--strategy", "full_shard", "--fsdp-version", fsdp_version, "--state-dict",
+         "sharded", "--wait", "--", TINY_GPT2, "--output-dir", str(tmp_path / "out"), "--max-steps", "6",
+         "--save-steps", "100", "--save-model", str(final)],
+        orch_env,
+        timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (final / "model.safetensors").is_file() and (final / "config.json").is_file(), sorted(
+        final.iterdir()
+    )
+    model, info = GPT2LMHeadModel.from_pretrained(final, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    set_seed(0)
+    initial = GPT2LMHeadModel(model.config)
+    trained = dict(model.named_parameters())
+    # Every weight was gathered in full (no shard, no empty tensor), and they are the trained ones.
+    for name, p in initial.named_parameters():
+        assert trained[name].shape == p.shape, name
+    assert any(not torch.equal(trained[name], p) for name, p in initial.named_parameters())

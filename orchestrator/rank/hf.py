@@ -181,6 +181,33 @@ def last_complete_checkpoint(output_dir: str | os.PathLike[str], warn: Any = Non
     return broadcast_from_main(choice)
 
 
+def save_full_model(trainer: Any, output_dir: str | None) -> bool:
+    """``trainer.save_model(output_dir)`` under FSDP with a sharded state dict: Transformers saves only a
+    full one and otherwise writes nothing, silently. Gather the full weights (a collective: every rank
+    calls ``save_model``) and let rank 0 write them as ``save_model`` would (``save_pretrained``: loadable
+    with ``from_pretrained``). False when Transformers saves them itself (a full state dict)."""
+    plugin = trainer.accelerator.state.fsdp_plugin
+    if "FULL_STATE_DICT" in str(plugin.state_dict_type):
+        return False
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Offloading gathers onto rank 0's CPU only; on CPU the tensors are there already, and FSDP1's
+    # offload_to_cpu segfaults there (FIELD_NOTES).
+    offload = torch.cuda.is_available()
+    state_dict = get_model_state_dict(
+        trainer.model_wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=offload)
+    )
+    target = output_dir if output_dir is not None else trainer.args.output_dir
+    trainer._save(target, state_dict=state_dict)
+    _say_on_rank0(
+        f"save_model({target}): FSDP with a sharded state dict ({plugin.state_dict_type}); "
+        "gathered the full weights, written by rank 0"
+    )
+    barrier()
+    return True
+
+
 def _trainer_callback_base() -> type:
     from transformers import TrainerCallback
 

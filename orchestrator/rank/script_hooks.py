@@ -10,7 +10,9 @@ imports the module they patch:
   the model self-check (FSDP really sharding, DeepSpeed really active). A mismatch stops the job at
   start (exit 3) naming what was asked and what Accelerate did: it never completes as something else.
 * ``transformers.trainer``: every ``Trainer`` gets :class:`orchestrator.hf.OrchestratorCallback`, and
-  ``train()`` without an explicit checkpoint resumes from :func:`orchestrator.hf.last_complete_checkpoint`.
+  ``train()`` without an explicit checkpoint resumes from :func:`orchestrator.hf.last_complete_checkpoint`,
+  and ``save_model()`` under FSDP with a sharded state dict writes the full weights
+  (:func:`orchestrator.rank.hf.save_full_model`) instead of nothing.
 
 ``ORCHESTRATOR_SCRIPT_HOOKS=0`` (``submit --no-script-hooks``) turns all of it off; ``train/`` sets it for
 its own process, since it makes the same calls itself.
@@ -115,7 +117,7 @@ def patch_trainer(module: ModuleType) -> None:
     cls = module.Trainer
     if getattr(cls, "_orchestrator_patched", False):
         return
-    original_init, original_train = cls.__init__, cls.train
+    original_init, original_train, original_save_model = cls.__init__, cls.train, cls.save_model
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
@@ -144,8 +146,20 @@ def patch_trainer(module: ModuleType) -> None:
                     cb.guarded = True
         return original_train(self, resume_from_checkpoint, *args, **kwargs)
 
+    def save_model(self: Any, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        # The user's call only: a checkpoint's model files are the sharded state the Trainer restores.
+        if enabled() and not _internal_call and getattr(self, "is_fsdp_enabled", False):
+            from orchestrator.rank.hf import save_full_model
+
+            if save_full_model(self, output_dir):
+                if self.args.push_to_hub:
+                    self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+                return
+        original_save_model(self, output_dir, _internal_call)
+
     cls.__init__ = __init__
     cls.train = train
+    cls.save_model = save_model
     cls._orchestrator_patched = True
 
 
