@@ -79,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sweeps and (args.state or args.since):
+        # They filter jobs; a sweep has no one state (its tasks do), and ignoring them listed every sweep.
+        flag = "--state" if args.state else "--since"
+        raise UserError(
+            f"{flag}: filters jobs, not sweeps; drop it, or list the jobs (without --sweeps), "
+            "or see one sweep's tasks with `orchestrator status SWEEP`"
+        )
     state = None
     if args.state:
         try:
@@ -98,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
             )
             return 0
         jobs = api.list_jobs(state, since, registry)
+        for line in registry.bad_rows:  # the other jobs are listed; the bad row is named
+            print(f"warning: {line}", file=sys.stderr)
     if args.json:
         print(dumps_indented([j.to_json() for j in jobs]))
     elif jobs:

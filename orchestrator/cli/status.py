@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
             args.jobs = sweep.job_ids
         while True:
             report = api.status(args.jobs, timeout_s=args.timeout, registry=registry)
+            for line in registry.bad_rows:  # the other jobs are shown; the bad row is named
+                print(f"warning: {line}", file=sys.stderr)
+            registry.bad_rows.clear()
             if report is None:
                 if args.json:
                     print(json.dumps({"source": "registry", "stale": False, "errors": [], "jobs": []}))

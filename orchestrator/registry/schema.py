@@ -21,8 +21,9 @@ from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import JobState
 
 SchedulerKind = SchedulerName
-#: Writers wait this long for the lock before giving up. Long enough for a burst of submits.
-BUSY_TIMEOUT_MS = 30_000
+#: Writers wait this long for the lock, then fail with one line naming the file. A burst of submits
+#: holds it for milliseconds each; the 30 s this was made a stuck holder look like a hung command.
+BUSY_TIMEOUT_MS = 10_000
 _T = TypeVar("_T")
 
 # Ordered migrations: index i (1-based) brings the schema from version i-1 to i. Never edit a
@@ -282,7 +283,7 @@ def is_corruption(exc: sqlite3.DatabaseError) -> bool:
     return "not a database" in msg or "malformed" in msg
 
 
-def _is_locked(exc: sqlite3.OperationalError) -> bool:
+def is_locked(exc: sqlite3.OperationalError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return (code & 0xFF) in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
@@ -306,7 +307,7 @@ def retry_when_locked(step: Callable[[], _T], budget_s: float = BUSY_TIMEOUT_MS 
         try:
             return step()
         except sqlite3.OperationalError as exc:
-            if not _is_locked(exc) or time.monotonic() + delay > deadline:
+            if not is_locked(exc) or time.monotonic() + delay > deadline:
                 raise
         time.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, 0.25)
@@ -351,7 +352,53 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
 _STATES = {s.value: s for s in JobState}
 
 
+class BadRow(UserError):
+    """A jobs row that cannot be read (edited by hand, or by a tool that skipped the checks)."""
+
+
+#: Columns ``job_from_row`` converts, with what each must be: the wording of a bad row's error.
+_ROW_CHECKS: tuple[tuple[int, str, str], ...] = (
+    (0, "job_id", "non-empty text"),
+    (1, "name", "non-empty text"),
+    (2, "profile", "non-empty text"),
+    (3, "scheduler", "non-empty text"),
+    (4, "strategy", "non-empty text"),
+    (5, "nodes", "an integer"),
+    (6, "procs_per_node", "an integer"),
+    (8, "run_dir", "non-empty text"),
+    (9, "submitted_at", "a number"),
+    (11, "last_state_at", "a number"),
+    (13, "max_requeues", "an integer"),
+)
+
+
+def _bad_row(row: Sequence[Any]) -> BadRow:
+    """Which column of ``row`` is unreadable, as one line naming the row (the slow path of a failure)."""
+    for index, column, kind in _ROW_CHECKS:
+        value: Any = row[index] if index < len(row) else None
+        try:
+            if kind == "an integer":
+                ok = not isinstance(value, bool) and int(value) == float(value)
+            elif kind == "a number":
+                ok = float(value) == float(value)  # NaN is not a time
+            else:
+                ok = isinstance(value, str) and value != ""
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            return BadRow(f"registry row {row[0]!r}: {column}: expected {kind}, got {value!r}")
+    return BadRow(f"registry row {row[0] if row else None!r}: unreadable")
+
+
 def job_from_row(row: Sequence[Any]) -> JobRecord:
+    """The row's record; :class:`BadRow` (naming the row and column) when a value cannot be one."""
+    try:
+        return _job_from_row(row)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        raise _bad_row(row) from None
+
+
+def _job_from_row(row: Sequence[Any]) -> JobRecord:
     try:
         command = json.loads(row[7])
     except (TypeError, ValueError):

@@ -23,11 +23,11 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.inputs import env_folder
 from orchestrator.config.scheduler_kinds import SCHEDULER_NAMES
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import JobState, parse_state
@@ -37,6 +37,7 @@ from orchestrator.registry.schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
     Attempt,
+    BadRow,
     JobRecord,
     RunRecord,
     SchedulerKind,
@@ -49,6 +50,7 @@ from orchestrator.registry.schema import (
 )
 from orchestrator.registry.submissions import SubmissionsMixin
 from orchestrator.registry.sweeps import SweepsMixin
+from orchestrator.registry.writes import WritesMixin
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -68,17 +70,18 @@ HOME_ENV = "ORCHESTRATOR_HOME"
 
 
 def default_home() -> Path:
-    """``$ORCHESTRATOR_HOME`` if set, else ``~/.orchestrator``."""
-    env = os.environ.get(HOME_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".orchestrator"
+    """``$ORCHESTRATOR_HOME`` if set, else ``~/.orchestrator`` (set but empty: a UserError)."""
+    return env_folder(HOME_ENV, Path.home() / ".orchestrator")
 
 
-class Registry(SubmissionsMixin, SweepsMixin):
+class Registry(WritesMixin, SubmissionsMixin, SweepsMixin):
     """Handle on the registry database. Cheap to open; use as a context manager or call close()."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self._conn = conn
         self.path = path
+        self.bad_rows: list[str] = []
+        """Rows a listing skipped because they cannot be read (one line each, for stderr)."""
 
     # ------------------------------------------------------------------ opening / migrations
     @classmethod
@@ -137,28 +140,7 @@ class Registry(SubmissionsMixin, SweepsMixin):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """An IMMEDIATE transaction: take the write lock up front so read-then-write never deadlocks."""
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
-
     # ------------------------------------------------------------------ jobs
-    def allocate_local_id(self) -> str:
-        """Next ``local-<n>`` id; atomic across processes and never reused."""
-        with self._write() as conn:
-            conn.execute("INSERT OR IGNORE INTO counters (name, value) VALUES ('local_job', 0)")
-            conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'local_job'")
-            row = conn.execute("SELECT value FROM counters WHERE name = 'local_job'").fetchone()
-        return f"local-{int(row[0])}"
-
     def add_job(
         self,
         *,
@@ -239,6 +221,17 @@ class Registry(SubmissionsMixin, SweepsMixin):
             raise UserError(f"unknown job id '{job_id}' (see `orchestrator list`)")
         return job_from_row(row)
 
+    def _records(self, rows: Iterable[Sequence[Any]]) -> list[JobRecord]:
+        """The rows' records, skipping a row that cannot be read: one bad row (edited by hand) made
+        `list` and `status` fail for every job. Each skipped row is one line in :attr:`bad_rows`."""
+        records = []
+        for row in rows:
+            try:
+                records.append(job_from_row(row))
+            except BadRow as exc:
+                self.bad_rows.append(f"{exc}; skipped (fix or delete that row in {self.path})")
+        return records
+
     def get_many(self, job_ids: Iterable[str]) -> list[JobRecord]:
         """Several jobs in the order asked; raises UserError on the first unknown id."""
         return [self.get(j) for j in job_ids]
@@ -263,7 +256,7 @@ class Registry(SubmissionsMixin, SweepsMixin):
         rows = self._conn.execute(
             f"SELECT {JOB_COLUMNS} FROM jobs {where} ORDER BY submitted_at, job_id", params
         ).fetchall()
-        return [job_from_row(r) for r in rows]
+        return self._records(rows)
 
     def active_and_recent(self, recent_s: float = 24 * 3600.0, now: float | None = None) -> list[JobRecord]:
         """Non-terminal jobs plus any job submitted or changed state within ``recent_s`` seconds."""
@@ -274,7 +267,7 @@ class Registry(SubmissionsMixin, SweepsMixin):
             "OR last_state_at >= ? OR submitted_at >= ? ORDER BY submitted_at, job_id",
             (*terminal, now - recent_s, now - recent_s),
         ).fetchall()
-        return [job_from_row(r) for r in rows]
+        return self._records(rows)
 
     # ------------------------------------------------------------------ states
     def record_state(self, job_id: str, state: JobState, source: str, at: float | None = None) -> bool:
