@@ -18,6 +18,7 @@ import os
 import re
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.errors import UserError
@@ -185,6 +186,25 @@ def signal_value(value: object) -> signal.Signals | None:
     except (KeyError, ValueError):
         raise UserError(f"--signal {value!r}: not a signal name or number (e.g. TERM, USR1, 10)") from None
     return sig
+
+
+def env_folder(name: str, default: str | os.PathLike[str], must_exist: bool = False) -> Path:
+    """The folder an ``ORCHESTRATOR_*`` variable names, or ``default`` when it is unset.
+
+    Set but empty (``ORCHESTRATOR_RUNS=``) is refused, not read as unset or as ``.``: it put run
+    directories into the working directory itself, and read ``~/.orchestrator`` as the registry
+    where the user meant another one. ``must_exist``: a folder that is read, never created (the
+    profiles), so a file or a missing path there is a mistake, not an empty folder."""
+    value = os.environ.get(name)
+    if value is None:
+        return Path(default)
+    if not value.strip() or "\0" in value:
+        raise UserError(f"${name} is set but empty; unset it or name a folder")
+    path = Path(value).expanduser()
+    if must_exist and not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise UserError(f"${name}={value}: {what}; it names a folder of profiles (*.yaml)")
+    return path
 
 
 def check_plan_inputs(kwargs: Mapping[str, Any]) -> dict[str, Any]:

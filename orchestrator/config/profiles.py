@@ -193,9 +193,10 @@ def profile_search_path(profiles_dir: str | os.PathLike[str] | None = None) -> l
     candidates: list[Path] = []
     if profiles_dir:
         candidates.append(Path(profiles_dir))
-    env_dir = os.environ.get("ORCHESTRATOR_PROFILES")
-    if env_dir:
-        candidates.append(Path(env_dir))
+    if "ORCHESTRATOR_PROFILES" in os.environ:
+        from orchestrator.config.inputs import env_folder
+
+        candidates.append(env_folder("ORCHESTRATOR_PROFILES", "", must_exist=True))
     candidates.append(Path.cwd() / "cluster_profiles")
     candidates.append(builtin_profiles_dir())
     unique: list[Path] = []

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.inputs import env_folder
 from orchestrator.config.plan import LaunchPlan
 from orchestrator.config.render import accelerate_launch_command
 from orchestrator.contract.errors import OrchestratorError, UserError
@@ -70,7 +71,7 @@ class Submitted:
 
 def runs_root() -> Path:
     """Where run directories go: $ORCHESTRATOR_RUNS or ./runs (must be on a shared filesystem for Slurm)."""
-    return Path(os.environ.get("ORCHESTRATOR_RUNS", "runs")).absolute()
+    return env_folder("ORCHESTRATOR_RUNS", "runs").absolute()
 
 
 def check_runs_root() -> Path:
@@ -87,6 +88,24 @@ def check_runs_root() -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{where}: {existing} is not writable; set $ORCHESTRATOR_RUNS to a writable folder")
     return root
+
+
+_LOCAL_ID = re.compile(r"^local-(\d+)\Z")
+
+
+def highest_local_id(root: Path) -> int:
+    """The largest N of the ``local-N`` ids run directories under ``root`` hold (their
+    ``job_id`` files, a sweep's tasks included); 0 when there are none. Read once per new registry."""
+    highest = 0
+    for pattern in (f"*/{JOB_ID_FILE}", f"*/task_*/{JOB_ID_FILE}"):
+        for path in root.glob(pattern):
+            try:
+                m = _LOCAL_ID.match(path.read_text(encoding="utf-8", errors="replace").strip())
+            except OSError:
+                continue
+            if m:
+                highest = max(highest, int(m.group(1)))
+    return highest
 
 
 def check_script(plan: LaunchPlan) -> None:
@@ -119,8 +138,12 @@ def absolute_script(plan: LaunchPlan) -> LaunchPlan:
 
 
 def dry_run(plan: LaunchPlan) -> Request:
-    """The request ``submit`` would make for ``plan`` now, in the run directory it would create."""
-    check_submittable(plan)
+    """The request ``submit`` would make for ``plan`` now, in the run directory it would create.
+
+    It asks the cluster nothing (``Scheduler.check``: ``sinfo`` for Slurm), as ``render`` does not:
+    a dry run is for looking at the batch script, also where the cluster is down or not reachable,
+    and a failed ``sinfo`` made it exit 1. ``submit`` runs that check."""
+    check_script(plan)
     check_runs_root()
     run_dir = planned_run_dir(plan)
     return get_scheduler(plan.profile.scheduler).dryrun(absolute_script(plan), run_dir, 0, sys.executable)
@@ -178,6 +201,8 @@ def submit(
                 raise UserError(f"{exc}; try again when it is done") from None
         check_runs_root()
         run_dir = request.run_dir if request is not None else planned_run_dir(plan)
+        if registry is not None and not registry.has_local_ids():
+            registry.seed_local_ids(highest_local_id(runs_root()))
         if registry is not None:
             # The intent first: a command killed at any point after this leaves nothing unknown
             # (the next command finishes or removes the run directory). Completed in _submit_into.
