@@ -90,22 +90,69 @@ class LaunchPlan:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LaunchPlan:
+    def from_json(cls, data: object) -> LaunchPlan:
+        """The plan a run directory keeps (``job.json``), checked as a submission's plan is: a file
+        edited to a bad value is a UserError naming the key (``resume`` printed a traceback)."""
+        from orchestrator.config import inputs
+
+        src = "job.json"
+        if not isinstance(data, dict):
+            raise UserError(f"{src}: expected a JSON object (the job's plan), got {type(data).__name__}")
+
+        def need(key: str) -> Any:
+            if key not in data:
+                raise UserError(f"{src}: {key}: missing required key")
+            return data[key]
+
+        profile_name = inputs.optional_text(f"{src}: profile_name", need("profile_name"))
+        raw_profile = need("profile")
+        try:
+            profile = ClusterProfile.model_validate(raw_profile, strict=False)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            from pydantic import ValidationError
+
+            from orchestrator.config.profile_schema import format_validation_error
+
+            if not isinstance(exc, ValidationError):
+                raise
+            first = format_validation_error(f"{src}: profile", exc).splitlines()[0]
+            raise UserError(first) from None
+        raw_options = need("options")
+        if not isinstance(raw_options, dict):
+            raise UserError(f"{src}: options: expected a mapping, got {type(raw_options).__name__}")
+        try:
+            options = options_from_json(raw_options)
+        except TypeError as exc:
+            raise UserError(f"{src}: options: {exc}") from None
+        problem = check_option_values(options)
+        if problem:
+            raise UserError(f"{src}: options: {problem}")
+        time_limit = inputs.optional_text(f"{src}: time_limit", need("time_limit"))
+        assert time_limit is not None and profile_name is not None
+        try:
+            inputs.slurm_time_minutes(time_limit)
+        except ValueError as exc:
+            raise UserError(f"{src}: time_limit: expected {exc}") from None
+        job_name = inputs.optional_text(f"{src}: job_name", need("job_name"))
+        nodes = inputs.whole(f"{src}: nodes", need("nodes"), 1, optional=False)
+        procs = inputs.whole(f"{src}: procs_per_node", need("procs_per_node"), 1, optional=False)
+        requeues = inputs.whole(f"{src}: max_requeues", need("max_requeues"), 0, 100, optional=False)
+        assert nodes is not None and procs is not None and requeues is not None
         return cls(
-            profile_name=data["profile_name"],
-            profile=ClusterProfile.model_validate(data["profile"], strict=False),
-            options=options_from_json(data["options"]),
-            nodes=int(data["nodes"]),
-            procs_per_node=int(data["procs_per_node"]),
-            script=data["script"],
-            script_args=list(data["script_args"]),
-            job_name=data["job_name"],
-            time_limit=data["time_limit"],
-            max_requeues=int(data["max_requeues"]),
-            auto_resume=bool(data.get("auto_resume", False)),
-            exclude_nodes=tuple(data.get("exclude_nodes", ())),
-            after=tuple(data.get("after", ())),
-            hang_timeout=data.get("hang_timeout"),
+            profile_name=profile_name,
+            profile=profile,
+            options=options,
+            nodes=nodes,
+            procs_per_node=procs,
+            script=str(inputs.path_text(f"{src}: script", need("script"))),
+            script_args=inputs.words(f"{src}: script_args", need("script_args")),
+            job_name=str(job_name),
+            time_limit=time_limit,
+            max_requeues=requeues,
+            auto_resume=inputs.flag(f"{src}: auto_resume", data.get("auto_resume", False)),
+            exclude_nodes=tuple(inputs.words(f"{src}: exclude_nodes", data.get("exclude_nodes", []))),
+            after=tuple(inputs.words(f"{src}: after", data.get("after", []))),
+            hang_timeout=inputs.whole(f"{src}: hang_timeout", data.get("hang_timeout"), 1, 86400),
         )
 
 
@@ -250,10 +297,21 @@ def build_plan(
     node_count = profile.nodes.default if nodes is None else nodes
     procs = profile.default_procs_per_node if procs_per_node is None else procs_per_node
     check_combination(profile_name, profile, options, node_count, procs)
-    if auto_resume and not scheduler_kind(profile.scheduler).can_lose_nodes:
+    kind = scheduler_kind(profile.scheduler)
+    if auto_resume and not kind.can_lose_nodes:
         raise UserError(
             f"--auto-resume: profile '{profile_name}' runs locally, where there is no node to lose or exclude; "
             "use `orchestrator resume JOB` after a failure"
+        )
+    if exclude_nodes and not kind.can_lose_nodes:
+        raise UserError(
+            f"--exclude {','.join(exclude_nodes)}: profile '{profile_name}' runs locally, on this machine "
+            "only: there is no node to exclude; drop --exclude"
+        )
+    if after and not kind.has_dependencies:
+        raise UserError(
+            f"--after: profile '{profile_name}' runs locally, where a job cannot wait for another; "
+            "use a Slurm profile (or wait for the job first: orchestrator wait JOB)"
         )
     if hang_timeout is not None and not 1 <= hang_timeout <= 86400:
         raise UserError(f"--hang-timeout: expected seconds from 1 to 86400, got {hang_timeout}")

@@ -21,7 +21,11 @@ class SchedulerKind:
 
     name: str
     can_lose_nodes: bool
-    """Whether a node can die under a job (and ``--auto-resume`` can exclude it)."""
+    """Whether a node can die under a job (and ``--auto-resume`` can exclude it); where none can,
+    there is no other node to choose either, so ``--exclude`` is refused too."""
+    has_dependencies: bool
+    """Whether a job can wait for another (``--after``): refused at planning where it cannot, so
+    ``render``, ``submit``, ``sweep`` and the API all say so (``render`` accepted it silently)."""
     needs_partition: bool
     """Whether a profile must name a partition (a profile check, before anything is rendered)."""
     writes_batch_script: bool
@@ -46,6 +50,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
     "slurm": SchedulerKind(
         name="slurm",
         can_lose_nodes=True,
+        has_dependencies=True,
         needs_partition=True,
         writes_batch_script=True,
         has_arrays=True,
@@ -57,6 +62,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
     "local": SchedulerKind(
         name="local",
         can_lose_nodes=False,
+        has_dependencies=False,
         needs_partition=False,
         writes_batch_script=False,
         has_arrays=False,
