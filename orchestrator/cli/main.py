@@ -103,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        # The last net under the promise "one line, never a traceback": a file the command could not
+        # read or write that no check above named (the checks name their flag; this names the file).
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"orchestrator {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

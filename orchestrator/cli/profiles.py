@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ import yaml
 
 from orchestrator.cli.table import format_table
 from orchestrator.config.profiles import available_profiles, display_path, load_profile, parse_profile
-from orchestrator.contract.errors import OrchestratorError, UserError
+from orchestrator.contract.errors import EXIT_USAGE, OrchestratorError, UserError
 
 if TYPE_CHECKING:
     from orchestrator.config.profiles import ClusterProfile
@@ -87,11 +88,17 @@ def run(args: argparse.Namespace) -> int:
     targets = args.targets or [str(p) for p in available_profiles(args.profiles_dir).values()]
     if not targets:
         raise UserError("no profiles found to validate")
-    for target in targets:
-        name, path, profile = load_profile(target, args.profiles_dir)
-        check_like_render(name, path, profile)
+    bad = 0
+    for target in targets:  # every file, not up to the first bad one: each bad one is a line
+        try:
+            name, path, profile = load_profile(target, args.profiles_dir)
+            check_like_render(name, path, profile)
+        except OrchestratorError as exc:
+            bad += 1
+            print(f"orchestrator profiles: error: {exc}", file=sys.stderr)
+            continue
         print(f"ok  {display_path(path)}")
-    return 0
+    return EXIT_USAGE if bad else 0
 
 
 def check_like_render(name: str, path: Path, profile: ClusterProfile) -> None:

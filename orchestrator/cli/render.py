@@ -33,10 +33,15 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise UserError(f"--out: {out} exists and is not a directory")
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            (out / name).write_text(text)
-            print(out / name)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (out / name).write_text(text)
+                print(out / name)
+        except OSError as exc:  # --out /proc/x, a read-only folder: one line, not a traceback
+            raise UserError(
+                f"--out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}"
+            ) from None
         return 0
     for name, text in files.items():
         print(f"==> {name} <==")

@@ -49,9 +49,11 @@ def grid_from_yaml(path: Path) -> tuple[dict[str, list[str]], dict[str, Any]]:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise UserError(f"--file {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--file {path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except yaml.YAMLError as exc:
         raise UserError(f"--file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("grid"), dict) or not data["grid"]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.errors import RunFailure
+from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import read_job_json
 from orchestrator.core.run_summary import iter_metrics
 
@@ -141,8 +141,11 @@ def plot_run(run_dir: Path | str, out_png: Path | str, job_id: str | None = None
         fig.suptitle(
             f"job {title_id} — strategy {strategy} — world size {world if world is not None else '?'}"
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(out, dpi=100)
+        except OSError as exc:  # -o /proc/x.png, a read-only or full disk: one line, not a traceback
+            raise UserError(f"cannot write the plot to {out}: {exc.strerror or exc}") from None
     finally:
         plt.close(fig)
     return out
