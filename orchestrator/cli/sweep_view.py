@@ -52,7 +52,7 @@ def render_sweep_status(status: SweepStatus) -> str:
     columns = ["task", "job", "params", "state", "step", status.metric, "requeues", "reason"]
     lines = [format_table(table, columns)]
     counts = ", ".join(f"{n} {state}" for state, n in sorted(status.counts().items()))
-    summary = f"sweep {status.sweep_id}: {len(status.rows)} tasks ({counts})"
+    summary = f"sweep {status.sweep_id}: {status.total} tasks ({counts})"
     if status.best is not None:
         row = status.rows[status.best]
         params = " ".join(f"{k}={v}" for k, v in status.params[status.best].items())

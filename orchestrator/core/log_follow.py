@@ -208,7 +208,23 @@ def _decode_lines(data: bytes) -> list[str]:
     text = data.decode("utf-8", errors="replace")
     if text.endswith("\n"):
         text = text[:-1]
-    return [ln.rstrip("\r") for ln in text.split("\n")]
+    return [_as_shown(ln) for ln in text.split("\n")]
+
+
+def _as_shown(line: str) -> str:
+    """A line as a terminal shows it: what follows its last carriage return. tqdm redraws its bar
+    with ``\r`` and no newline, so one "line" held every redraw (thousands of characters); a rank
+    prefix (``[rank1]:``) at its start is kept, since ``--rank`` selects by it."""
+    line = line.rstrip("\r")
+    if "\r" not in line:
+        return line
+    last = line.rpartition("\r")[2]
+    m = _RANK_PREFIX.match(line)
+    if m is None or _RANK_PREFIX.match(last):
+        return last
+    prefix = line[: line.find("]") + 1]
+    prefix += ":" if line[len(prefix) : len(prefix) + 1] == ":" else ""
+    return f"{prefix} {last.lstrip()}" if prefix.endswith(":") else prefix + last
 
 
 def _read_tail_upto(

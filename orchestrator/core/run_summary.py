@@ -156,7 +156,9 @@ def _num(value: Any) -> float | None:
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A count from an event (step, max_steps, world size): a non-negative int, else None (not
+    shown). A script's ``"step": -7`` was shown as STEP -7."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def estimate_seconds_per_step(train_events: list[dict[str, Any]]) -> float | None:

@@ -31,11 +31,17 @@ class Stacks:
     culprit: tuple[int, str, str] | None
     """``(rank, host, why)`` of the one rank that differs from the others, if one does."""
 
+    @property
+    def saved(self) -> bool:
+        """Whether the stacks were written: nothing is when no training process was found (an
+        ended job), and a folder that was never created must not be named."""
+        return self.folder.is_dir()
+
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
             "attempt": self.attempt,
-            "folder": str(self.folder),
+            "folder": str(self.folder) if self.saved else None,
             "ranks": self.records,
         }
 

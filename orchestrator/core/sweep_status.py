@@ -35,12 +35,19 @@ class SweepStatus:
     queued: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     """Tasks of a local sweep not started yet (waiting for a free slot), with their parameters."""
 
+    @property
+    def total(self) -> int:
+        """Tasks of the sweep: the started ones and those not started yet (the summary's count
+        read "2 tasks (1 COMPLETED, 2 QUEUED, 1 RUNNING)": only the started ones)."""
+        return len(self.rows) + len(self.queued)
+
     def counts(self) -> dict[str, int]:
+        """Tasks by state; they add up to :attr:`total`."""
         out: dict[str, int] = {}
         for row in self.rows:
             out[row.state.value] = out.get(row.state.value, 0) + 1
         if self.queued:
-            out["QUEUED"] = len(self.queued)
+            out["QUEUED"] = out.get("QUEUED", 0) + len(self.queued)
         return out
 
 
