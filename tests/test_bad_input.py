@@ -35,7 +35,10 @@ class Case:
     """The whole error line, when the wording itself is the contract."""
     names_file: bool = True
     """The error line names ``cluster_profiles/<id>.yaml`` (profile cases only)."""
-    extra_files: dict[str, str] = field(default_factory=dict)
+    extra_files: dict[str, str | bytes] = field(default_factory=dict)
+    """More files in the case's folder (name -> content)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables set for the case (after the isolated defaults)."""
 
 
 def yaml_case(id: str, text: str | bytes, *expect: str, exact: str | None = None) -> Case:
@@ -44,9 +47,23 @@ def yaml_case(id: str, text: str | bytes, *expect: str, exact: str | None = None
 
 
 def cli_case(
-    id: str, args: list[str], *expect: str, profile: str | None = None, names_file: bool = False
+    id: str,
+    args: list[str],
+    *expect: str,
+    profile: str | None = None,
+    names_file: bool = False,
+    env: dict[str, str] | None = None,
+    files: dict[str, str | bytes] | None = None,
 ) -> Case:
-    return Case(id, args, profile=profile, expect=expect, names_file=names_file)
+    return Case(
+        id,
+        args,
+        profile=profile,
+        expect=expect,
+        names_file=names_file,
+        env=env or {},
+        extra_files=files or {},
+    )
 
 
 SLURM = "scheduler: slurm\npartition: gpu\n"
@@ -349,6 +366,97 @@ CASES: list[Case] = [
         "JOB:ok or JOB:any",
     ),
     cli_case("after_local", ["submit", "--after", "12", "--", "afile"], "--after", "runs locally"),
+    # issue #35 item 8: one line and exit 2, never a traceback
+    cli_case(
+        "sweep_file_not_utf8",
+        ["sweep", "--file", "grid.yaml", "--", "afile", "{lr}"],
+        "--file grid.yaml",
+        "not UTF-8",
+        files={"grid.yaml": b"grid:\n  lr: [\xff\xfe]\n"},
+    ),
+    cli_case("render_out_unwritable", ["render", "--out", "/proc/x"], "--out /proc/x", "cannot write"),
+    # issue #35 item 9: accepted without complaint before
+    cli_case(
+        "exclude_local", ["submit", "--exclude", "n1", "--", "afile"], "--exclude n1", "no node to exclude"
+    ),
+    cli_case("render_exclude_local", ["render", "--exclude", "n1"], "--exclude n1", "no node to exclude"),
+    cli_case("render_after_local", ["render", "--after", "12"], "--after", "runs locally"),
+    cli_case(
+        "sweep_after_local",
+        ["sweep", "--after", "12:any", "--grid", "lr=1", "--", "afile", "{lr}"],
+        "--after",
+        "runs locally",
+    ),
+    cli_case("list_sweeps_state", ["list", "--sweeps", "--state", "FAILED"], "--state", "not sweeps"),
+    cli_case("list_sweeps_since", ["list", "--sweeps", "--since", "2h"], "--since", "not sweeps"),
+    cli_case(
+        "profiles_env_is_a_file",
+        ["profiles", "list"],
+        "$ORCHESTRATOR_PROFILES=afile",
+        "not a folder",
+        env={"ORCHESTRATOR_PROFILES": "afile"},
+    ),
+    cli_case(
+        "profiles_env_missing",
+        ["render"],
+        "$ORCHESTRATOR_PROFILES=nowhere",
+        "does not exist",
+        env={"ORCHESTRATOR_PROFILES": "nowhere"},
+    ),
+    cli_case(
+        "runs_env_empty",
+        ["submit", "--", "afile"],
+        "$ORCHESTRATOR_RUNS is set but empty",
+        env={"ORCHESTRATOR_RUNS": ""},
+    ),
+    cli_case(
+        "home_env_empty", ["list"], "$ORCHESTRATOR_HOME is set but empty", env={"ORCHESTRATOR_HOME": ""}
+    ),
+    cli_case(
+        "home_env_empty_status",
+        ["status"],
+        "$ORCHESTRATOR_HOME is set but empty",
+        env={"ORCHESTRATOR_HOME": " "},
+    ),
+    # every command and the newer flags, on the local profile
+    cli_case(
+        "hang_timeout_zero", ["submit", "--hang-timeout", "0", "--", "afile"], "--hang-timeout", "1 to 86400"
+    ),
+    cli_case(
+        "hang_timeout_over_a_day",
+        ["render", "--hang-timeout", "99999"],
+        "--hang-timeout",
+        "1 to 86400",
+    ),
+    cli_case("hang_timeout_word", ["submit", "--hang-timeout", "soon", "--", "afile"], "--hang-timeout"),
+    cli_case(
+        "submit_script_missing", ["submit", "--", "nowhere.py"], "training script not found: nowhere.py"
+    ),
+    cli_case(
+        "submit_max_requeues_negative", ["submit", "--max-requeues", "-1", "--", "afile"], "--max-requeues"
+    ),
+    cli_case("wait_unknown_job", ["wait", "local-99"], "unknown job id 'local-99'"),
+    cli_case("wait_timeout_negative", ["wait", "local-1", "--timeout", "-1"], "--timeout", "> 0"),
+    cli_case("stacks_unknown_job", ["stacks", "local-99"], "unknown job id 'local-99'"),
+    cli_case("stacks_json_unknown_job", ["stacks", "local-99", "--json"], "unknown job id 'local-99'"),
+    cli_case("status_unknown_job", ["status", "local-99"], "unknown job id 'local-99'"),
+    cli_case("status_sweep_bad_metric", ["status", "9999", "--metric", "accuracy"], "--metric", "'accuracy'"),
+    cli_case("status_interval_zero", ["status", "--interval", "0"], "--interval"),
+    cli_case("resume_unknown_job", ["resume", "local-99"], "unknown job id 'local-99'"),
+    cli_case("resume_sweep_failed_unknown", ["resume", "9999", "--failed"], "unknown sweep id '9999'"),
+    cli_case("resume_nodes_zero", ["resume", "local-1", "--nodes", "0"], "--nodes", "'0'"),
+    cli_case(
+        "resume_strategy_typo", ["resume", "local-1", "--strategy", "fulshard"], "--strategy", "'full_shard'"
+    ),
+    cli_case("logs_unknown_job", ["logs", "local-99"], "unknown job id 'local-99'"),
+    cli_case("logs_tail_negative", ["logs", "local-1", "--tail", "-1"], "--tail -1"),
+    cli_case("cancel_unknown_job", ["cancel", "local-99"], "unknown job id 'local-99'"),
+    cli_case("cancel_signal_zero", ["cancel", "local-1", "--signal", "0"], "--signal '0'"),
+    cli_case("cancel_signal_unknown", ["cancel", "local-1", "--signal", "FOO"], "--signal 'FOO'"),
+    cli_case("plot_unknown_job", ["plot", "local-99"], "unknown job id 'local-99'"),
+    cli_case("list_state_unknown", ["list", "--state", "BOGUS"], "--state", "'BOGUS'"),
+    cli_case("list_since_words", ["list", "--since", "yesterday"], "--since 'yesterday'"),
+    cli_case("sweep_file_not_a_grid", ["sweep", "--file", "afile", "--", "afile"], "--file afile", "grid"),
     cli_case(
         "show_unknown_profile",
         ["profiles", "show", "locl"],
@@ -384,10 +492,15 @@ def _run_case(case: Case, root: Path) -> Result:
         else:
             target.write_text(case.profile, encoding="utf-8")
     (folder / "afile").write_text("not a folder\n")
+    for name, content in case.extra_files.items():
+        if isinstance(content, bytes):
+            (folder / name).write_bytes(content)
+        else:
+            (folder / name).write_text(content, encoding="utf-8")
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator", *case.args],
         cwd=folder,
-        env=_cli_env(folder),
+        env={**_cli_env(folder), **case.env},
         capture_output=True,
         text=True,
         timeout=120,
