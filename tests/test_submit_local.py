@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import api
+from orchestrator.contract.errors import UserError
+from orchestrator.contract.job_states import JobState
+from orchestrator.registry.store import Registry
 from tests.helpers.cli import REPO, poll, run_cli
 
 SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
@@ -224,3 +228,20 @@ def test_resumed_local_job_keeps_each_jobs_own_state(orch_env: dict[str, str]) -
     refused = run_cli(["cancel", old], orch_env)
     assert refused.returncode == 2 and f"orchestrator cancel {new}" in refused.stderr, refused.stderr
     assert not (run_dir / "cancel_requested.json").exists()
+
+    # A resume of a COMPLETED run exits 2 with the reason and submits nothing (README, "How resume
+    # works"): by the new id, by the old one, and through the API's Job.status and Job.resume.
+    attempts = sorted(p.name for p in run_dir.glob("job.attempt_*.json"))
+    for job in (new, old):
+        done = run_cli(["resume", job], orch_env)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "COMPLETED: its training finished, there is nothing to resume" in done.stderr, done.stderr
+        assert "submitted job" not in done.stdout and "Traceback" not in done.stderr
+    handle = api.get_job(new, Path(orch_env["ORCHESTRATOR_HOME"]))
+    assert handle.status().state is JobState.COMPLETED
+    with pytest.raises(UserError, match="COMPLETED: its training finished"):
+        handle.resume()
+    assert (run_dir / "job_id").read_text() == new
+    assert sorted(p.name for p in run_dir.glob("job.attempt_*.json")) == attempts
+    with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as reg:
+        assert reg.run_of(old).job_ids == (old, new)
