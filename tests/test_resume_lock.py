@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
+from orchestrator.contract.run_dir import RUN_LOCK_FILE
 from orchestrator.core.run_lock import RunLocked, run_lock
 from orchestrator.registry.store import Registry
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, sacct_state
@@ -37,6 +41,28 @@ def test_run_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: P
             pass
     finally:
         kill_tree(holder.pid)
+
+
+def family(pid: int) -> set[int]:
+    """``pid`` and its descendants (the sbatch caller may be a child of the resume process)."""
+    try:
+        return {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return {pid}
+
+
+def waits_for_lock(pid: int, lock_file: Path) -> bool:
+    """``pid`` has the run's lock file open while some process holds a lock on it (/proc/locks):
+    it is in the run lock's wait."""
+    inode = lock_file.stat().st_ino if lock_file.exists() else None
+    if inode is None:
+        return False
+    try:
+        opened = any(os.readlink(fd) == str(lock_file) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    held = [line for line in Path("/proc/locks").read_text().splitlines() if f":{inode} " in line]
+    return opened and any(str(pid) not in line.split()[4:5] for line in held)
 
 
 FAIL_THEN_WAIT = """\
@@ -80,13 +106,32 @@ def test_two_resumes_started_together_submit_once(
     assert sacct_state(job_id) == "FAILED"
     make_checkpoint(run_dir, 5, {"model.safetensors": 16})
     switch.write_text("")
+    # The overlap is made certain, not left to timing: the first resume to reach sbatch waits there
+    # (an sbatch in front of the real one, holding on an event) until the other resume is either
+    # waiting for the run lock (it has the lock file open while a lock is held on it) or has
+    # reached sbatch too (no lock kept it out).
+    real_sbatch = shutil.which("sbatch")
+    assert real_sbatch is not None
+    bin_dir, calls, release = tmp_path / "bin", tmp_path / "sbatch_calls", tmp_path / "release"
+    bin_dir.mkdir()
+    shim = bin_dir / "sbatch"
+    shim.write_text(
+        "#!/bin/bash\n"
+        f"echo $PPID >> {calls}\n"
+        f"for _ in $(seq 1200); do [ -e {release} ] && break; sleep 0.1; done\n"
+        f'exec {real_sbatch} "$@"\n'
+    )
+    shim.chmod(0o755)
+    env = dict(orch_env, PATH=f"{bin_dir}{os.pathsep}{orch_env['PATH']}")
+    lock_file = run_dir / RUN_LOCK_FILE
     new_ids: list[str] = []
+    procs: list[subprocess.Popen[str]] = []
     try:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "orchestrator", "resume", job_id],
                 cwd=REPO,
-                env=orch_env,
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -94,6 +139,20 @@ def test_two_resumes_started_together_submit_once(
             )  # fmt: skip
             for _ in range(2)
         ]
+
+        def overlapped() -> str:
+            callers = calls.read_text().split() if calls.exists() else []
+            if len(callers) >= 2:
+                return "both resumes reached sbatch"
+            if len(callers) == 1:
+                other = [p for p in procs if int(callers[0]) not in family(p.pid)]
+                if len(other) == 1 and waits_for_lock(other[0].pid, lock_file):
+                    return "the other resume waits for the run lock"
+            return ""
+
+        how = poll(overlapped, 150, "both resumes inside the run change at once")
+        release.write_text(how)
+        assert how == "the other resume waits for the run lock", how
         results = []
         for p in procs:
             try:
@@ -123,5 +182,8 @@ def test_two_resumes_started_together_submit_once(
             "the resumed job to be live",
         )
     finally:
+        release.write_text("")
+        for p in procs:
+            kill_tree(p.pid)
         for j in new_ids:
             subprocess.run(["scancel", j], capture_output=True, timeout=30, check=False)

@@ -160,12 +160,21 @@ def test_two_jobs_on_the_same_nodes_both_complete(
 def test_bad_requests_exit_2_before_submitting(
     slurm_cluster: dict, orch_env: dict, tmp_path: Path, args: list[str], needle: str
 ) -> None:
-    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
-    res = run_cli(["submit", "--profile", "slurm_test", *args], orch_env)
+    # Only this request's own jobs (by a name no other test uses): other tests' jobs come and go
+    # in the same cluster meanwhile, so the whole listing is no measure.
+    name = f"refused-{tmp_path.name}"
+    res = run_cli(["submit", "--profile", "slurm_test", "--name", name, *args], orch_env)
     assert res.returncode == 2, res.stdout + res.stderr
     assert needle in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "runs").exists()
-    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+    for query in (["squeue", "-h", "-t", "all", "-n", name], ["sacct", "-nX", "--name", name]):
+        listed = subprocess.run(
+            [*query, "-o", "%i" if query[0] == "squeue" else "JobID"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert listed.returncode == 0 and listed.stdout.strip() == "", (query, listed.stdout, listed.stderr)
 
 
 def test_unknown_partition_exits_2(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
