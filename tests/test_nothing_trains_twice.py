@@ -134,7 +134,7 @@ def test_resume_refuses_while_a_process_of_the_run_lives_and_names_it(
     assert not row["terminal"], row
     res = run_cli(["resume", job_id], orch_env)
     assert res.returncode == 2, res.stdout + res.stderr
-    assert f"pid {stray}" in res.stderr and "train twice" in res.stderr
+    assert f"pid {stray}" in res.stderr and "train a second job" in res.stderr, res.stderr
     res = run_cli(["cancel", job_id], orch_env)  # not "already ended": it signals the stray
     assert res.returncode == 0, res.stdout + res.stderr
     kill_tree(stray)

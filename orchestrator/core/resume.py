@@ -100,26 +100,27 @@ def refuse_while_run_is_live(registry: Any, job_id: str) -> None:
 
     newest = registry.run_of(job_id).newest_job_id
     record = registry.get(newest)
+    st = refresh_states(registry, [record]).states.get(newest)
+    state = st.state if st is not None else record.last_state
+    if state is JobState.COMPLETED:
+        which = f"job {job_id}" if newest == job_id else f"job {job_id}'s run (continued as job {newest})"
+        raise UserError(f"{which} COMPLETED: its training finished, there is nothing to resume")
     living = run_alive.holders(record.run_dir)
+    if not state.is_terminal():
+        which = (
+            f"job {job_id}" if newest == job_id else f"job {job_id}'s run continues as job {newest}, which"
+        )
+        pids = f" (pid {', '.join(map(str, living))} of its run still runs)" if living else ""
+        raise UserError(
+            f"{which} is {state.value}{pids}; a resume now would train a second job in the same run "
+            f"directory. Wait for it to end, or cancel it first (orchestrator cancel {newest})"
+        )
     if living is not None:
         # Whatever any scheduler says: a process of the run (an orphaned rank, say) still trains.
         who = f"pid {', '.join(map(str, living))}" if living else "a process on another host"
         raise UserError(
             f"job {job_id}: {who} of its run still runs in {record.run_dir}; a resume now would train "
             f"twice in one run directory. Wait for it to end, or cancel it (orchestrator cancel {newest})"
-        )
-    st = refresh_states(registry, [record]).states.get(newest)
-    state = st.state if st is not None else record.last_state
-    if state is JobState.COMPLETED:
-        which = f"job {job_id}" if newest == job_id else f"job {job_id}'s run (continued as job {newest})"
-        raise UserError(f"{which} COMPLETED: its training finished, there is nothing to resume")
-    if not state.is_terminal():
-        which = (
-            f"job {job_id}" if newest == job_id else f"job {job_id}'s run continues as job {newest}, which"
-        )
-        raise UserError(
-            f"{which} is {state.value}; a resume now would train a second job in the same run directory. "
-            f"Wait for it to end, or cancel it first (orchestrator cancel {newest})"
         )
 
 
