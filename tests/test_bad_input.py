@@ -397,13 +397,6 @@ CASES: list[Case] = [
         env={"ORCHESTRATOR_PROFILES": "afile"},
     ),
     cli_case(
-        "profiles_env_missing",
-        ["render"],
-        "$ORCHESTRATOR_PROFILES=nowhere",
-        "does not exist",
-        env={"ORCHESTRATOR_PROFILES": "nowhere"},
-    ),
-    cli_case(
         "runs_env_empty",
         ["submit", "--", "afile"],
         "$ORCHESTRATOR_RUNS is set but empty",

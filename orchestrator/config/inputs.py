@@ -188,22 +188,21 @@ def signal_value(value: object) -> signal.Signals | None:
     return sig
 
 
-def env_folder(name: str, default: str | os.PathLike[str], must_exist: bool = False) -> Path:
+def env_folder(name: str, default: str | os.PathLike[str], must_be_folder: bool = False) -> Path:
     """The folder an ``ORCHESTRATOR_*`` variable names, or ``default`` when it is unset.
 
     Set but empty (``ORCHESTRATOR_RUNS=``) is refused, not read as unset or as ``.``: it put run
     directories into the working directory itself, and read ``~/.orchestrator`` as the registry
-    where the user meant another one. ``must_exist``: a folder that is read, never created (the
-    profiles), so a file or a missing path there is a mistake, not an empty folder."""
+    where the user meant another one. ``must_be_folder``: a folder that is only read (the
+    profiles): naming a file there is a mistake, refused; a folder not made yet is skipped."""
     value = os.environ.get(name)
     if value is None:
         return Path(default)
     if not value.strip() or "\0" in value:
         raise UserError(f"${name} is set but empty; unset it or name a folder")
     path = Path(value).expanduser()
-    if must_exist and not path.is_dir():
-        what = "is not a folder" if path.exists() else "does not exist"
-        raise UserError(f"${name}={value}: {what}; it names a folder of profiles (*.yaml)")
+    if must_be_folder and path.exists() and not path.is_dir():
+        raise UserError(f"${name}={value}: is not a folder; it names a folder of profiles (*.yaml)")
     return path
 
 

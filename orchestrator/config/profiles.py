@@ -196,7 +196,7 @@ def profile_search_path(profiles_dir: str | os.PathLike[str] | None = None) -> l
     if "ORCHESTRATOR_PROFILES" in os.environ:
         from orchestrator.config.inputs import env_folder
 
-        candidates.append(env_folder("ORCHESTRATOR_PROFILES", "", must_exist=True))
+        candidates.append(env_folder("ORCHESTRATOR_PROFILES", "", must_be_folder=True))
     candidates.append(Path.cwd() / "cluster_profiles")
     candidates.append(builtin_profiles_dir())
     unique: list[Path] = []
