@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -197,7 +198,7 @@ def job_and_run_dir(out: str) -> tuple[str | None, Path | None]:
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
@@ -801,7 +802,7 @@ def main() -> int:
     tasks: list[tuple[str, Callable[[], dict[str, Any]]]] = []
     if "b" in only:  # longest first
         for precision in ("no", "bf16"):
-            tasks.append((f"b preempt-resume {precision}", lambda pr=precision: check_b_one(ctx, pr)))
+            tasks.append((f"b preempt-resume {precision}", functools.partial(check_b_one, ctx, precision)))
     if "d" in only:
         tasks.append(("d trainer_cnn preempt-resume", lambda: check_d(ctx)))
     if "c" in only:
@@ -816,7 +817,7 @@ def main() -> int:
                 for launcher in launchers:
                     tasks.append(
                         (f"a {strategy} {precision} {launcher}",
-                         lambda s=strategy, pr=precision, la=launcher: check_a_one(ctx, s, pr, la))
+                         functools.partial(check_a_one, ctx, strategy, precision, launcher))
                     )  # fmt: skip
     try:
         if tasks:
