@@ -41,6 +41,7 @@ from typing import Any
 
 from orchestrator.contract import run_alive
 from orchestrator.contract.env import LAUNCHER_ENV, RUN_DIR_ENV
+from orchestrator.node.cuda_driver import driver_initialized
 
 #: The environment variable carrying the profile's ``launcher`` to the node's launcher.
 #: Seconds the other ranks get to leave after one failed, before SIGKILL (torchrun: 30).
@@ -136,18 +137,17 @@ def preimport() -> str | None:
     returns why the ranks must not be forked after all, or None.
 
     ``torch._dynamo``: every ``torch.optim`` optimizer imports it when built (~1 s here). A process
-    that has touched the CUDA driver must not fork ranks that use CUDA: torch's lazy init and
-    ``libcuda`` mapped are both looked for (the launcher asks NVML, not the driver, whether
-    CUDA is there: ``PYTORCH_NVML_BASED_CUDA_CHECK``)."""
+    that has initialised CUDA must not fork ranks that use CUDA: torch's lazy init and the driver's
+    own state are both asked (orchestrator.node.cuda_driver; the launcher asks NVML, not the driver,
+    whether CUDA is there: ``PYTORCH_NVML_BASED_CUDA_CHECK``)."""
     import torch
     import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401
 
     if torch.cuda.is_initialized():
         return "CUDA was initialized in the launcher"
-    with contextlib.suppress(OSError):
-        if "/libcuda.so" in Path("/proc/self/maps").read_text():
-            return "the CUDA driver was loaded in the launcher"
+    if driver_initialized():
+        return "the CUDA driver was initialized in the launcher"
     return None
 
 

@@ -235,6 +235,25 @@ def signal_local_process(pid: int, sig: signal.Signals) -> int:
     return count
 
 
+def gpu_parameters(plan: LaunchPlan) -> dict[str, object]:
+    """submitit's ``LocalExecutor`` sets every task's ``CUDA_VISIBLE_DEVICES`` to the GPUs it was asked
+    for, none by default: a GPU job's ranks then saw no GPU and trained on CPU (measured on an H200).
+    It is given the GPUs this machine lets the job see (``CUDA_VISIBLE_DEVICES`` of the submitting
+    shell, else all); the simulated nodes split them (``LocalNodeEnvironment.device_environment``). A CPU
+    job keeps none, so a CPU profile never touches a GPU."""
+    if plan.uses_cpu:
+        return {}
+    from orchestrator.config.gpus import count_gpus
+
+    found = count_gpus()
+    if not all(entry.isdigit() for entry in found.visible):
+        raise UserError(
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}: the local profile passes GPUs "
+            "to its simulated nodes by index; give indices (e.g. 0,1), not UUIDs"
+        )
+    return {"gpus_per_node": len(found.visible), "visible_gpus": tuple(int(e) for e in found.visible)}
+
+
 class LocalScheduler(Scheduler):
     kind = SCHEDULER_KINDS["local"]
 
@@ -288,6 +307,7 @@ class LocalScheduler(Scheduler):
             tasks_per_node=plan.nodes,
             timeout_min=max(1, time_minutes(plan.time_limit)),
             signal_delay_s=plan.profile.signal.seconds_before,
+            **gpu_parameters(plan),
         )
         folder.mkdir(parents=True, exist_ok=True)
         task = node_task(
