@@ -170,3 +170,40 @@ def test_cli_without_gpus_says_so_and_imports_no_torch(orch_env: dict[str, str])
     import subprocess
 
     assert subprocess.run([sys.executable, "-c", probe], cwd=REPO, timeout=60).returncode == 0
+
+
+ENV_PROBE = """
+import os, sys
+out = sys.argv[1]
+with open(f"{out}.rank{os.environ['RANK']}", "w") as fh:
+    fh.write(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+"""
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [(1, ["0,1", "0,1"]), (2, ["0", "1"])])
+def test_submitted_ranks_see_the_gpus(
+    orch_env: dict[str, str], tmp_path: Path, nodes: int, expected: list[str]
+) -> None:
+    """Through ``submit`` for real (submitit's LocalExecutor, the node entry, the direct launcher): the
+    ranks' ``CUDA_VISIBLE_DEVICES``. submitit sets it to the GPUs it was asked for, none by default,
+    and every local_gpu rank trained on CPU on an H200 (issue 34's first device run). The machine's two
+    GPUs come from an ``nvidia-smi`` stand-in on PATH (a GPU cannot be made here); the ranks run a
+    script that only writes what it sees."""
+    bin_dir = tmp_path / "standin_bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: stand-in (UUID: GPU-a)'\necho 'GPU 1: stand-in (UUID: GPU-b)'\n")
+    smi.chmod(0o755)
+    script = tmp_path / "env_probe.py"
+    script.write_text(ENV_PROBE)
+    out = tmp_path / "seen"
+    env = {k: v for k, v in orch_env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    res = run_cli(
+        ["submit", "--profile", "local_gpu", "--nodes", str(nodes), "--wait", "--poll", "0.5", "--",
+         str(script), str(out)],
+        env,
+        timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [Path(f"{out}.rank{r}").read_text() for r in range(2)] == expected
