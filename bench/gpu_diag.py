@@ -26,10 +26,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 STEER = ("CUDA", "NVIDIA", "LD_LIBRARY_PATH", "PYTORCH", "ACCELERATE", "TORCH", "PYTHONPATH", "OMP")
 
-PROBE = r'''
+PROBE = r"""
 import json, os, sys
 out = {"argv0": sys.argv[0], "pid": os.getpid(),
-       "env": {k: v for k, v in os.environ.items() if k.startswith(%(steer)r)}}
+       "env": {k: v for k, v in os.environ.items() if k.startswith(STEER_PREFIXES)}}
 try:
     import torch
     out["available"] = torch.cuda.is_available()
@@ -46,9 +46,9 @@ except Exception as exc:  # noqa: BLE001
 for dev in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"):
     out[dev] = os.access(dev, os.R_OK | os.W_OK)
 print("GPUDIAG " + json.dumps(out), flush=True)
-''' % {"steer": STEER}
+""".replace("STEER_PREFIXES", repr(STEER))
 
-LAUNCHER = r'''
+LAUNCHER = r"""
 import ctypes, json, os, sys
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 steps = []
@@ -90,7 +90,7 @@ os.close(w)
 os.waitpid(pid, 0)
 child = os.read(r, 65536).decode()
 print("GPUDIAG " + json.dumps({"steps": steps, "fork": json.loads(child or "{}")}), flush=True)
-'''
+"""
 
 
 def run(argv: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None) -> dict[str, Any]:
@@ -112,7 +112,9 @@ def main() -> int:
     probe = work / "probe.py"
     probe.write_text(PROBE)
     env = dict(os.environ)
-    env.update(ORCHESTRATOR_HOME=str(work / "home"), ORCHESTRATOR_RUNS=str(work / "runs"), PYTHONUNBUFFERED="1")
+    env.update(
+        ORCHESTRATOR_HOME=str(work / "home"), ORCHESTRATOR_RUNS=str(work / "runs"), PYTHONUNBUFFERED="1"
+    )
     report: dict[str, Any] = {"env": {k: v for k, v in os.environ.items() if k.startswith(STEER)}}
 
     def save() -> None:
@@ -134,7 +136,9 @@ def main() -> int:
     if config.is_file():
         report["config"] = config.read_text()
         report["accelerate_launch"] = run(
-            [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), str(probe)], env, 90
+            [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), str(probe)],
+            env,
+            90,
         )
     save()
     for launcher in ("direct", "torchrun"):

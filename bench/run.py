@@ -930,6 +930,10 @@ def main() -> int:
     wall = time.perf_counter() - t0
     R["wall_s"] = round(wall, 1)
     md = report(R, q, wall)
+    # Written by hand from bench/gpu_submit_check.py's device runs (a GPU lease, not this script's).
+    gpu_submit = BENCH / "results_gpu_submit.md"
+    if gpu_submit.is_file():
+        md = md.rstrip("\n") + "\n\n" + gpu_submit.read_text()
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(json.dumps(R, indent=1) + "\n")
     print(md)
