@@ -14,19 +14,18 @@ its ranks.
 What torchrun did and this module does too: every rank's output goes to the node log with its
 ``[default<L>]:`` prefix (``--tee``) and to its own file; the first rank that fails ends the
 others (SIGTERM, then SIGKILL after a grace period). What it does differently: a rank leaves with
-``os._exit`` once the script, its non-daemon threads and its ``atexit`` functions are done and
-every open file is flushed, so interpreter teardown never runs. Teardown is where torch 2.13 +
-gloo aborts or hangs ("terminate called without an active exception") after a job trained to the
-end (FIELD_NOTES). The node exit code is the first failing rank's own code, not torchrun's 1.
+``os._exit`` once the script, its non-daemon threads, its ``atexit`` functions and the flush of
+every open file are done: no interpreter teardown, where torch 2.13 + gloo aborts or hangs after a
+job trained to the end (FIELD_NOTES). The node exits with the first failing rank's own code.
 
-Fork safety: the parent has imported modules and nothing else (no CUDA context, no process
-group, no thread pool); CUDA and the intra-op thread count are set up in each child from its
-own environment.
+Fork safety: the parent has imported modules only (no CUDA context, no process group, no thread
+pool); each child sets up CUDA and its thread count from its own environment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import io
 import os
@@ -382,8 +381,6 @@ def _become(script: str, script_args: list[str], env: dict[str, str]) -> None:
     if numpy_random is not None:
         numpy_random.seed()
     if env.get("PYTHONFAULTHANDLER"):  # a fresh interpreter reads it at start-up
-        import faulthandler
-
         faulthandler.enable()
     _node_site(extra)
 
