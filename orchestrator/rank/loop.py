@@ -80,6 +80,33 @@ class LoopState:
                 setattr(self, key, int(value))
 
 
+def fix_ddp_buckets(accelerator: Any) -> None:
+    """On CPU, give every DDP model its final gradient-bucket layout now, the same in every attempt.
+
+    DDP reduces the first iteration's gradients in its initial buckets, then rebuilds them in the order
+    the gradients became ready. An uninterrupted run trains step k > 1 on the rebuilt layout; a resumed
+    one trained its first step, k, on the initial layout. With three or more ranks gloo's ring
+    all-reduce sums an element in an order that depends on its place in the bucket, so that step
+    differed in the last bit and the runs drifted apart by ~1e-7 relative. Rebuilt here, before the
+    first step, in parameter order (``_push_all_rebuilt_params``), DDP never rebuilds again, and every
+    step of every attempt reduces in one layout. Not on GPUs (there the ready order overlaps
+    communication with the backward, and no bit-exactness is claimed)."""
+    import gc
+
+    import torch
+
+    if torch.cuda.is_available() or getattr(accelerator, "num_processes", 1) < 3:
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    # Accelerate keeps the unwrapped model of a CPU DDP launch in _models: find the wrappers around them.
+    models = {id(m) for m in getattr(accelerator, "_models", [])}
+    for obj in gc.get_objects():
+        if isinstance(obj, DistributedDataParallel) and (id(obj) in models or id(obj.module) in models):
+            obj.reducer._push_all_rebuilt_params()
+            obj.reducer._rebuild_buckets()
+
+
 class ResumableLoop:
     """One per training loop, built after ``accelerator.prepare``."""
 
@@ -107,6 +134,7 @@ class ResumableLoop:
         self._step_started = time.monotonic()
         self._metrics = None
         accelerator.register_for_checkpointing(self.state)
+        fix_ddp_buckets(accelerator)
         self.stop = StopRequest().install()
         # Step and phase for the hang watchdog (None outside a job). The loop sees the boundaries of a
         # batch, not its inside: "data" while the next batch is fetched, "forward" while the user's
