@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.contract.errors import UserError
-from orchestrator.core.handles import Job, Sweep, cancel, get_job, get_sweep, resume
+from orchestrator.core.handles import NOT_RESUMED, Job, Sweep, cancel, get_job, get_sweep, resume
 from orchestrator.core.progress import WaitTimeout, follow_hint
 from orchestrator.core.sweep_status import SWEEP_METRICS, SweepStatus, sweep_status
 
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "NOT_RESUMED",
     "SWEEP_METRICS",
     "Job",
     "Sweep",

@@ -54,3 +54,61 @@ def test_a_local_sweep_runs_k_tasks_at_a_time(orch_env: dict[str, str], reap_swe
     for task, lr in zip(tasks, (0.3, 0.1, 0.2), strict=True):
         train = [json.loads(x) for x in (task / "metrics.jsonl").read_text().splitlines()]
         assert [(e["step"], e["lr"]) for e in train] == [(1, lr), (2, lr), (3, lr)]
+
+
+def _sweep_json(env: dict[str, str], sweep_id: str) -> dict:
+    res = run_cli(["status", sweep_id, "--json"], env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)
+
+
+def test_kill_9_of_the_sweep_starter_strands_no_task(orch_env: dict[str, str], reap_sweep: None) -> None:
+    """Issue 35 item 3: ``kill -9`` of the detached starter while task 0 runs (K = 1). The tasks it
+    never started are FAILED with the reason (not QUEUED forever), the counts say 3 tasks,
+    ``resume SWEEP --failed`` starts them, and every task trains each step once."""
+    import psutil
+
+    res = run_cli(
+        ["sweep", "--profile", "local", "--nodes", "1", "--procs-per-node", "1", "--max-parallel", "1"]
+        + ["--grid", "lr=0.3,0.1,0.2", "--", SCRIPT, "--lr", "{lr}", "--steps", "12", "--step-s", "0.3"],
+        orch_env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    sweep_id = res.stdout.split("submitted sweep ")[1].split()[0]
+    sweep_dir = Path(res.stdout.split("sweep directory ")[1].split()[0])
+    starter = psutil.Process(json.loads((sweep_dir / "local_pids.json").read_text())["controller"])
+    poll(lambda: _sweep_json(orch_env, sweep_id)["tasks"], 120, "task 0 started", interval=0.2)
+    starter.kill()
+    starter.wait(timeout=10)
+
+    data = _sweep_json(orch_env, sweep_id)
+    assert data["queued"] == [], data
+    assert data["counts"].get("FAILED", 0) + data["counts"].get("COMPLETED", 0) >= 2, data["counts"]
+    assert sum(data["counts"].values()) == 3, data["counts"]
+    unstarted = data["not_started"]
+    assert [t["task"] for t in unstarted] == [1, 2], data
+    assert all("starter" in t["reason"] and "resume" in t["reason"] for t in unstarted), unstarted
+    text = run_cli(["status", sweep_id], orch_env, timeout=60).stdout
+    assert f"sweep {sweep_id}: 3 tasks" in text, text
+    assert "waiting for a free slot" not in text, text
+    listed = run_cli(["list", "--sweeps", "--json"], orch_env, timeout=60)
+    assert [s["task_count"] for s in json.loads(listed.stdout) if s["sweep_id"] == sweep_id] == [3]
+    table = run_cli(["list", "--sweeps"], orch_env, timeout=60).stdout.splitlines()
+    row = next(line.split() for line in table if line.startswith(sweep_id))
+    assert row[2] == "3", table
+
+    resumed = run_cli(["resume", sweep_id, "--failed"], orch_env, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "task 1" in resumed.stdout and "task 2" in resumed.stdout, resumed.stdout
+    data = poll(
+        lambda: (d := _sweep_json(orch_env, sweep_id))["counts"] == {"COMPLETED": 3} and d,
+        300,
+        "the three tasks completed after resume --failed",
+        interval=1.0,
+        diagnostics=lambda: (sweep_dir / "sweep.log").read_text(),
+    )
+    assert [t["task"] for t in data["tasks"]] == [0, 1, 2] and data["not_started"] == []
+    for i, lr in enumerate((0.3, 0.1, 0.2)):
+        lines = (sweep_dir / f"task_{i}" / "metrics.jsonl").read_text().splitlines()
+        train = [json.loads(x) for x in lines if json.loads(x).get("event", "train") == "train"]
+        assert [(e["step"], e["lr"]) for e in train] == [(s, lr) for s in range(1, 13)], i

@@ -83,4 +83,5 @@ def _resume_failed_tasks(args: argparse.Namespace) -> int:
             print(line)
     if not done:
         print(f"sweep {sweep.sweep_id}: no task ended other than COMPLETED; nothing to resume")
-    return 0 if all(job is not None for _, job, _ in done) else 1
+    failed = [t for t, job, lines in done if job is None and any(api.NOT_RESUMED in line for line in lines)]
+    return 1 if failed else 0

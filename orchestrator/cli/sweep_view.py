@@ -48,6 +48,11 @@ def render_sweep_status(status: SweepStatus) -> str:
         }
         for i, params in status.queued
     ]
+    table += [
+        {"task": i, "job": "-", "params": " ".join(f"{k}={v}" for k, v in params.items()), "state": "FAILED"}
+        | {"step": "-", status.metric: "-", "requeues": 0, "reason": reason}
+        for i, params, reason in status.not_started
+    ]
     table.sort(key=lambda r: int(str(r["task"])))
     columns = ["task", "job", "params", "state", "step", status.metric, "requeues", "reason"]
     lines = [format_table(table, columns)]
@@ -82,6 +87,10 @@ def sweep_status_json(status: SweepStatus) -> dict[str, Any]:
             for i, row, params in zip(status.tasks, status.rows, status.params, strict=True)
         ],
         "queued": [{"task": i, "params": params} for i, params in status.queued],
+        "not_started": [
+            {"task": i, "params": params, "state": "FAILED", "reason": reason}
+            for i, params, reason in status.not_started
+        ],
     }
 
 
@@ -99,7 +108,7 @@ def render_sweep_list(sweeps: Sequence[SweepRecord]) -> str:
         {
             "sweep": s.sweep_id,
             "name": s.name,
-            "tasks": len(s.tasks),
+            "tasks": s.task_count,
             "max_parallel": s.max_parallel,
             "grid": " ".join(f"{k}={','.join(v)}" for k, v in s.grid.items()),
             "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at)),

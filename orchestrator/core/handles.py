@@ -137,6 +137,10 @@ def resume(
     return Job(new_job_id, Path(record.run_dir), home), lines
 
 
+#: How :meth:`Sweep.resume_failed` words a task it could not resume (after "task N: ").
+NOT_RESUMED = "not resumed: "
+
+
 @dataclass(frozen=True)
 class Sweep:
     sweep_id: str
@@ -197,7 +201,12 @@ class Sweep:
     ) -> list[tuple[int, Job | None, list[str]]]:
         """``resume SWEEP --failed``: each task whose run ended other than COMPLETED resumed from its
         own last complete checkpoint, as a job of its own (``(task, new job or None, lines)``; a task
-        that cannot be resumed, e.g. no checkpoint, gets None and the reason)."""
+        that cannot be resumed, e.g. no checkpoint, gets None and a line "task N: not resumed: ...").
+        The tasks of a local sweep whose starter died before starting them are handed to a new
+        starter, which starts them ``max_parallel`` at a time from their plans in ``sweep.json``
+        (None, and a line "task N: ... new starter ...")."""
+        from orchestrator.core import local_sweep
+
         done: list[tuple[int, Job | None, list[str]]] = []
         status = self.status()
         for i, row in zip(status.tasks, status.rows, strict=True):
@@ -211,10 +220,15 @@ class Sweep:
                     **overrides,
                 )
             except UserError as exc:
-                done.append((i, None, [f"task {i}: not resumed: {exc}"]))
+                done.append((i, None, [f"task {i}: {NOT_RESUMED}{exc}"]))
                 continue
             done.append((i, job, [f"task {i}: {line}" for line in lines]))
-        return done
+        if status.not_started:
+            pid = local_sweep.start(self.sweep_dir, self.sweep_id)
+            for i, _params, _reason in status.not_started:
+                line = f"task {i}: never started (the sweep's starter had ended); a new starter (pid {pid}) starts it"
+                done.append((i, None, [line]))
+        return sorted(done, key=lambda d: d[0])
 
     def cancel(self) -> list[str]:
         """Cancel every task still going (and start no more of a local sweep's)."""

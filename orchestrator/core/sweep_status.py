@@ -9,6 +9,7 @@ scheduler and nothing of ``status`` (``import orchestrator.api`` stays light): a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.contract.errors import UserError
@@ -34,12 +35,15 @@ class SweepStatus:
     """The task number of each row."""
     queued: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     """Tasks of a local sweep not started yet (waiting for a free slot), with their parameters."""
+    not_started: list[tuple[int, dict[str, str], str]] = field(default_factory=list)
+    """Tasks of a local sweep whose starter ended without starting them (``kill -9``, a failed
+    submit), with their parameters and the reason: FAILED; ``resume SWEEP --failed`` starts them."""
 
     @property
     def total(self) -> int:
         """Tasks of the sweep: the started ones and those not started yet (the summary's count
         read "2 tasks (1 COMPLETED, 2 QUEUED, 1 RUNNING)": only the started ones)."""
-        return len(self.rows) + len(self.queued)
+        return len(self.rows) + len(self.queued) + len(self.not_started)
 
     def counts(self) -> dict[str, int]:
         """Tasks by state; they add up to :attr:`total`."""
@@ -48,6 +52,8 @@ class SweepStatus:
             out[row.state.value] = out.get(row.state.value, 0) + 1
         if self.queued:
             out["QUEUED"] = out.get("QUEUED", 0) + len(self.queued)
+        if self.not_started:
+            out["FAILED"] = out.get("FAILED", 0) + len(self.not_started)
         return out
 
 
@@ -62,25 +68,43 @@ def sweep_status(
 
     if metric not in SWEEP_METRICS:
         raise UserError(f"--metric {metric!r}: expected one of {', '.join(SWEEP_METRICS)}")
+    from orchestrator.contract.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
+    from orchestrator.core import local_sweep
+
     record = registry.get_sweep(sweep_id)
-    rows, result = collect_status(registry, registry.get_many(record.job_ids), timeout_s=timeout_s)
+    tasks = [(t.task, t.job_id, t.params) for t in record.tasks]
+    planned = (read_json(record.sweep_dir / SWEEP_FILE) or {}).get("tasks", [])
+    waiting = [t for t in planned if int(t["task"]) not in {n for n, _, _ in tasks}]
+    not_started: list[tuple[int, dict[str, str], str]] = []
+    if (record.sweep_dir / CANCEL_MARKER).exists():
+        waiting = []  # a cancelled local sweep starts no more tasks
+    elif waiting and local_sweep.starter_gone(record.sweep_dir):
+        pid = local_sweep.starter_pid(record.sweep_dir)
+        reason = (
+            f"not started: the sweep's starter{'' if pid is None else f' (pid {pid})'} ended before "
+            f"starting it (see {record.sweep_dir / 'sweep.log'}); "
+            f"`orchestrator resume {sweep_id} --failed` starts it"
+        )
+        for t in waiting:
+            orphan = local_sweep.job_in(registry, Path(t["run_dir"]))  # submitted, not yet recorded
+            if orphan is not None:
+                tasks.append((int(t["task"]), orphan, dict(t["params"])))
+            else:
+                not_started.append((int(t["task"]), dict(t["params"]), reason))
+        waiting = []
+    tasks.sort()
+    rows, result = collect_status(registry, registry.get_many([j for _, j, _ in tasks]), timeout_s=timeout_s)
     higher = SWEEP_METRICS[metric]
     scored = [(getattr(r, metric), i) for i, r in enumerate(rows) if getattr(r, metric) is not None]
     best = (max(scored) if higher else min(scored))[1] if scored else None
-    started = {t.task for t in record.tasks}
-    from orchestrator.contract.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
-
-    planned = (read_json(record.sweep_dir / SWEEP_FILE) or {}).get("tasks", [])
-    queued = [(int(t["task"]), dict(t["params"])) for t in planned if int(t["task"]) not in started]
-    if (record.sweep_dir / CANCEL_MARKER).exists():
-        queued = []  # a cancelled local sweep starts no more tasks
     return SweepStatus(
         sweep_id,
         rows,
-        [t.params for t in record.tasks],
+        [p for _, _, p in tasks],
         result,
         metric,
         best,
-        [t.task for t in record.tasks],
-        queued,
+        [n for n, _, _ in tasks],
+        [(int(t["task"]), dict(t["params"])) for t in waiting],
+        not_started,
     )

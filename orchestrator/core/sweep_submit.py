@@ -157,9 +157,7 @@ def _start_without_array(
 ) -> SubmittedSweep:
     """A scheduler without arrays (local): the tasks' run directories and plans now, and a detached
     :mod:`orchestrator.core.local_sweep` that submits them ``max_parallel`` at a time."""
-    import subprocess
-
-    from orchestrator.contract.run_dir import LOCAL_PIDS_FILE, SWEEP_LOG
+    from orchestrator.core import local_sweep
 
     share = base.profile.share_with_group
     with umask(run_umask(share)):
@@ -186,13 +184,5 @@ def _start_without_array(
             max_parallel=max_parallel,
             tasks=[],
         )
-        with open(sweep_dir / SWEEP_LOG, "ab") as log:
-            driver = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.core.local_sweep", str(sweep_dir), sweep_id],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        write_json_atomic(sweep_dir / LOCAL_PIDS_FILE, {"controller": driver.pid})
+        local_sweep.start(sweep_dir, sweep_id)
     return SubmittedSweep(sweep_id, sweep_dir, [], [p for p, _ in points])

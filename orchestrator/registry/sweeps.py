@@ -9,6 +9,7 @@ job id, and ``status SWEEP`` rolls them up.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,12 @@ class SweepRecord:
     tasks: tuple[SweepTask, ...]
 
     @property
+    def task_count(self) -> int:
+        """Tasks of the sweep, one per grid point: started or not (a local sweep records its tasks
+        as they start; ``list --sweeps`` counted only those, 0 for a sweep whose starter died)."""
+        return math.prod(len(v) for v in self.grid.values())
+
+    @property
     def job_ids(self) -> list[str]:
         return [t.job_id for t in self.tasks]
 
@@ -50,6 +57,7 @@ class SweepRecord:
             "sweep_dir": str(self.sweep_dir),
             "grid": self.grid,
             "max_parallel": self.max_parallel,
+            "task_count": self.task_count,
             "created_at": self.created_at,
             "tasks": [{"task": t.task, "job_id": t.job_id, "params": t.params} for t in self.tasks],
         }
