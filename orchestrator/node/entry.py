@@ -52,6 +52,7 @@ from orchestrator.contract.run_dir import (
     node_ranks_dir,
     read_plan_json,
 )
+from orchestrator.node.hang_watch import NodeHangWatch
 from orchestrator.node.launcher import (
     FORWARDED_SIGNALS,
     PrewarmedLauncher,
@@ -243,7 +244,8 @@ def _launch_and_wait(
     node_pid_file(path, node.node_rank).write_text(str(launcher.pid))
     relay.launcher = launcher
     try:
-        code = _wait_or_stop_on_failed_peer(launcher, node, path, log, relay)
+        hang = NodeHangWatch(plan, run_dir, attempt, node, log)
+        code = _wait_or_stop_on_failed_peer(launcher, node, path, log, relay, hang)
     finally:
         kill_tree(launcher.pid)
     elapsed = time.monotonic() - started
@@ -329,12 +331,19 @@ def _rendezvous_port(plan: LaunchPlan, node: NodeEnvironment, path: Path) -> tup
 
 #: How often a running node looks for a failed peer (local jobs; see NodeEnvironment.failed_peer).
 PEER_CHECK_S = 0.5
+#: Node 0's exit code when its hang watchdog ended the training (local jobs; see node/hang_watch.py).
+EXIT_HUNG = 1
 #: This node's exit code when its training was stopped because another node failed (SIGTERM's).
 EXIT_PEER_FAILED = 128 + int(signal.SIGTERM)
 
 
 def _wait_or_stop_on_failed_peer(
-    launcher: Any, node: NodeEnvironment, path: Path, log: Any, relay: SignalRelay | None = None
+    launcher: Any,
+    node: NodeEnvironment,
+    path: Path,
+    log: Any,
+    relay: SignalRelay | None = None,
+    hang: NodeHangWatch | None = None,
 ) -> int:
     """Wait for the launcher; if another node of the job fails meanwhile, stop this node's training
     (as the Slurm step's kill-on-bad-exit does) and return :data:`EXIT_PEER_FAILED`. Where the
@@ -364,6 +373,12 @@ def _wait_or_stop_on_failed_peer(
                 launcher.kill()
             launcher.wait()
             return 128 + int(signal.SIGKILL)
+        if hang is not None and hang.check() is not None:  # hang/attempt_<A>/hang.json says why
+            kill_tree(launcher.pid)
+            with contextlib.suppress(OSError):
+                launcher.kill()
+            launcher.wait()
+            return EXIT_HUNG
         peer = node.failed_peer(path)
         if peer is None:
             continue

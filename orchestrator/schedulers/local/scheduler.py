@@ -21,13 +21,16 @@ from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
     EXIT_REQUEUE,
+    HANG_REPORT_FILE,
     JOB_ID_FILE,
     LOCAL_PIDS_FILE,
     LOCAL_STATE_FILE,
     SUBMITIT_DIR,
     attempt_dir,
     cancel_requested,
+    hang_dir,
     node_exit_file,
+    read_json,
     write_cancel_marker,
     write_json_atomic,
 )
@@ -60,6 +63,7 @@ class LocalNodeEnvironment(NodeEnvironment):
         self.job_id = job_key
         self.restarts = 0
         self.shares_host = True
+        self.watches_hangs = True
         try:
             self.kill_wait_s = max(0.0, float(os.environ.get(KILL_WAIT_ENV, KILL_WAIT_S)))
         except ValueError:
@@ -128,7 +132,10 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_i
         time.sleep(0.2)
     missing = [r for r in range(plan.nodes) if r not in codes]
     reason: str | None
-    if missing:
+    hang = read_json(hang_dir(run_dir, attempt) / HANG_REPORT_FILE)
+    if hang is not None and isinstance(hang.get("reason"), str):  # node 0's watchdog ended it
+        state, code, reason = "FAILED", next((c for c in codes.values() if c != 0), 1), hang["reason"]
+    elif missing:
         state, code, reason = "FAILED", 1, f"node(s) {missing} did not finish"
     elif all(c == 0 for c in codes.values()):
         state, code, reason = "COMPLETED", 0, None
