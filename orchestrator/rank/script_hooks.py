@@ -25,6 +25,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from orchestrator.config.strategies import STRATEGIES
 from orchestrator.contract.env import RUN_DIR_ENV, SCRIPT_HOOKS_ENV
 
 #: The switch: "1" set by the node entry, "0" to opt out.
@@ -64,7 +65,7 @@ def patch_accelerator(module: ModuleType) -> None:
         original_init(self, *args, **kwargs)
         applied = workarounds.after_accelerator(self, pending)
         problems = selfcheck.check_launch(self, expectation)
-        cause = selfcheck.in_code_plugin_cause(self, expectation) if kwargs.get("fsdp_plugin") else None
+        cause = in_code_plugin_cause(self, expectation) if kwargs.get("fsdp_plugin") else None
         if problems and cause:
             problems = [cause, *problems]
         if problems:
@@ -161,6 +162,20 @@ def patch_trainer(module: ModuleType) -> None:
     cls.train = train
     cls.save_model = save_model
     cls._orchestrator_patched = True
+
+
+def in_code_plugin_cause(accelerator: Any, exp: Any) -> str | None:
+    """Why a launch that asked for no FSDP runs FSDP when the script passed ``Accelerator(fsdp_plugin=...)``:
+    Accelerate lets a plugin built in code override the launch config. The cause and the two fixes."""
+    if accelerator.distributed_type.value != "FSDP" or exp.strategy is None or exp.strategy not in STRATEGIES:
+        return None
+    if STRATEGIES[exp.strategy].uses_fsdp:
+        return None
+    return (
+        f"cause: the script passes its own FSDP plugin (Accelerator(fsdp_plugin=...)), and Accelerate lets a "
+        f"plugin in code override the launch ({exp.strategy}). Submit with --strategy full_shard (or another "
+        f"FSDP strategy) to shard with it, or drop fsdp_plugin= from Accelerator(...) to train as {exp.strategy}"
+    )
 
 
 def _run_dir() -> str | None:

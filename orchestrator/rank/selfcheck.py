@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from orchestrator.config.strategies import STRATEGIES as STRATEGY_TABLE
 from orchestrator.contract.run_dir import EXIT_SELFCHECK, write_exit_status
 from orchestrator.rank.expectations import (
     DEEPSPEED_STAGE,
@@ -101,24 +100,6 @@ def check_launch(accelerator: Accelerator, exp: Expectation) -> list[str]:
                 problems.append(f"expected FSDP version {exp.fsdp_version}, found {plugin.fsdp_version}")
     problems += [f"note: {n}" for n in exp.notes if problems]
     return problems
-
-
-def in_code_plugin_cause(accelerator: Accelerator, exp: Expectation) -> str | None:
-    """Why a launch that asked for no FSDP runs FSDP when the script passed ``Accelerator(fsdp_plugin=...)``:
-    Accelerate lets a plugin built in code override the launch config. The cause and the two fixes."""
-    if (
-        accelerator.distributed_type.value != "FSDP"
-        or exp.strategy is None
-        or exp.strategy not in STRATEGY_TABLE
-    ):
-        return None
-    if STRATEGY_TABLE[exp.strategy].uses_fsdp:
-        return None
-    return (
-        f"cause: the script passes its own FSDP plugin (Accelerator(fsdp_plugin=...)), and Accelerate lets a "
-        f"plugin in code override the launch ({exp.strategy}). Submit with --strategy full_shard (or another "
-        f"FSDP strategy) to shard with it, or drop fsdp_plugin= from Accelerator(...) to train as {exp.strategy}"
-    )
 
 
 def _check_deepspeed_launch(accelerator: Accelerator, exp: Expectation) -> list[str]:
