@@ -78,16 +78,23 @@ def path_text(name: str, value: object, optional: bool = False) -> str | None:
     return value
 
 
-def whole(name: str, value: object, low: int, high: int | None = None, optional: bool = True) -> int | None:
-    """An int in ``low..high``; a bool, float or string is refused (``nodes=1.5``, ``nodes="2"``)."""
+def whole(
+    name: str,
+    value: object,
+    low: int,
+    high: int | None = None,
+    optional: bool = True,
+    unit: str = "an integer",
+) -> int | None:
+    """An int in ``low..high``; a bool, float or string is refused (``nodes=1.5``, ``nodes="2"``).
+    ``unit``: what the message calls it (``seconds`` for a timeout)."""
     if value is None and optional:
         return None
+    what = f"{unit} from {low} to {high}" if high is not None else f"{unit} >= {low}"
     if isinstance(value, bool) or not isinstance(value, int):
-        what = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise UserError(f"{name}: expected an integer {what}, got {_kind(value)}")
+        raise UserError(f"{name}: expected {what}, got {_kind(value)}")
     if value < low or (high is not None and value > high):
-        what = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise UserError(f"{name}: expected an integer {what}, got {value}")
+        raise UserError(f"{name}: expected {what}, got {value}")
     return value
 
 
@@ -217,7 +224,7 @@ def check_plan_inputs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     out["nodes"] = whole("nodes", kwargs.get("nodes"), 1)
     out["procs_per_node"] = whole("procs_per_node", kwargs.get("procs_per_node"), 1)
     out["max_requeues"] = whole("--max-requeues", kwargs.get("max_requeues"), 0, 100)
-    out["hang_timeout"] = whole("--hang-timeout", kwargs.get("hang_timeout"), 1, 86400)
+    out["hang_timeout"] = whole("--hang-timeout", kwargs.get("hang_timeout"), 1, 86400, unit="seconds")
     out["auto_resume"] = flag("auto_resume", kwargs.get("auto_resume", False))
     out["after"] = words("after", kwargs.get("after", ()))
     out["options"] = options_mapping(kwargs.get("options"))

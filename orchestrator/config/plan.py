@@ -152,7 +152,9 @@ class LaunchPlan:
             auto_resume=inputs.flag(f"{src}: auto_resume", data.get("auto_resume", False)),
             exclude_nodes=tuple(inputs.words(f"{src}: exclude_nodes", data.get("exclude_nodes", []))),
             after=tuple(inputs.words(f"{src}: after", data.get("after", []))),
-            hang_timeout=inputs.whole(f"{src}: hang_timeout", data.get("hang_timeout"), 1, 86400),
+            hang_timeout=inputs.whole(
+                f"{src}: hang_timeout", data.get("hang_timeout"), 1, 86400, unit="seconds"
+            ),
         )
 
 
