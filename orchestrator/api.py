@@ -316,6 +316,32 @@ def wait(
         return wait_for_job(reg, job.job_id, poll_s=poll, out=out or io.StringIO(), deadline=deadline)
 
 
+def wait_sweep(
+    sweep_id: str,
+    *,
+    poll: float = 2.0,
+    timeout: float | None = None,
+    out: TextIO | None = None,
+    home: Path | None = None,
+) -> JobState:
+    """``wait SWEEP``: progress lines (to ``out``) until every task ended; COMPLETED when every task's
+    run completed, FAILED otherwise; ``timeout`` passed: :class:`WaitTimeout`."""
+    import io
+    import time
+
+    from orchestrator.config.inputs import seconds
+    from orchestrator.core.sweep_status import sweep_outcome, wait_for_sweep
+
+    poll = seconds("poll", poll, optional=False) or poll
+    timeout = seconds("timeout", timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with open_registry(home) as reg:
+        status = wait_for_sweep(reg, sweep_id, poll, out or io.StringIO(), deadline)
+    outcome = sweep_outcome(status)
+    assert outcome is not None
+    return outcome
+
+
 def logs(
     job_id: str,
     *,

@@ -112,3 +112,43 @@ def test_kill_9_of_the_sweep_starter_strands_no_task(orch_env: dict[str, str], r
         lines = (sweep_dir / f"task_{i}" / "metrics.jsonl").read_text().splitlines()
         train = [json.loads(x) for x in lines if json.loads(x).get("event", "train") == "train"]
         assert [(e["step"], e["lr"]) for e in train] == [(s, lr) for s in range(1, 13)], i
+
+
+def test_sweep_wait_and_wait_sweep_give_the_outcome(orch_env: dict[str, str], reap_sweep: None) -> None:
+    """``sweep --wait`` follows every task to its end: exit 0 when all completed; ``wait SWEEP`` of a
+    sweep with a failed task exits 1, and 124 when its ``--timeout`` passes first."""
+    base = ["sweep", "--profile", "local", "--nodes", "1", "--procs-per-node", "1", "--max-parallel", "2"]
+    ok = run_cli(
+        [
+            *base,
+            "--wait",
+            "--grid",
+            "lr=0.3,0.1",
+            "--",
+            SCRIPT,
+            "--lr",
+            "{lr}",
+            "--steps",
+            "2",
+            "--step-s",
+            "0.1",
+        ],
+        orch_env,
+        timeout=300,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "ended COMPLETED" in ok.stdout and "2 tasks (2 COMPLETED)" in ok.stdout, ok.stdout
+    # one task of two fails at once; the other runs long enough for a --timeout to pass first
+    bad = run_cli(
+        [*base, "--grid", "fail=yes,no", "--", SCRIPT, "--lr", "0.1", "--steps", "20", "--step-s", "0.3",
+         "--fail-if", "{fail}"],
+        orch_env,
+        timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 0, bad.stdout + bad.stderr
+    sweep_id = bad.stdout.split("submitted sweep ")[1].split()[0]
+    early = run_cli(["wait", sweep_id, "--timeout", "1", "--poll", "0.5"], orch_env, timeout=120)
+    assert early.returncode == 124 and f"sweep {sweep_id} still running" in early.stderr, early.stderr
+    done = run_cli(["wait", sweep_id, "--poll", "0.5"], orch_env, timeout=300)
+    assert done.returncode == 1 and f"sweep {sweep_id} ended FAILED" in done.stdout, done.stdout
+    assert "1 COMPLETED, 1 FAILED" in done.stdout, done.stdout

@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tasks running at once (default: all)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the job array's script; submit nothing")
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the sweep to its end; exit 0 when every task completed, 1 otherwise (as `wait SWEEP`)",
+    )
     add_plan_arguments(parser, script_required=True)
 
 
@@ -80,4 +85,8 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"next: `orchestrator status {done.sweep_id}` (a line per task and the best one)")
     sys.stdout.flush()
+    if args.wait:
+        from orchestrator.cli.wait import wait_sweep
+
+        return wait_sweep(done.sweep_id, 2.0, None)
     return EXIT_OK

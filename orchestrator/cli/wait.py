@@ -21,7 +21,7 @@ EXIT_INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", metavar="JOB", help="job id")
+    parser.add_argument("job", metavar="JOB", help="job id, or a sweep's id (every task)")
     parser.add_argument(
         "--poll", type=float, default=2.0, metavar="S", help="seconds between updates (default 2)"
     )
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     seconds("--poll", args.poll, optional=False)  # nan, inf, 0 and negatives: the API's one check
     seconds("--timeout", args.timeout)
+    if api.find_sweep(args.job) is not None:
+        return wait_sweep(args.job, args.poll, args.timeout)
     try:
         # an unknown id: one line, exit 2
         state = api.wait(args.job, poll=args.poll, timeout=args.timeout, out=sys.stdout)
@@ -49,4 +51,23 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted: job {args.job} goes on; {api.follow_hint(args.job)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    return EXIT_OK if state.is_success() else EXIT_RUN_FAILURE
+
+
+def wait_sweep(sweep_id: str, poll: float, timeout: float | None) -> int:
+    """``wait SWEEP`` and ``sweep --wait``: 0 when every task's run COMPLETED, 1 otherwise, 124 after
+    ``timeout`` with tasks still going, 130 interrupted (the sweep goes on)."""
+    try:
+        state = api.wait_sweep(sweep_id, poll=poll, timeout=timeout, out=sys.stdout)
+    except api.WaitTimeout:
+        print(
+            f"sweep {sweep_id} still running after {timeout:g} s; follow it with "
+            f"`orchestrator wait {sweep_id}` or `orchestrator status {sweep_id}`",
+            file=sys.stderr,
+        )
+        return EXIT_WAIT_TIMEOUT
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: sweep {sweep_id} goes on; `orchestrator status {sweep_id}`", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"sweep {sweep_id} ended {state.value}; `orchestrator status {sweep_id}` shows every task")
     return EXIT_OK if state.is_success() else EXIT_RUN_FAILURE

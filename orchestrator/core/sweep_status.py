@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
+    from orchestrator.contract.job_states import JobState
     from orchestrator.core.status import StatusRow
     from orchestrator.registry.store import Registry
     from orchestrator.schedulers.query import QueryResult
@@ -108,3 +109,42 @@ def sweep_status(
         [(int(t["task"]), dict(t["params"])) for t in waiting],
         not_started,
     )
+
+
+def sweep_outcome(status: SweepStatus) -> JobState | None:
+    """None while a task may still run (queued, or a row not ended); else COMPLETED when every task's
+    run completed (a task resumed as another job answers for that job), FAILED otherwise."""
+    from orchestrator.contract.job_states import JobState
+
+    if status.queued or any(not row.state.is_terminal() for row in status.rows):
+        return None
+    finals = [row.run_state or row.state for row in status.rows]
+    if status.not_started or any(not state.is_success() for state in finals):
+        return JobState.FAILED
+    return JobState.COMPLETED
+
+
+def wait_for_sweep(
+    registry: Any, sweep_id: str, poll_s: float, out: TextIO, deadline: float | None = None
+) -> SweepStatus:
+    """``wait SWEEP`` / ``sweep --wait``: a line whenever the counts change, until every task ended
+    (:func:`sweep_outcome`); ``deadline`` (``time.monotonic()``) passed: :class:`WaitTimeout` with the
+    sweep's id and its last state (RUNNING)."""
+    import time
+
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.core.progress import WaitTimeout
+
+    last = ""
+    while True:
+        status = sweep_status(registry, sweep_id, "loss", 5.0)
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(status.counts().items()))
+        line = f"sweep {sweep_id}: {status.total} tasks ({counts})"
+        if line != last:
+            print(f"[{time.strftime('%H:%M:%S')}] {line}", file=out, flush=True)
+            last = line
+        if sweep_outcome(status) is not None:
+            return status
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(sweep_id, JobState.RUNNING)
+        time.sleep(poll_s)

@@ -6,7 +6,7 @@ profile's stop signal (USR2) it writes a complete checkpoint of the step it reac
 the requeue code, like train/; a new attempt resumes from the newest complete checkpoint and says so
 (a ``resume`` event). ``--hold-lr LR``: the task with that lr stops after ``--hold-at`` steps of its
 first attempt and waits there for the signal (the requeue tests' deterministic point).
-``--fail``: exit 1 at once (a job that FAILED).
+``--fail``: exit 1 at once (a job that FAILED); ``--fail-if yes`` too (a grid axis picks the task).
 """
 
 import argparse
@@ -56,8 +56,9 @@ def main() -> int:
     p.add_argument("--hold-lr", type=float, default=None)
     p.add_argument("--hold-at", type=int, default=2)
     p.add_argument("--fail", action="store_true")
+    p.add_argument("--fail-if", default="", help="'yes': as --fail (a grid axis can say which task fails)")
     args = p.parse_args()
-    if args.fail:
+    if args.fail or args.fail_if == "yes":
         print("sweep_task: failing on purpose", file=sys.stderr)
         return 1
     run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
