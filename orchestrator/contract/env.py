@@ -26,8 +26,10 @@ EXPECTED_NUM_NODES_ENV = "ORCHESTRATOR_EXPECTED_NUM_NODES"
 JOB_ID_ENV = "ORCHESTRATOR_JOB_ID"
 #: "1": the script hooks are installed in the rank (``--no-script-hooks`` sets "0").
 SCRIPT_HOOKS_ENV = "ORCHESTRATOR_SCRIPT_HOOKS"
-#: Set in a rank the direct launcher forked (not one ``accelerate launch`` started).
+#: The profile's launcher (``direct``: fork the ranks where possible; ``torchrun``).
 LAUNCHER_ENV = "ORCHESTRATOR_LAUNCHER"
+#: "1" in a rank the direct launcher forked (it leaves by ``os._exit``, never through teardown).
+FORKED_RANK_ENV = "ORCHESTRATOR_FORKED_RANK"
 #: "1": no Accelerate workaround is applied (to measure what they fix).
 DISABLE_WORKAROUNDS_ENV = "ORCHESTRATOR_DISABLE_WORKAROUNDS"
 #: "1": a Trainer run may train in an output_dir that holds another run's checkpoints (and

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import run_alive
-from orchestrator.contract.env import LAUNCHER_ENV, RUN_DIR_ENV
+from orchestrator.contract.env import FORKED_RANK_ENV, LAUNCHER_ENV, RUN_DIR_ENV
 from orchestrator.node.cuda_driver import driver_initialized
 
 #: The environment variable carrying the profile's ``launcher`` to the node's launcher.
@@ -103,6 +103,7 @@ def rank_environments(args: Any, held_port: int | None = None) -> list[dict[str,
         env = dict(base)
         env.update(
             {
+                FORKED_RANK_ENV: "1",
                 "RANK": str(rank),
                 "LOCAL_RANK": str(local),
                 "GROUP_RANK": str(node_rank),
@@ -136,9 +137,8 @@ def preimport() -> str | None:
     returns why the ranks must not be forked after all, or None.
 
     ``torch._dynamo``: every ``torch.optim`` optimizer imports it when built (~1 s here). A process
-    that has initialised CUDA must not fork ranks that use CUDA: torch's lazy init and the driver's
-    own state are both asked (orchestrator.node.cuda_driver; the launcher asks NVML, not the driver,
-    whether CUDA is there: ``PYTORCH_NVML_BASED_CUDA_CHECK``)."""
+    that has initialised CUDA must not fork ranks that use CUDA: torch's lazy init and the driver
+    (orchestrator.node.cuda_driver) are asked; the launcher asks NVML whether CUDA is there."""
     import torch
     import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401

@@ -26,9 +26,13 @@ from types import ModuleType
 from typing import Any
 
 from orchestrator.config.strategies import STRATEGIES
-from orchestrator.contract.env import RUN_DIR_ENV, SCRIPT_HOOKS_ENV
+from orchestrator.contract.env import FORKED_RANK_ENV, RUN_DIR_ENV, SCRIPT_HOOKS_ENV
 
 #: The switch: "1" set by the node entry, "0" to opt out.
+
+
+#: Accelerators of a forked rank, never freed (see patch_accelerator).
+_KEPT_UNTIL_EXIT: list[Any] = []
 
 
 def enabled() -> bool:
@@ -72,6 +76,13 @@ def patch_accelerator(module: ModuleType) -> None:
             selfcheck.fail(problems, expectation, selfcheck._found_launch(self), _run_dir(), _rank())
         self._orchestrator_expectation = expectation
         self._orchestrator_workarounds = applied
+        if os.environ.get(FORKED_RANK_ENV) == "1":
+            # Kept until the forked rank's os._exit: freed when the script's main() returns, DDP's
+            # Reducer dropped the last reference to the gloo process group, whose destructor joins its
+            # worker threads while holding the GIL; a worker still destroying the final barrier's work
+            # waits for the GIL to free its tensors: a deadlock, 2 resumed runs in ~20 (native stacks
+            # in FIELD_NOTES). Kept alive, nothing is destroyed before the process ends.
+            _KEPT_UNTIL_EXIT.append(self)
 
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         expectation = getattr(self, "_orchestrator_expectation", None)
