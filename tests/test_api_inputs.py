@@ -154,3 +154,10 @@ def test_api_fuzz_user_error_or_job_never_debris(api_env: Path, bad: dict[str, A
         assert not isinstance(kwargs.get("args"), str)
     finally:
         job.cancel()
+
+
+def test_a_range_of_grid_values_is_a_list_of_them() -> None:
+    """``grid={"seed": range(100)}`` (the suite's 100-task sweep) is 100 values, as a list would be."""
+    from orchestrator.config.inputs import grid
+
+    assert grid({"seed": range(3), "lr": (1e-3,)}) == {"seed": ["0", "1", "2"], "lr": ["0.001"]}

@@ -163,6 +163,8 @@ def grid(value: object) -> dict[str, list[str]]:
             raise UserError(
                 f"grid[{key!r}]: expected a list of values, got the string {values!r} (write [{values!r}])"
             )
+        if isinstance(values, range):  # grid={"seed": range(100)}: a sequence of numbers like any other
+            values = list(values)
         texts = words(f"grid[{key!r}]", values)
         if not texts:
             raise UserError(f"grid[{key!r}]: expected a non-empty list of values")
