@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import grimp
 import pytest
 
+from tests.helpers.cli import REPO
+
 PACKAGE = "orchestrator"
 
 #: Each layer and the layers it may import; a module may always import its own layer. A module's
@@ -142,3 +144,20 @@ def test_an_added_upward_import_is_found() -> None:
     graph.add_import(importer="orchestrator.registry.store", imported="orchestrator.cli.main")
     assert upward_imports(graph) == ["orchestrator.registry.store (registry) -> orchestrator.cli.main (cli)"]
     assert find_cycle(graph) is not None
+
+
+def test_slurm_commands_are_named_only_in_the_slurm_package() -> None:
+    """A third scheduler is one new package: no module outside ``schedulers/slurm/`` names Slurm's
+    commands (code, docstrings and comments alike: issue 26's grep)."""
+    import re
+
+    pattern = re.compile(r"squeue|sacct|scontrol|\bsrun\b")
+    package = REPO / "orchestrator"
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        if "schedulers/slurm" not in path.relative_to(package).as_posix()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []

@@ -35,7 +35,7 @@ SAMPLE_JOB_ID = "12345"
 #: The shell variable the batch script resolves the node-side interpreter into (profile key ``python``).
 PYTHON_VAR = "ORCHESTRATOR_PYTHON"
 #: The batch script's variable holding what each node's task runs before its node entry: the profile's
-#: set-up lines and environment (``bash -c "$ORCHESTRATOR_NODE_SETUP" ...`` on the srun line).
+#: set-up lines and environment (``bash -c "$ORCHESTRATOR_NODE_SETUP" ...`` on the step's launch line).
 NODE_SETUP_VAR = "ORCHESTRATOR_NODE_SETUP"
 
 

@@ -39,7 +39,7 @@ class SchedulerKind:
     planning, :mod:`orchestrator.config.gpus`), one rank per GPU, never more than there are."""
     ends_for_good: bool
     """Whether a job that has ended can never run again under its id (local: a new attempt is a new
-    job). Where it can (Slurm: ``scontrol requeue``, a requeue after NODE_FAIL), an ended state may
+    job). Where it can (Slurm: an administrator's requeue, a requeue after NODE_FAIL), an ended state may
     still move on while the scheduler reports it."""
     rdzv_backend: str | None
     """torchrun's rendezvous backend; None: the profile's ``rdzv_backend``. Local simulated nodes share

@@ -1,8 +1,8 @@
 """Which processes of a run are alive: a lock every training process holds, and death with the parent.
 
 One rule for "a job has ended", whatever the scheduler: its processes are gone. A scheduler's word
-(a final record in the run directory, ``sacct``) says how it ended; it has ended only once no process
-of the run still holds :data:`ALIVE_FILE`. Every process of a run takes its own shared ``flock`` on
+(a final record in the run directory, the scheduler's accounting) says how it ended; it has ended
+only once no process of the run still holds :data:`ALIVE_FILE`. Every process of a run takes its own shared ``flock`` on
 it (the node entry, the launcher, each rank), so the kernel keeps the truth: a process killed by
 ``kill -9`` drops its lock as it dies, a stray one keeps it, and ``/proc/locks`` names each holder's
 pid. Measured before this: ``kill -9`` of a local job's controller made ``status`` say FAILED while

@@ -95,9 +95,11 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
             by_scheduler.setdefault(job.scheduler, []).append(job)
     fallback = {j.job_id: j.last_state for j in jobs}
     errors: list[str] = []
-    calls = {"squeue": 0, "sacct": 0}
+    calls: dict[str, int] = {}
+    ranks: dict[str, int] = {}
     for name, group in by_scheduler.items():
         scheduler = get_scheduler(name)
+        ranks.update(scheduler.source_ranks)
         result = scheduler.query(group, timeout_s, fallback)
         for job in group:
             st = result.states.get(job.job_id)
@@ -120,4 +122,4 @@ def refresh_states(registry: Registry, jobs: Sequence[JobRecord], timeout_s: flo
     for source, batch in by_source.items():
         registry.record_states(batch, source=source, current=current)
     registry.set_scheduler_info(info, current=current)
-    return combine(states, errors, calls)
+    return combine(states, errors, calls, ranks)

@@ -93,6 +93,9 @@ class Scheduler(ABC):
     needs_partition: ClassVar[bool]
     writes_batch_script: ClassVar[bool]
     has_arrays: ClassVar[bool] = False
+    source_ranks: ClassVar[Mapping[str, int]] = {}
+    """This scheduler's own sources of a job's state (what ``SchedulerState.source`` says), ranked:
+    lower is more authoritative (:func:`orchestrator.schedulers.query.combine`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

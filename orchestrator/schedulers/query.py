@@ -11,15 +11,21 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from orchestrator.contract.job_states import JobState
 
-Source = Literal["squeue", "sacct", "registry", "run_dir", "final"]
-
-_SOURCE_RANK: dict[str, int] = {"squeue": 0, "run_dir": 0, "final": 0, "sacct": 1, "registry": 2}
+#: Where a state came from. Each scheduler names its own sources and ranks them
+#: (:attr:`~orchestrator.schedulers.base.Scheduler.source_ranks`: its live queue before its history);
+#: these two are every scheduler's.
+Source = str
+#: A recorded end, not asked about again (:mod:`orchestrator.core.refresh`).
+FINAL_SOURCE: Source = "final"
+#: The registry's last word, when the scheduler did not answer: stale.
+REGISTRY_SOURCE: Source = "registry"
+#: Rank of the shared sources: lower is more authoritative (live), higher is staler.
+SHARED_SOURCE_RANKS: Mapping[Source, int] = {FINAL_SOURCE: 0, REGISTRY_SOURCE: 2}
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,8 @@ class SchedulerState:
 @dataclass(frozen=True)
 class QueryResult:
     """States for the ids asked. ``source`` is the least authoritative source any answer came from
-    (squeue < sacct < registry); ``stale`` is True if any answer is not live scheduler data."""
+    (the scheduler's live queue < its history < the registry); ``stale`` is True if any answer is not
+    live scheduler data. ``calls``: how many times each scheduler command ran."""
 
     states: dict[str, SchedulerState]
     source: Source
@@ -148,7 +155,16 @@ def state_record(**fields: object) -> SchedulerState:
     return state
 
 
-def combine(states: dict[str, SchedulerState], errors: list[str], calls: dict[str, int]) -> QueryResult:
-    worst: Source = max(states.values(), key=lambda s: _SOURCE_RANK[s.source]).source if states else "squeue"
+def combine(
+    states: dict[str, SchedulerState],
+    errors: list[str],
+    calls: dict[str, int],
+    ranks: Mapping[Source, int] = SHARED_SOURCE_RANKS,
+    empty: Source = FINAL_SOURCE,
+) -> QueryResult:
+    """One result: ``ranks`` orders the schedulers' own sources (the shared ones are added);
+    ``empty``: the source said when no job was asked about."""
+    order = {**SHARED_SOURCE_RANKS, **ranks}
+    worst = max(states.values(), key=lambda s: order.get(s.source, 0)).source if states else empty
     stale = any(s.stale for s in states.values())
     return QueryResult(states=states, source=worst, stale=stale, errors=tuple(errors), calls=calls)

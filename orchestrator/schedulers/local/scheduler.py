@@ -263,6 +263,7 @@ def gpu_parameters(plan: LaunchPlan) -> dict[str, object]:
 
 class LocalScheduler(Scheduler):
     kind = SCHEDULER_KINDS["local"]
+    source_ranks = {"run_dir": 0}  # the run directory is where a local job's state lives
 
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
@@ -383,7 +384,7 @@ class LocalScheduler(Scheduler):
             source="run_dir",
             stale=bool(errors),
             errors=tuple(errors),
-            calls={"squeue": 0, "sacct": 0},
+            calls={},  # no scheduler command: the run directory answers
         )
 
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:

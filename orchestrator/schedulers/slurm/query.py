@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from orchestrator.registry.store import Registry
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%S|%M"
+#: Slurm's sources of a job's state: the live queue, then accounting (a job squeue has forgotten).
+SOURCE_RANKS = {"squeue": 0, "sacct": 1}
 SACCT_FIELDS = "JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed"
 #: Slurm job ids we pass to squeue/sacct: plain, array task (123_4) or het component (123+1).
 _SLURM_ID_RE = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
@@ -212,4 +214,4 @@ def query_states(
             job_id=job_id, state=prev, raw_state=prev.value, source="registry", stale=True
         )
 
-    return combine(states, errors, calls)
+    return combine(states, errors, calls, SOURCE_RANKS, empty="squeue")

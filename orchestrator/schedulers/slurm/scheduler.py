@@ -40,6 +40,7 @@ from orchestrator.schedulers.slurm.environment import (
     partition_node_cpus,
     srun_on_every_node,
 )
+from orchestrator.schedulers.slurm.query import SOURCE_RANKS
 
 if TYPE_CHECKING:
     import signal
@@ -73,6 +74,7 @@ def _template_executor(request: Request) -> Any:
 
 class SlurmScheduler(Scheduler):
     kind = SCHEDULER_KINDS["slurm"]
+    source_ranks = SOURCE_RANKS
 
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
