@@ -30,7 +30,7 @@ CASES = [
 
 def _markers(run_dir: Path) -> dict[int, dict]:
     out = {}
-    for step, folder in checkpointing.complete_checkpoints(run_dir):
+    for step, folder in checkpointing.step_folders(run_dir):
         marker, why = checkpointing.validate(folder)
         assert marker is not None, f"{folder}: {why}"
         out[step] = marker

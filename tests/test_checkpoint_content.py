@@ -83,7 +83,7 @@ def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(t
         )
     finally:
         first.kill(signal.SIGKILL)
-    complete = [p for _, p in checkpointing.complete_checkpoints(run_dir) if (p / "COMPLETE.json").exists()]
+    complete = [p for _, p in checkpointing.step_folders(run_dir) if (p / "COMPLETE.json").exists()]
     assert len(complete) >= 2 and all(p.name != f"step_{STEPS:08d}" for p in complete), complete
     newest, previous = complete[0], complete[1]
     marker = json.loads((newest / "COMPLETE.json").read_text())

@@ -101,8 +101,9 @@ def validate(folder: Path) -> tuple[dict | None, str]:
     return check_checkpoint(folder)
 
 
-def complete_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, folder) of every ``step_*`` folder, newest first (not yet validated)."""
+def step_folders(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, folder) of every ``step_*`` folder present, newest first, not yet validated (the
+    complete one to resume from: ``run_dir.last_complete_checkpoint``)."""
     return checkpoint_folders(Path(run_dir))
 
 
