@@ -1,11 +1,12 @@
 """Fix-ups every rank of a job gets without a line in the user's script, applied at import time.
 
-Two groups, each patching a module when (and only if) the script imports it:
+Three groups, each patching a module when (and only if) the script imports it:
 
 * the script hooks (``ORCHESTRATOR_SCRIPT_HOOKS=1``, set by the node entry unless
   ``--no-script-hooks``): workarounds and self-check in ``Accelerator``, resume and the agreed stop
   in ``Trainer``; the patches live in :mod:`orchestrator.rank.script_hooks`;
-* DeepSpeed on CPU, below.
+* DeepSpeed on CPU, below;
+* no DeepSpeed import in jobs that do not use DeepSpeed (:func:`_deepspeed_only_if_imported`).
 
 DeepSpeed on CPU nodes gets the gloo backend:
 
@@ -70,8 +71,30 @@ def _no_shm_op(module: ModuleType) -> None:
 _DEEPSPEED_PATCHES = {"accelerate.state": _patch, "deepspeed.comm.torch": _no_shm_op}
 
 
+def _deepspeed_only_if_imported(module: ModuleType) -> None:
+    """``accelerate.utils.other.extract_model_from_parallel`` (behind ``unwrap_model``, ``save_model``,
+    ``get_state_dict`` and every ``Trainer()``) imports ``deepspeed`` whenever it is installed (the
+    ``train`` extra installs it), only to ask ``isinstance(model, DeepSpeedEngine)``. That import makes
+    DeepSpeed probe for an accelerator, and on a CPU node every rank of every job logs "Setting
+    accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.". A model can
+    be a ``DeepSpeedEngine`` only once ``deepspeed`` has been imported, so the question is asked only
+    then: the same answer, without the import and its warning. Applied to jobs that do not use DeepSpeed
+    (a DeepSpeed job imports it in ``Accelerator()`` anyway)."""
+    original = module.is_deepspeed_available
+    if getattr(original, "_orchestrator_if_imported", False):
+        return
+
+    def is_deepspeed_available() -> bool:
+        return "deepspeed" in sys.modules and bool(original())
+
+    is_deepspeed_available._orchestrator_if_imported = True  # type: ignore[attr-defined]
+    module.is_deepspeed_available = is_deepspeed_available  # type: ignore[attr-defined]
+
+
 def _patches() -> dict[str, Any]:
-    patches: dict[str, Any] = dict(_DEEPSPEED_PATCHES) if _wanted() else {}
+    patches: dict[str, Any] = (
+        dict(_DEEPSPEED_PATCHES) if _wanted() else {"accelerate.utils.other": _deepspeed_only_if_imported}
+    )
     if os.environ.get(SCRIPT_HOOKS_ENV, "0") == "1":
         from orchestrator.rank.script_hooks import PATCHES
 
