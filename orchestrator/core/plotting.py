@@ -1,5 +1,9 @@
 """Plot a run's loss and throughput to a PNG.
 
+Throughput is tokens/s where the run logs it (``train/``); a Trainer or ``orchestrator.loop`` run logs
+no tokens, only each step's time, so its panel shows steps/s; a run with neither gets no panel at all,
+never an empty axis.
+
 matplotlib is imported inside :func:`plot_run` (with the non-interactive Agg backend) because
 importing it costs ~0.3 s and every other command must stay fast; Agg also works on cluster login
 nodes that have no display.
@@ -24,6 +28,8 @@ class RunSeries:
     train_loss: list[float] = field(default_factory=list)
     tps_steps: list[int] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
+    sps_steps: list[int] = field(default_factory=list)
+    steps_per_s: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
     resumes: list[tuple[int, str]] = field(default_factory=list)
@@ -45,6 +51,7 @@ def load_series(run_dir: Path | str) -> RunSeries:
     s = RunSeries()
     loss: dict[int, float] = {}
     tps: dict[int, float] = {}
+    sps: dict[int, float] = {}
     val: dict[int, float] = {}
     for e in iter_metrics(Path(run_dir)):
         kind, step = e.get("event"), e.get("step")
@@ -55,6 +62,8 @@ def load_series(run_dir: Path | str) -> RunSeries:
                 loss[step] = float(e["loss"])
             if _is_num(e.get("tokens_per_s")):
                 tps[step] = float(e["tokens_per_s"])
+            if _is_num(e.get("step_time_s")) and e["step_time_s"] > 0:
+                sps[step] = 1.0 / float(e["step_time_s"])
             if isinstance(e.get("strategy"), str):
                 s.strategy = e["strategy"]
             if isinstance(e.get("world_size"), int):
@@ -65,6 +74,7 @@ def load_series(run_dir: Path | str) -> RunSeries:
             s.resumes.append((step, str(e.get("checkpoint") or "")))
     s.train_steps, s.train_loss = _sorted(loss)
     s.tps_steps, s.tokens_per_s = _sorted(tps)
+    s.sps_steps, s.steps_per_s = _sorted(sps)
     s.val_steps, s.val_loss = _sorted(val)
     return s
 
@@ -74,8 +84,19 @@ def _sorted(points: dict[int, float]) -> tuple[list[int], list[float]]:
     return steps, [points[k] for k in steps]
 
 
+def throughput(series: RunSeries) -> tuple[str, list[int], list[float]] | None:
+    """The throughput curve to draw: tokens/s when the run logs it, else steps/s (from each logged
+    step's time: Trainer and loop runs), else None (no panel)."""
+    if series.tps_steps:
+        return "tokens/s", series.tps_steps, series.tokens_per_s
+    if series.sps_steps:
+        return "steps/s", series.sps_steps, series.steps_per_s
+    return None
+
+
 def plot_run(run_dir: Path | str, out_png: Path | str, job_id: str | None = None) -> Path:
-    """Write a two-panel PNG: loss (train + val) vs step, tokens/s vs step; resumes as dashed lines.
+    """Write a PNG: loss (train + val) vs step and, below, the :func:`throughput` panel when the run has
+    one (tokens/s or steps/s vs step); resumes as dashed lines.
 
     Raises RunFailure if the run has no train or eval events yet (nothing to draw).
     """
@@ -95,7 +116,13 @@ def plot_run(run_dir: Path | str, out_png: Path | str, job_id: str | None = None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, (ax_loss, ax_tps) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, constrained_layout=True)
+    rate = throughput(series)
+    if rate is not None:
+        fig, (ax_loss, ax_rate) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, constrained_layout=True)
+        axes: tuple[Any, ...] = (ax_loss, ax_rate)
+    else:
+        fig, ax_loss = plt.subplots(1, 1, figsize=(10, 4), constrained_layout=True)
+        axes = (ax_loss,)
     try:
         if series.train_steps:
             ax_loss.plot(series.train_steps, series.train_loss, label="train loss", color="tab:blue", lw=1.2)
@@ -112,16 +139,18 @@ def plot_run(run_dir: Path | str, out_png: Path | str, job_id: str | None = None
         ax_loss.set_ylabel("loss")
         ax_loss.grid(True, alpha=0.3)
 
-        if series.tps_steps:
-            ax_tps.plot(series.tps_steps, series.tokens_per_s, color="tab:green", lw=1.2, label="tokens/s")
-        else:
-            ax_tps.text(0.5, 0.5, "no throughput data", ha="center", va="center", transform=ax_tps.transAxes)
-        ax_tps.set_ylabel("tokens/s")
-        ax_tps.set_xlabel("step")
-        ax_tps.grid(True, alpha=0.3)
+        if rate is not None:
+            unit, steps, values = rate
+            # A Trainer logs a step's time at most once a second: a short run may have one point,
+            # which a bare line would not draw.
+            marker = "o" if len(steps) == 1 else None
+            ax_rate.plot(steps, values, color="tab:green", lw=1.2, marker=marker, ms=4, label=unit)
+            ax_rate.set_ylabel(unit)
+            ax_rate.grid(True, alpha=0.3)
+        axes[-1].set_xlabel("step")
 
         for i, (step, ckpt) in enumerate(series.resumes):
-            for ax in (ax_loss, ax_tps):
+            for ax in axes:
                 ax.axvline(step, color="tab:red", ls="--", lw=1.2, label="resume" if i == 0 else None)
             label = f"resume @ {step}"
             if ckpt:
