@@ -154,13 +154,13 @@ def test_deepspeed_zero1_without_clipping_equals_unclipped_ddp(orch_env: dict[st
     logs = node_logs(zero_dir)
     assert "DeepSpeed ZeRO-1 over 2 ranks" in logs, logs[-3000:]
     assert "clips gradients at" not in logs  # train/ says so when DeepSpeed's clipping differs from --clip 0
-    # Clipping at DeepSpeed's default 1.0 would have changed these steps: their norms are above it.
+    # Clipping at DeepSpeed's default 1.0 would have changed a step: a norm is above it.
     norms = [
         e["grad_norm"]
         for e in map(json.loads, (ddp_dir / "metrics.jsonl").read_text().splitlines())
         if e.get("event") == "train"
     ]
-    assert max(norms) > 1.5, norms
+    assert max(norms) > 1.0, norms
     ours, reference = train_losses(zero_dir), train_losses(ddp_dir)
     assert len(ours) == len(reference) == 6
     assert ours == pytest.approx(reference, rel=1e-5), (ours, reference)
@@ -187,6 +187,8 @@ def test_full_state_dict_checkpoint_is_written_and_resumed(orch_env: dict[str, s
         names
     )  # one full file
 
+    marker = json.loads((newest / "COMPLETE.json").read_text())  # before the resumed run rotates it away
+
     res = run_cli(["resume", job_id], orch_env, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     new_job = res.stdout.split("submitted job ")[1].split()[0]
@@ -194,7 +196,6 @@ def test_full_state_dict_checkpoint_is_written_and_resumed(orch_env: dict[str, s
     assert res.returncode == 0, res.stdout + res.stderr
     loaded = json.loads((run_dir / "loaded.json").read_text())  # train/ checks the checksums it restored
     assert loaded["step"] == step and loaded["checkpoint"] == str(newest), loaded
-    marker = json.loads((newest / "COMPLETE.json").read_text())
     assert loaded["param_checksum"] == pytest.approx(marker["param_checksum"], rel=1e-12), (loaded, marker)
 
 
