@@ -122,12 +122,21 @@ launch() {   # launch PIDFILE OUTFILE COMMAND...
   ORCH_SLURM_DAEMON_OF=$BASE setsid "$@" </dev/null >>"$out" 2>&1 9>&- &
   echo $! >"$pidfile"
 }
+# The pid we just launched ourselves: running and not a zombie. Not alive(): until the forked shell
+# has exec'd the daemon, /proc/PID/environ is still the shell's, without the marker, and a loaded
+# machine made that window long enough to report "exited during start-up" for a daemon that ran.
+running() {
+  local state
+  [ -s "$1" ] || return 1
+  state=$(ps -o stat= -p "$(cat "$1")" 2>/dev/null) || return 1
+  [[ "$state" != Z* ]]
+}
 wait_daemon() {   # wait_daemon SECONDS NAME PIDFILE LOGFILE CONDITION...
   local secs=$1 what=$2 pidfile=$3 logf=$4; shift 4
   local deadline=$(( $(date +%s) + secs ))
   until "$@" >/dev/null 2>&1; do
     # The daemon's own output (LOGFILE with .out) holds what it printed before it opened its log.
-    alive "$pidfile" || { show_log "$logf"; show_log "${logf%.log}.out"; die "$what exited during start-up (log: $logf)"; }
+    running "$pidfile" || { show_log "$logf"; show_log "${logf%.log}.out"; die "$what exited during start-up (log: $logf)"; }
     [ "$(date +%s)" -lt "$deadline" ] || { show_log "$logf"; die "$what not ready after ${secs}s (log: $logf)"; }
     sleep 0.1
   done
