@@ -115,7 +115,9 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     # Throttle: never more than 2 tasks (any incarnation) running at once, by sacct's own times.
     rows = sacct_rows(sweep_id)
     assert {r["job_id"] for r in rows} == set(jobs), rows
-    assert most_at_once(rows) == 2, rows
+    # At most 2; exactly 2 only when two nodes were free at once (an earlier test's jobs may still
+    # hold one on a loaded machine), so the throttle Slurm holds is asserted above (%2), not a count.
+    assert 1 <= most_at_once(rows) <= 2, rows
 
     # Each task's run directory holds its own arguments and metrics.
     for task, lr in zip(tasks, ("0.3", "0.1", "0.2"), strict=True):
