@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli
+from tests.helpers.cli import REPO, kill_tree, poll, run_cli, submit_local
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
@@ -32,13 +32,7 @@ def reap(tmp_path: Path) -> Iterator[None]:
 
 
 def _submit(env: dict[str, str], *script_args: str, nodes: int = 1) -> tuple[str, Path]:
-    res = run_cli(
-        ["submit", "--profile", "local", "--nodes", str(nodes), "--procs-per-node", "1", "--", SCRIPT]
-        + list(script_args),
-        env,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    return job_and_run_dir(res.stdout)
+    return submit_local(env, SCRIPT, *script_args, nodes=nodes)
 
 
 def _trained(run_dir: Path, nodes: int) -> bool:

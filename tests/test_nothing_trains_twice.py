@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli
+from tests.helpers.cli import REPO, kill_tree, poll, run_cli, submit_local
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
@@ -42,13 +42,7 @@ def started(tmp_path: Path) -> Iterator[list[int]]:
 
 
 def _submit(env: dict[str, str], *script_args: str, nodes: int = 2) -> tuple[str, Path]:
-    res = run_cli(
-        ["submit", "--profile", "local", "--nodes", str(nodes), "--procs-per-node", "1", "--", SCRIPT]
-        + list(script_args),
-        env,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    return job_and_run_dir(res.stdout)
+    return submit_local(env, SCRIPT, *script_args, nodes=nodes)
 
 
 def _training(run_dir: Path, nodes: int) -> dict[str, list[int]] | None:

@@ -368,16 +368,10 @@ def _wait_or_stop_on_failed_peer(
                 file=log,
                 flush=True,
             )
-            kill_tree(launcher.pid)
-            with contextlib.suppress(OSError):
-                launcher.kill()
-            launcher.wait()
+            _end_launch(launcher)
             return 128 + int(signal.SIGKILL)
         if hang is not None and hang.check() is not None:  # hang/attempt_<A>/hang.json says why
-            kill_tree(launcher.pid)
-            with contextlib.suppress(OSError):
-                launcher.kill()
-            launcher.wait()
+            _end_launch(launcher)
             return EXIT_HUNG
         peer = node.failed_peer(path)
         if peer is None:
@@ -388,11 +382,16 @@ def _wait_or_stop_on_failed_peer(
             file=log,
             flush=True,
         )
-        kill_tree(launcher.pid)
-        with contextlib.suppress(OSError):
-            launcher.kill()
-        launcher.wait()
+        _end_launch(launcher)
         return EXIT_PEER_FAILED
+
+
+def _end_launch(launcher: Any) -> None:
+    """The launcher and every process under it, killed and reaped."""
+    kill_tree(launcher.pid)
+    with contextlib.suppress(OSError):
+        launcher.kill()
+    launcher.wait()
 
 
 @dataclass

@@ -76,6 +76,17 @@ def job_and_run_dir(submit_stdout: str) -> tuple[str, Path]:
     return job_id, Path(submit_stdout.split("run directory ")[1].split()[0])
 
 
+def submit_local(env: dict[str, str], script: str, *script_args: str, nodes: int = 1) -> tuple[str, Path]:
+    """``submit --profile local --nodes N --procs-per-node 1 -- SCRIPT ARGS`` (no wait): job id and run dir."""
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", str(nodes), "--procs-per-node", "1", "--", script,
+         *script_args],
+        env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    return job_and_run_dir(res.stdout)
+
+
 def user_profile_dir(tmp_path: Path, **overrides: object) -> Path:
     """A user profile folder whose slurm_test overrides the built-in one by name."""
     import yaml
