@@ -31,8 +31,23 @@ from orchestrator.contract.env import FORKED_RANK_ENV, RUN_DIR_ENV, SCRIPT_HOOKS
 #: The switch: "1" set by the node entry, "0" to opt out.
 
 
-#: Accelerators of a forked rank, never freed (see patch_accelerator).
+#: A forked rank's Accelerator and everything it prepared, never freed (see _keep_until_exit).
 _KEPT_UNTIL_EXIT: list[Any] = []
+
+
+def _keep_until_exit(obj: Any) -> Any:
+    """In a rank the direct launcher forked, keep ``obj`` until the rank's ``os._exit``.
+
+    After ``end_training()`` destroyed the process group, DDP's Reducer holds the last reference to it.
+    Freed when the script's ``main()`` returned, the Reducer destroyed ``ProcessGroupGloo``, whose
+    destructor joins its worker threads while holding the GIL; a worker still destroying the final
+    barrier's work waits for the GIL to free its tensors: a deadlock (torch 2.13, resumed local 2 x 2
+    runs, native stacks in FIELD_NOTES). The DDP wrapper is what ``prepare`` returns, the Accelerator
+    keeps only the bare model, so both are kept: nothing of them is destroyed before the process ends.
+    """
+    if os.environ.get(FORKED_RANK_ENV) == "1":
+        _KEPT_UNTIL_EXIT.append(obj)
+    return obj
 
 
 def enabled() -> bool:
@@ -53,6 +68,7 @@ def patch_accelerator(module: ModuleType) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if not enabled():
             original_init(self, *args, **kwargs)
+            _keep_until_exit(self)
             return
         from orchestrator.rank import selfcheck, workarounds
 
@@ -76,15 +92,12 @@ def patch_accelerator(module: ModuleType) -> None:
             selfcheck.fail(problems, expectation, selfcheck._found_launch(self), _run_dir(), _rank())
         self._orchestrator_expectation = expectation
         self._orchestrator_workarounds = applied
-        if os.environ.get(FORKED_RANK_ENV) == "1":
-            # Kept until the forked rank's os._exit: freed when the script's main() returns, DDP's
-            # Reducer dropped the last reference to the gloo process group, whose destructor joins its
-            # worker threads while holding the GIL; a worker still destroying the final barrier's work
-            # waits for the GIL to free its tensors: a deadlock, 2 resumed runs in ~20 (native stacks
-            # in FIELD_NOTES). Kept alive, nothing is destroyed before the process ends.
-            _KEPT_UNTIL_EXIT.append(self)
+        _keep_until_exit(self)
 
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _keep_until_exit(checked_prepare(self, *args, **kwargs))
+
+    def checked_prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         expectation = getattr(self, "_orchestrator_expectation", None)
         if expectation is None or not enabled():
             return original_prepare(self, *args, **kwargs)

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from orchestrator.contract.env import SCRIPT_HOOKS_ENV
+from orchestrator.contract.env import FORKED_RANK_ENV, SCRIPT_HOOKS_ENV
 
 _HERE = str(Path(__file__).resolve().parent)
 
@@ -99,6 +99,12 @@ def _patches() -> dict[str, Any]:
         from orchestrator.rank.script_hooks import PATCHES
 
         patches.update(PATCHES)
+    elif os.environ.get(FORKED_RANK_ENV) == "1":
+        # Without the hooks (train/, --no-script-hooks) a forked rank still keeps what Accelerate
+        # prepared until its os._exit: the patch then only does that (script_hooks._keep_until_exit).
+        from orchestrator.rank.script_hooks import patch_accelerator
+
+        patches["accelerate.accelerator"] = patch_accelerator
     return patches
 
 
