@@ -1,5 +1,5 @@
 """The hang watchdog on the local profile (issue 27 item 5): ``--hang-timeout`` was accepted there and
-did nothing (a hung job ran for over 10 minutes). A real ``train/`` job, one rank stopped for real
+did nothing (a hung job ran for over 10 minutes). Here set by the profile's ``hang_timeout`` key. A real ``train/`` job, one rank stopped for real
 (SIGSTOP by the pid of its heartbeat): the job ends FAILED within hang_timeout + a bound, with
 ``hang.json`` naming the stopped rank and every rank's stacks."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from orchestrator.contract.heartbeat import read_heartbeats
 from orchestrator.contract.run_dir import attempt_dir, hang_dir, read_json
@@ -45,11 +46,17 @@ def stopped(tmp_path: Path) -> Iterator[list[int]]:
 
 
 def test_a_stopped_rank_fails_a_local_job_with_its_stacks(
-    orch_env: dict[str, str], stopped: list[int]
+    orch_env: dict[str, str], stopped: list[int], tmp_path: Path
 ) -> None:
+    # By the profile's hang_timeout key (the flag's precedence over it: tests/test_profile_keys.py).
+    profile = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
+    profile["hang_timeout"] = HANG_TIMEOUT
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "local.yaml").write_text(yaml.safe_dump(profile))
+    orch_env = {**orch_env, "ORCHESTRATOR_PROFILES": str(tmp_path / "profiles")}
     res = run_cli(
         ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "1", "--procs-per-node", "2"]
-        + ["--hang-timeout", str(HANG_TIMEOUT), "--", TRAIN, *ARGS],
+        + ["--", TRAIN, *ARGS],
         orch_env,
     )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -48,7 +48,8 @@ class Heartbeat:
     def __init__(self, path: Path, rank: int, node: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        # The job's umask decides (0600, or 0640 with share_with_group): status may run as a group member.
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
         self._base = {"rank": rank, "node": node, "host": socket.gethostname(), "pid": os.getpid()}
         self._step = -1
         self._step_started = 0.0
