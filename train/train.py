@@ -50,6 +50,7 @@ from orchestrator.contract.heartbeat import Heartbeat
 from orchestrator.contract.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
 from orchestrator.rank import selfcheck
 from orchestrator.rank import workarounds as accelerate_workarounds
+from orchestrator.rank.loop import fix_ddp_buckets
 from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
 from train.checksum import checksums as _checksums
@@ -275,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             if accelerator.is_main_process:
                 print(note, file=sys.stderr, flush=True)
     model, optimizer = accelerator.prepare(model, optimizer)
+    # DDP's final gradient buckets before the first step of every attempt: at 3+ ranks a resumed run's
+    # first step otherwise reduces in the initial layout and the run drifts by the last bit.
+    fix_ddp_buckets(accelerator)
     # Not prepared: a prepared scheduler steps once per process; the step count is ours to keep. Under
     # DeepSpeed the prepared optimizer wraps ZeRO's (no torch Optimizer), which steps the AdamW built
     # above on its own param groups: schedule that one.
