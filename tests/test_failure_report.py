@@ -94,6 +94,60 @@ def test_error_only_in_the_scheduler_files_is_surfaced(tmp_path: Path) -> None:
     assert why.logs_command == "orchestrator logs 44 --node 1"
 
 
+# Node 0's log when a checkpoint save met a full disk (a real run's lines): torch.save's C++ error
+# names no disk; "No space left on device" reached only submitit's log (issue #35, item 6).
+SAVE_ON_FULL_DISK_LOG = """\
+[orchestrator node] host=vm node_rank=0/1 job=local-1 attempt=0
+[default0]:[rank0]: Traceback (most recent call last):
+[default0]:[rank0]:   File "torch/serialization.py", line 1312, in _save
+[default0]:[rank0]: RuntimeError: basic_ios::clear: iostream error
+[orchestrator launch] rank 0 (local 0) exited with code 1
+[orchestrator node] host=vm node_rank=0 exit=1 after 5.2 s
+"""
+SUBMITIT_ON_FULL_DISK = "submitit ERROR - Could not dump error:\n[Errno 28] No space left on device\n"
+
+
+def test_a_full_disk_named_by_any_log_is_the_cause(tmp_path: Path) -> None:
+    attempt = _attempt(tmp_path, {0: SAVE_ON_FULL_DISK_LOG}, {0: 1})
+    sub = tmp_path / "submitit" / "16384_0_log.out"
+    sub.parent.mkdir()
+    sub.write_text(SUBMITIT_ON_FULL_DISK)
+    why = explain_failure(tmp_path, "local-1", scheduler_logs=[sub])
+    assert why is not None and (why.node, why.rank) == (0, 0), why
+    summary = why.summary()
+    assert summary.startswith(
+        "node 0 rank 0 failed: No space left on device (in submitit/16384_0_log.out; "
+    ), summary
+    rest = "RuntimeError: basic_ios::clear: iostream error; see `orchestrator logs local-1 --node 0 --rank 0`"
+    assert "free on /" in summary and summary.endswith(rest), summary
+    assert "No space left on device" in why.text() and "basic_ios::clear" in why.text()
+
+    # Only a rank's own log said it (a node log cut by the full disk): still the cause. A quota too.
+    sub.unlink()
+    rank_log = attempt / "node_0_ranks" / "rank_1.log"
+    rank_log.parent.mkdir()
+    rank_log.write_text("OSError: [Errno 122] Disk quota exceeded: 'checkpoints/.tmp-step_00000010-ab'\n")
+    why = explain_failure(tmp_path, "local-1")
+    assert why is not None and why.disk is not None and why.disk.phrase == "Disk quota exceeded"
+    assert "Disk quota exceeded (in logs/attempt_0/node_0_ranks/rank_1.log; " in why.summary()
+
+
+def test_an_earlier_jobs_full_disk_is_not_this_failures_cause(tmp_path: Path) -> None:
+    """A resumed run's submitit folder keeps the earlier job's files: written before this attempt
+    began, their "No space left on device" is not why this attempt failed."""
+    attempt = _attempt(tmp_path, {0: NODE0_LOG.replace("Connection closed by peer", "boom")}, {0: 1})
+    old = tmp_path / "submitit" / "100_0_log.out"
+    old.parent.mkdir()
+    old.write_text(SUBMITIT_ON_FULL_DISK)
+    began = min(p.stat().st_mtime for p in attempt.iterdir())
+    os.utime(old, (began - 60, began - 60))
+    why = explain_failure(tmp_path, "local-2", scheduler_logs=[old])
+    assert why is not None and why.disk is None and "No space" not in why.summary(), why.summary()
+    os.utime(old, (began + 1, began + 1))  # written during this attempt: it is the cause
+    why = explain_failure(tmp_path, "local-2", scheduler_logs=[old])
+    assert why is not None and why.disk is not None, why
+
+
 def test_restore_mismatch_exit_status_is_quoted(tmp_path: Path) -> None:
     _attempt(tmp_path, {0: "[orchestrator node] exit=4\n"}, {0: 4})
     (tmp_path / "exit_status.json").write_text(

@@ -43,7 +43,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from orchestrator.contract.checkpoints import finalize, prune
+from orchestrator.contract.checkpoints import (
+    discard_failed_save,
+    finalize,
+    prune,
+    removed_if_unfinished,
+    temp_folder,
+)
 from orchestrator.contract.run_dir import (
     COMPLETE_MARKER,
     check_checkpoint,
@@ -137,16 +143,20 @@ def save(
     started = time.monotonic()
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{step_name(step)}-{_common_id(accelerator)}"
+    tmp = temp_folder(run_dir, step, _common_id(accelerator))
     final = root / step_name(step)
-    with without_zip_crc32():
-        accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    wrote = time.monotonic()
-    digests = own_shard_digests(tmp, accelerator.process_index, accelerator.num_processes)
-    written = {}
+    with removed_if_unfinished(tmp):  # a failed save (a full disk) gives its room back
+        with without_zip_crc32():
+            accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        wrote = time.monotonic()
+        digests = own_shard_digests(tmp, accelerator.process_index, accelerator.num_processes)
+        written = {}
+        if accelerator.is_main_process:
+            written = finalize(
+                tmp, final, {"step": step, "time": time.time(), "async": False, **marker}, digests
+            )
     if accelerator.is_main_process:
-        written = finalize(tmp, final, {"step": step, "time": time.time(), "async": False, **marker}, digests)
         prune(run_dir, keep_last)
     accelerator.wait_for_everyone()
     done = time.monotonic()
@@ -214,8 +224,37 @@ class AsyncCheckpointer:
         started = time.monotonic()
         root = checkpoints_dir(self.run_dir)
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{step_name(step)}-{_common_id(acc)}"
+        tmp = temp_folder(self.run_dir, step, _common_id(acc))
         tmp.mkdir(parents=True, exist_ok=True)
+        job = self._stage(model, optimizer)
+        with removed_if_unfinished(tmp):  # a failed write (a full disk) gives its room back
+            # Small per-rank files: synchronously, exactly as save_state writes them.
+            torch.save(_rng_states(step), tmp / f"random_states_{acc.process_index}.pkl")
+            if acc.is_main_process:
+                for i, obj in enumerate(acc._custom_objects):
+                    torch.save(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pkl")
+            acc.wait_for_everyone()
+        pending: dict[str, Any] = {
+            "step": step,
+            "tmp": tmp,
+            "final": root / step_name(step),
+            "marker": {"step": step, "async": True, **marker},
+            "started": started,
+            "result": None,
+            "error": None,
+        }
+        if job["kind"] is not None or acc.is_main_process:
+            pending["thread"] = threading.Thread(
+                target=self._background, args=(pending, job), name=f"ckpt-{step}", daemon=False
+            )
+            pending["thread"].start()
+        else:
+            pending["thread"] = None
+        self.pending = pending
+
+    def _stage(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """This rank's copy of the state its writer thread will write (memory only)."""
+        acc = self.accelerator
         plugin = getattr(acc.state, "fsdp_plugin", None)
         inner = getattr(optimizer, "optimizer", optimizer)
         job: dict = {"kind": None}
@@ -271,29 +310,7 @@ class AsyncCheckpointer:
                 "optimizer": optim_sd,
                 "fqns": _optimizer_fqns(acc, model, inner),
             }
-        # Small per-rank files: synchronously, exactly as save_state writes them.
-        torch.save(_rng_states(step), tmp / f"random_states_{acc.process_index}.pkl")
-        if acc.is_main_process:
-            for i, obj in enumerate(acc._custom_objects):
-                torch.save(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pkl")
-        acc.wait_for_everyone()
-        pending: dict[str, Any] = {
-            "step": step,
-            "tmp": tmp,
-            "final": root / step_name(step),
-            "marker": {"step": step, "async": True, **marker},
-            "started": started,
-            "result": None,
-            "error": None,
-        }
-        if job["kind"] is not None or acc.is_main_process:
-            pending["thread"] = threading.Thread(
-                target=self._background, args=(pending, job), name=f"ckpt-{step}", daemon=False
-            )
-            pending["thread"].start()
-        else:
-            pending["thread"] = None
-        self.pending = pending
+        return job
 
     def _background(self, p: dict, job: dict) -> None:
         """The writer thread: shards, then (rank 0) checksums, marker, rename, prune."""
@@ -337,6 +354,7 @@ class AsyncCheckpointer:
             prune(self.run_dir, self.keep_last)
             p["result"] = SaveResult(p["step"], p["final"], time.monotonic() - p["started"], written)
         except BaseException as exc:  # re-raised on the training thread by _finish
+            discard_failed_save(p["tmp"], exc)  # as removed_if_unfinished: the room goes back
             p["error"] = exc
 
     def _done_locally(self, block: bool) -> bool:

@@ -9,14 +9,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from orchestrator.contract.run_dir import (
     COMPLETE_MARKER,
     CORRUPT_MARKER,
     check_checkpoint,
+    checkpoint_folder_name,
     checkpoint_folders,
     write_json_atomic,
 )
@@ -210,18 +213,95 @@ def newest_complete(folders: Iterable[Path], warn: Warn = print) -> tuple[Path, 
     return None
 
 
-def find_resumable(run_dir: str | os.PathLike[str], warn: Warn = print) -> tuple[Path, dict[str, Any]] | None:
-    """The newest complete checkpoint whose content matches its digests; torn ones are skipped with a
-    warning, corrupt ones are also marked (``CORRUPT.json``) so neither a later resume nor ``status``
-    picks them again."""
-    found = newest_complete((folder for _, folder in checkpoint_folders(Path(run_dir))), warn)
-    if found is not None:
-        return found
+# ---------------------------------------------------------------------------- unfinished saves
+#: A save being written (``.tmp-step_<8d>-<id>``), and a replaced checkpoint on its way out.
+UNFINISHED_GLOBS = (".tmp-step_*", ".trash-*")
+
+
+def temp_folder(run_dir: str | os.PathLike[str], step: int, unique: str) -> Path:
+    """Where a save of ``step`` is written before :func:`finalize` renames it into place."""
+    return checkpoints_dir(run_dir) / f".tmp-{checkpoint_folder_name(step)}-{unique}"
+
+
+@contextlib.contextmanager
+def removed_if_unfinished(tmp: Path) -> Iterator[Path]:
+    """Around a save into ``tmp`` (every rank): when it raises, the half-written folder goes before the
+    error travels on (best effort), so a failed save gives back the room it took. A full disk is the
+    common cause, and the traceback, the launcher's and the node's last lines need that room to reach
+    the logs. A rank whose peer removed the folder first fails to write into it, and removes it too.
+
+    What a kill leaves (no ``except`` runs) goes at the next attempt's start: :func:`remove_unfinished`."""
+    try:
+        yield tmp
+    except BaseException as exc:
+        discard_failed_save(tmp, exc)
+        raise
+
+
+def discard_failed_save(tmp: Path, exc: BaseException) -> None:
+    """Remove the folder of a save that raised ``exc`` (best effort); when the disk is full, say so on
+    stderr: the writer's own error may name no disk (``torch.save``: ``basic_ios::clear: iostream
+    error``), and this line, printed once the removal made room for it, is what the failure report
+    finds."""
+    full = disk_full_words(exc, tmp.parent)  # before the removal gives the room back
+    shutil.rmtree(tmp, ignore_errors=True)
+    if full:
+        with contextlib.suppress(Exception):
+            name = tmp.name.removeprefix(".tmp-").rsplit("-", 1)[0]
+            print(f"[orchestrator] checkpoint {name} not saved: {full}; its unfinished folder is removed",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+
+#: Less room than this for an unprivileged writer: the disk is full.
+FULL_BELOW_BYTES = 1 << 20
+
+
+def disk_full_words(exc: BaseException, folder: Path) -> str:
+    """``No space left on device (0 B free on its filesystem)`` / ``Disk quota exceeded`` when ``exc``
+    (or an exception it came from) is ENOSPC or EDQUOT, or ``folder``'s filesystem is full now; else
+    ""."""
+    avail = None
+    with contextlib.suppress(OSError):
+        st = os.statvfs(folder)
+        avail = st.f_bavail * st.f_frsize
+    room = f" ({avail} bytes free on its filesystem)" if avail is not None else ""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return os.strerror(cause.errno) + room
+        cause = cause.__cause__ or cause.__context__
+    if avail is not None and avail < FULL_BELOW_BYTES:
+        return os.strerror(errno.ENOSPC) + room
+    return ""
+
+
+def remove_unfinished(run_dir: str | os.PathLike[str], warn: Warn = print) -> list[str]:
+    """Rank 0 at the start of an attempt: remove the temp folders of saves that never completed and
+    the trash of replaced ones, all left by earlier attempts (a kill mid-save, a failed save whose
+    clean-up could not run). Safe then: one attempt of a run is alive at a time (the run lock), and
+    this attempt has not begun to save. Returns the names removed."""
     root = checkpoints_dir(run_dir)
-    if root.is_dir():
-        for entry in sorted(root.glob(".tmp-step_*")):
-            warn(f"warning: ignoring unfinished checkpoint {entry.name} (no marker: never resumed from)")
-    return None
+    removed = []
+    for pattern in UNFINISHED_GLOBS:
+        for entry in sorted(root.glob(pattern)):
+            shutil.rmtree(entry, ignore_errors=True)
+            if entry.name.startswith(".tmp-"):
+                warn(f"warning: removed unfinished checkpoint {entry.name} (an earlier attempt's save "
+                     "that never completed; never resumed from)")  # fmt: skip
+            removed.append(entry.name)
+    return removed
+
+
+def find_resumable(run_dir: str | os.PathLike[str], warn: Warn = print) -> tuple[Path, dict[str, Any]] | None:
+    """Rank 0 at the start of an attempt (both checkpoint writers, ``train/`` and
+    :mod:`orchestrator.loop`, call it there): remove what earlier attempts' unfinished saves left
+    (:func:`remove_unfinished`), then return the newest complete checkpoint whose content matches its
+    digests; torn ones are skipped with a warning, corrupt ones are also marked (``CORRUPT.json``) so
+    neither a later resume nor ``status`` picks them again."""
+    remove_unfinished(run_dir, warn)
+    return newest_complete((folder for _, folder in checkpoint_folders(Path(run_dir))), warn)
 
 
 def prune(run_dir: str | os.PathLike[str], keep_last: int, keep_tmp: AbstractSet[str] = frozenset()) -> None:

@@ -46,7 +46,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.attempt_start import write_attempt_start
-from orchestrator.contract.checkpoints import checkpoints_dir, finalize, find_resumable, prune
+from orchestrator.contract.checkpoints import (
+    checkpoints_dir,
+    finalize,
+    find_resumable,
+    prune,
+    removed_if_unfinished,
+    temp_folder,
+)
 from orchestrator.contract.env import RUN_DIR_ENV, STRATEGY_ENV
 from orchestrator.contract.heartbeat import Heartbeat
 from orchestrator.contract.run_dir import (
@@ -238,23 +245,25 @@ class ResumableLoop:
         self._beat("checkpoint")
         if self.accelerator.is_main_process:
             root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{final.name}-{broadcast_from_main(uuid.uuid4().hex[:8])}"
+        tmp = temp_folder(self.run_dir, step, broadcast_from_main(uuid.uuid4().hex[:8]))
         from orchestrator.rank.checkpoint_io import own_shard_digests, without_zip_crc32
 
-        with without_zip_crc32():
-            self.accelerator.save_state(str(tmp))
-        barrier()
         acc = self.accelerator
-        digests = own_shard_digests(tmp, acc.process_index, acc.num_processes)
-        if self.accelerator.is_main_process:
-            marker = {
-                "step": step,
-                "time": time.time(),
-                "world_size": self.accelerator.num_processes,
-                "strategy": os.environ.get(STRATEGY_ENV),
-                "hook": HOOK,
-            }
-            finalize(tmp, final, marker, digests)
+        with removed_if_unfinished(tmp):  # a failed save (a full disk) gives its room back
+            with without_zip_crc32():
+                acc.save_state(str(tmp))
+            barrier()
+            digests = own_shard_digests(tmp, acc.process_index, acc.num_processes)
+            if acc.is_main_process:
+                marker = {
+                    "step": step,
+                    "time": time.time(),
+                    "world_size": acc.num_processes,
+                    "strategy": os.environ.get(STRATEGY_ENV),
+                    "hook": HOOK,
+                }
+                finalize(tmp, final, marker, digests)
+        if acc.is_main_process:
             prune(self.run_dir, self.keep_last)
         barrier()
         self.last_saved_step = step

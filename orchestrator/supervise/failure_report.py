@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.contract.run_dir import (
@@ -26,9 +26,8 @@ from orchestrator.contract.run_dir import (
     node_logs,
     read_exit_status,
 )
+from orchestrator.supervise.disk_full import DiskFull, disk_full, read_tail
 
-#: Only the end of a huge log is read: tracebacks are written last.
-MAX_READ_BYTES = 4 << 20
 #: Error lines quoted per explanation.
 MAX_QUOTED = 3
 
@@ -76,6 +75,10 @@ class Explanation:
     source: str
     """The file they were read from."""
     exit_codes: dict[int, int] = field(default_factory=dict)
+    disk: DiskFull | None = None
+    """Set when a log of the attempt says the disk is full (or the run directory's filesystem is):
+    the cause of whatever the rank raised (a full disk makes ``torch.save`` raise C++'s
+    ``basic_ios::clear: iostream error``, which names no disk)."""
 
     @property
     def logs_command(self) -> str:
@@ -100,6 +103,8 @@ class Explanation:
         what = self.lines[0] if self.lines else "no error line found"
         if "SELF-CHECK FAILED" in what and len(self.lines) > 1:
             what += " " + self.lines[1].split("]", 1)[-1].strip()  # the header alone says nothing
+        if self.disk is not None:
+            what = self.disk.before(what if self.lines else "")
         if len(what) > 300:
             what = what[:297] + "..."
         return f"{self.where} failed: {what}; see `{self.logs_command}`"
@@ -107,7 +112,11 @@ class Explanation:
     def text(self, indent: str = "  ") -> str:
         """Several lines, for ``--wait``: where, the quoted error lines, the command."""
         out = [f"{indent}{self.where} failed" + (f" (read from {self.source})" if self.source else "") + ":"]
-        out += [f"{indent}  | {line}" for line in self.lines] or [f"{indent}  | (no error line found)"]
+        if self.disk is not None:
+            out.append(f"{indent}  | {self.disk}")
+        out += [f"{indent}  | {line}" for line in self.lines] or (
+            [] if self.disk else [f"{indent}  | (no error line found)"]
+        )
         out.append(f"{indent}see: {self.logs_command}")
         return "\n".join(out)
 
@@ -130,18 +139,6 @@ class _RankErrors:
         elif not self.consequence_only:
             return
         self.lines.append(text)
-
-
-def _read_tail(path: Path) -> list[str]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - MAX_READ_BYTES))
-            data = fh.read()
-    except OSError:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()
 
 
 def scan_errors(lines: Iterable[str]) -> dict[int | None, _RankErrors]:
@@ -265,7 +262,7 @@ def _root_death(attempt_path: Path, consequence_ranks: set[int]) -> RankDeath | 
     failure; on ties the lowest node."""
     deaths: list[RankDeath] = []
     for node, path in node_logs(attempt_path):
-        found = rank_deaths(_read_tail(path), node)
+        found = rank_deaths(read_tail(path), node)
         if found:
             deaths.append(found[0])
     if not deaths:
@@ -284,7 +281,7 @@ def _candidates(
     """``(priority, node, rank, errors, path)``; lower priority is more likely the cause."""
     out: list[tuple[int, int, int | None, _RankErrors, Path]] = []
     for node, path in node_logs(attempt_path):
-        for local, errors in scan_errors(_read_tail(path)).items():
+        for local, errors in scan_errors(read_tail(path)).items():
             rank = None if local is None else node * procs_per_node + local
             failed_node = codes.get(node, 1) not in (0, EXIT_REQUEUE)
             priority = (0 if not errors.consequence_only else 2) + (0 if failed_node else 1)
@@ -315,8 +312,23 @@ def explain_failure(
     procs_per_node: int = 1,
     scheduler_logs: Sequence[Path] = (),
 ) -> Explanation | None:
-    """The root failure of the newest attempt of ``run_dir``; None when there is nothing to say."""
+    """The root failure of the newest attempt of ``run_dir``; None when there is nothing to say.
+
+    A full disk is the cause whenever any log of that attempt says so (:func:`disk_full`), whatever
+    the failing rank raised."""
     run_dir = Path(run_dir)
+    why = _explain(run_dir, job_id, procs_per_node, scheduler_logs)
+    disk = disk_full(run_dir, scheduler_logs)
+    if disk is None:
+        return why
+    if why is None:
+        return Explanation(job_id, None, None, (), str(run_dir), {}, disk)
+    return replace(why, disk=disk)
+
+
+def _explain(
+    run_dir: Path, job_id: str, procs_per_node: int, scheduler_logs: Sequence[Path]
+) -> Explanation | None:
     attempts = attempt_dirs(run_dir)
     codes: dict[int, int] = {}
     if attempts:
@@ -346,7 +358,7 @@ def explain_failure(
             return _death_explanation(job_id, death, candidates, attempt_path, codes)
     # Errors raised around the launch (set-up, the interpreter, a full disk) reach only the scheduler's files.
     for path in scheduler_logs:
-        found = scan_errors(_read_tail(path)).get(None)
+        found = scan_errors(read_tail(path)).get(None)
         if found is not None and not found.consequence_only:
             m = _SCHEDULER_NODE.search(path.name)
             return Explanation(
