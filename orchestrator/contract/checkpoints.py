@@ -252,7 +252,8 @@ def discard_failed_save(tmp: Path, exc: BaseException) -> None:
                   file=sys.stderr, flush=True)  # fmt: skip
 
 
-#: Less room than this for an unprivileged writer: the disk is full.
+#: Less room than this for an unprivileged writer: the disk is full (a failed save's words, and
+#: the failure report's: ``orchestrator.supervise.disk_full``).
 FULL_BELOW_BYTES = 1 << 20
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.contract.checkpoints import FULL_BELOW_BYTES
 from orchestrator.contract.run_dir import attempt_dirs, node_logs
 
 #: Only the end of a huge log is read: tracebacks are written last.
@@ -25,8 +26,6 @@ MAX_READ_BYTES = 4 << 20
 #: disk, and only so many of them.
 RANK_LOG_READ_BYTES = 64 << 10
 MAX_RANK_LOGS = 256
-#: A run directory's filesystem with less room than this for an unprivileged writer is full.
-FULL_BELOW_BYTES = 1 << 20
 #: What a full disk or quota makes the C library say (``ENOSPC``, ``EDQUOT``).
 _DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded")
 
