@@ -1,13 +1,16 @@
 """Users' own scripts on the real Slurm test cluster get train/'s guarantees (issue 12).
 
 * an unchanged HF ``Trainer`` script: USR2 and then ``scontrol requeue``; each attempt starts at the
-  newest complete ``checkpoint-N`` (a truncated newest one is skipped), W&B (offline) keeps one run id,
-  and the final loss equals an uninterrupted run's;
+  newest complete ``checkpoint-N`` (a truncated newest one is skipped); then ``orchestrator cancel``
+  (CANCELLED, no requeue, ``status`` shows its ``checkpoint-N``) and ``orchestrator resume``: a new job
+  starts from that checkpoint (issue 27 item 1). W&B (offline) keeps one run id, and the final loss
+  equals an uninterrupted run's;
 * an Accelerate loop with orchestrator's three lines (examples/accelerate_cnn.py): the same preemption,
   bit-exact against an uninterrupted run;
 * a loop that builds its own ``FullyShardedDataParallelPlugin`` and has no checkpoint hook, under
   ``full_shard`` at 2 x 2: really sharded, and after a preemption reported as restarted from step 0,
-  never as resumed.
+  never as resumed; under the profile's default ``ddp`` it stops at start (exit 3), and ``wait`` and
+  ``status`` name the plugin in code as the cause and both fixes (issue 27 item 8).
 
 The uninterrupted references run on the ``local`` profile at the same world size, in the background
 while the cluster jobs run.
@@ -26,9 +29,10 @@ from typing import Any
 import pytest
 
 from orchestrator.contract.attempt_start import NO_HOOK, read_attempt_start
+from orchestrator.contract.run_dir import read_exit_status
 from orchestrator.core.run_summary import iter_metrics
 from orchestrator.node.entry import tracker_run_id
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, sacct_state
+from tests.helpers.cli import REPO, job_and_run_dir, job_ended, kill_tree, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -151,6 +155,7 @@ def test_unchanged_trainer_script_resumes_from_complete_checkpoints(
         env, [*TWO_NODES, "--", TRAINER, *args, "--output-dir", str(out), "--report-to", "wandb"]
     )
     show = diagnostics(job_id, run_dir)
+    resumed_job = ""
     try:
         live_progress(env, job_id, show)
         poll(lambda: max(checkpoints(out), default=0) >= 10, 180, "checkpoint-10", diagnostics=show)
@@ -182,15 +187,47 @@ def test_unchanged_trainer_script_resumes_from_complete_checkpoints(
         assert stopped2["code"] == 75 and stopped2["step"] > previous, stopped2
         start2 = poll(lambda: read_attempt_start(run_dir, 2), 180, "attempt 2 started", diagnostics=show)
         assert start2["step"] == stopped2["step"], (start2, stopped2)
-        assert sacct_state(job_id, timeout=240) == "COMPLETED", show()
+
+        # 4. `orchestrator cancel` (no requeue: the job ends CANCELLED), then `orchestrator resume`: a new
+        # job continues from the newest complete checkpoint-N, which lives in the Trainer's output_dir.
+        poll(
+            lambda: max((e["step"] for e in trains(run_dir)), default=0) >= stopped2["step"] + 5,
+            120,
+            "5 steps in attempt 2",
+            diagnostics=show,
+        )
+        assert run_cli(["cancel", job_id], env, timeout=60).returncode == 0
+        assert sacct_state(job_id, timeout=120) == "CANCELLED", show()
+        poll(lambda: job_ended(env, job_id), 120, f"job {job_id} to end", interval=0.5, diagnostics=show)
+        stopped3 = json.loads((run_dir / "exit_status.json").read_text())
+        step3 = int(stopped3["step"])
+        assert step3 > stopped2["step"] and max(checkpoints(out)) == step3, (
+            stopped3,
+            sorted(checkpoints(out)),
+        )
+        row = status_of(env, job_id)
+        assert row["state"] == "CANCELLED", row
+        assert row["checkpoint_step"] == step3 and row["checkpoint_path"] == str(
+            out / f"checkpoint-{step3}"
+        ), row
+        table = run_cli(["status", job_id], env, timeout=60).stdout.splitlines()
+        assert table[0].split()[-2:] == ["CKPT", "REQUEUES"] and table[1].split()[-2] == str(step3), table
+        res = run_cli(["resume", job_id], env, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"resuming job {job_id} from step {step3} (checkpoint-{step3})" in res.stdout, res.stdout
+        resumed_job = res.stdout.split("submitted job ")[1].split()[0]
+        start3 = poll(lambda: read_attempt_start(run_dir, 3), 180, "attempt 3 started", diagnostics=show)
+        assert start3["step"] == step3 and start3["hook"] == "trainer", (start3, stopped3)
+        assert start3["checkpoint"] == str(out / f"checkpoint-{step3}"), start3
+        assert sacct_state(resumed_job, timeout=240) == "COMPLETED", show()
     finally:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+        if resumed_job:
+            subprocess.run(["scancel", resumed_job], capture_output=True, timeout=30, check=False)
         reference.stop()
 
     # No step trained twice beyond the last complete save: attempt k+1 starts where attempt k saved.
-    assert "attempt 1 resumed at step" in node_log(run_dir, 1) and "attempt 2 resumed at step" in node_log(
-        run_dir, 2
-    )
+    assert all(f"attempt {a} resumed at step" in node_log(run_dir, a) for a in (1, 2, 3))
     ref_dir = reference.run_dir()
     final = [e for e in trains(run_dir) if e["step"] == TRAINER_STEPS and "lr" in e]
     ref_final = [e for e in trains(ref_dir) if e["step"] == TRAINER_STEPS and "lr" in e]
@@ -276,3 +313,32 @@ def test_fsdp_plugin_in_code_is_sharded_and_a_restart_is_never_called_a_resume(
     assert row["started_from"] == NO_HOOK and row["reason"] == NO_HOOK and row["resumes"] == 0, row
     table = run_cli(["status", job_id], env, timeout=60).stdout
     assert NO_HOOK in table and "resumed" not in table, table
+
+
+def test_fsdp_plugin_in_code_under_the_default_ddp_stops_at_start_naming_the_plugin(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Seed 003's pattern, submitted with the profile's default strategy (ddp): Accelerate lets the plugin
+    in code override the launch, so the self-check stops it, and says that the plugin is why."""
+    out = tmp_path / "probe"
+    job_id, run_dir = submit(
+        env,
+        ["--nodes", "2", "--procs-per-node", "2", "--", FSDP_PLUGIN_LOOP, "--out", str(out), "--steps", "5"],
+    )
+    show = diagnostics(job_id, run_dir)
+    try:
+        res = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "150"], env, timeout=180)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr + show()
+    cause = "cause: the script passes its own FSDP plugin (Accelerator(fsdp_plugin=...))"
+    fixes = ("--strategy full_shard", "drop fsdp_plugin= from Accelerator(...)")
+    assert "SELF-CHECK FAILED (exit 3)" in res.stdout and cause in res.stdout, res.stdout
+    assert all(fix in res.stdout for fix in fixes), res.stdout
+    stopped = read_exit_status(run_dir)
+    assert stopped is not None and stopped["code"] == 3 and stopped["reason"] == "selfcheck", stopped
+    assert stopped["problems"][0].startswith(cause) and "launch (ddp)" in stopped["problems"][0], stopped
+    row = status_of(env, job_id)
+    assert row["state"] == "FAILED" and cause in row["reason"], row
+    # Stopped at start: no step trained, on any rank.
+    assert trains(run_dir) == [] and not Path(f"{out}.progress").exists(), trains(run_dir)
