@@ -146,7 +146,7 @@ def test_kill_9_of_a_node_entry_takes_its_ranks_and_resume_names_what_lives(
     slurm_cluster: dict, orch_env: dict[str, str], started: list[int]
 ) -> None:
     job_id, run_dir = _submit(orch_env, "--leave-child")
-    nodes = poll(lambda: _training(run_dir), 120, "both nodes training")
+    nodes = poll(lambda: _training(run_dir) or {}, 120, "both nodes training")
     stray = int(
         poll(lambda: (run_dir / "stray.pid").exists() and (run_dir / "stray.pid").read_text(), 30, "stray")
     )
@@ -175,7 +175,7 @@ def test_kill_9_of_the_batch_step_leaves_no_rank_and_resume_refuses_meanwhile(
     slurm_cluster: dict, orch_env: dict[str, str], started: list[int]
 ) -> None:
     job_id, run_dir = _submit(orch_env, "--ignore-term")
-    nodes = poll(lambda: _training(run_dir), 120, "both nodes training")
+    nodes = poll(lambda: _training(run_dir) or {}, 120, "both nodes training")
     ranks = [p for n in nodes.values() for p in n["launcher"] + n["ranks"]]
     entries = [p for n in nodes.values() for p in n["entry"]]
     started.extend([*entries, *ranks])
