@@ -202,13 +202,14 @@ def test_full_state_dict_checkpoint_is_written_and_resumed(orch_env: dict[str, s
 # -- the local profile's pre-timeout signal, and its --auto-resume refusal
 
 
-def test_the_local_pre_timeout_signal_ends_the_job_preempted(
+def test_the_local_pre_timeout_signal_ends_the_job_preempted_in_a_group_shared_run_dir(
     orch_env: dict[str, str], tmp_path: Path
 ) -> None:
     import yaml
 
     profile = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
     profile["signal"] = {"name": "USR2", "seconds_before": 48}  # 1 min limit: the signal after 12 s
+    profile["share_with_group"] = True  # the same job shows the key's modes (issue 33 item 7)
     folder = tmp_path / "profiles"
     folder.mkdir()
     (folder / "local.yaml").write_text(yaml.safe_dump(profile))
@@ -225,6 +226,16 @@ def test_the_local_pre_timeout_signal_ends_the_job_preempted(
     assert stopped is not None and stopped["reason"] == "signal", stopped
     assert (run_dir / "checkpoints" / f"step_{int(stopped['step']):08d}" / "COMPLETE.json").exists()
     assert status_row(env, job_id)["state"] == "PREEMPTED"
+    # share_with_group: the run directory, its logs and checkpoints readable by the group, never writable.
+    modes = {str(p.relative_to(run_dir)): p.stat().st_mode & 0o777 for p in [run_dir, *run_dir.rglob("*")]}
+    assert modes["."] == 0o750, modes
+    dirs = {name for name in modes if (run_dir / name).is_dir()}
+    assert {modes[d] for d in dirs} == {0o750}, {d: oct(modes[d]) for d in dirs if modes[d] != 0o750}
+    files = {n: m for n, m in modes.items() if n not in dirs}
+    assert any(n.startswith("logs/") for n in files) and any(n.startswith("checkpoints/") for n in files)
+    # Lock files (.alive.lock, the run lock) stay owner-only: only the owner's processes take them.
+    wrong = {n: oct(m) for n, m in files.items() if m not in (0o640, 0o750) and not n.endswith(".lock")}
+    assert wrong == {}, wrong
 
 
 def test_auto_resume_is_refused_on_the_local_profile(orch_env: dict[str, str], tmp_path: Path) -> None:

@@ -147,6 +147,29 @@ def list_files(folder: Path) -> dict[str, int]:
     return files
 
 
+def _process_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets it, racing threads that
+    create files meanwhile): ``Umask:`` of ``/proc/self/status`` (Linux 4.7+), else owner-only."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o077
+
+
+def _follow_umask(folder: Path, rels: Iterable[str]) -> None:
+    """Give a checkpoint's files the mode the job's umask gives new files: safetensors' ``save_file``
+    creates its file 0600 whatever the umask, which kept a ``share_with_group`` run's weights from the
+    group (0640 promised)."""
+    mode = 0o666 & ~_process_umask()
+    for rel in rels:
+        with contextlib.suppress(OSError):
+            if (folder / rel).stat().st_mode & 0o777 != mode:
+                os.chmod(folder / rel, mode)
+
+
 def finalize(
     tmp: Path, final: Path, marker: dict[str, Any], digests: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -155,6 +178,7 @@ def finalize(
     ``digests``: sha256 of files already fsynced and hashed by the ranks that wrote them
     (:func:`fsync_and_digest`), so rank 0 hashes only the rest; a 2-rank base save's digests took
     0.5-1.7 s on rank 0 alone."""
+    _follow_umask(tmp, list_files(tmp))
     marker = _write_marker(tmp, marker, digests or {})
     if final.exists():
         # The same step saved before (e.g. a run killed after its save): replace it, never mix the two.
