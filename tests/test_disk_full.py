@@ -179,3 +179,26 @@ def test_local_job_on_a_full_disk_fails_named_clean_and_resumes(small_disk_env: 
         in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
     )
     assert check_checkpoint(ckpts / "step_00000010")[0] is not None
+
+
+def test_a_rank_log_the_disk_refuses_never_stops_the_launchers_relay(full_disk: Path) -> None:
+    """The node launcher relays each rank's output to its log and the node log; on a full disk the
+    log's write raised ENOSPC out of the relay and the launcher stopped supervising its ranks (seen in
+    a 2-node run's node_1.log). What the disk refuses is lost; the relay and the close go on."""
+    import io
+    import selectors
+
+    from orchestrator.node.direct_launch import _Rank
+
+    log = open(full_disk / "rank_0.log", "ab")  # noqa: SIM115 (closed by _Rank.close)
+    _fill(full_disk)
+    read_end, write_end = os.pipe()
+    rank = _Rank(0, 0, os.getpid(), read_end, log)
+    out = io.BytesIO()
+    rank.relay(b"x" * 100_000 + b"\nthe last line\npartial", out)
+    assert out.getvalue().endswith(b"[default0]:the last line\n")
+    sel = selectors.DefaultSelector()
+    sel.register(read_end, selectors.EVENT_READ)
+    rank.close(out, sel)
+    os.close(write_end)
+    assert out.getvalue().endswith(b"[default0]:partial\n") and not rank.open

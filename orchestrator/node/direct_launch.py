@@ -8,8 +8,7 @@ Accelerate for the environment its launch would give the ranks (``prepare_multi_
 code ``accelerate launch`` runs), adds what torchrun's agent adds per worker (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ...), and forks one child per rank that runs the script with
 :mod:`runpy`. Node 0's launcher hosts the rendezvous store, as torchrun's agent does
-(:mod:`orchestrator.node.launch_store`); no agent and no rendezvous round trip sit between the node and
-its ranks.
+(:mod:`orchestrator.node.launch_store`); no agent and no rendezvous round trip between node and ranks.
 
 What torchrun did and this module does too: every rank's output goes to the node log with its
 ``[default<L>]:`` prefix (``--tee``) and to its own file; the first rank that fails ends the
@@ -234,25 +233,27 @@ class _Rank:
         self.open = True
 
     def relay(self, data: bytes, out: Any) -> None:
-        if self.log is not None:
-            self.log.write(data)
-            self.log.flush()
+        """Best effort: a write a full disk refuses is lost, never the launcher's supervision."""
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
-        if lines:
+        with contextlib.suppress(OSError):
+            if self.log is not None:
+                self.log.write(data)
+                self.log.flush()
+        with contextlib.suppress(OSError):
             out.write(b"".join(self.prefix + line + b"\n" for line in lines))
             out.flush()
 
     def close(self, out: Any, sel: selectors.BaseSelector) -> None:
         sel.unregister(self.fd)
         os.close(self.fd)
-        if self.partial:
-            out.write(self.prefix + self.partial + b"\n")
+        with contextlib.suppress(OSError):
+            out.write(self.prefix + self.partial + b"\n" if self.partial else b"")
             out.flush()
-            self.partial = b""
-        if self.log is not None:
-            self.log.close()
-        self.open = False
+        with contextlib.suppress(OSError):
+            if self.log is not None:
+                self.log.close()
+        self.partial, self.open = b"", False
 
 
 def _rank_log(log_dir: str | None, rank: str) -> io.BufferedWriter | None:
@@ -460,10 +461,8 @@ def _from_the_script(tb: Any) -> Any:
 
 
 def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
+    if code is None or isinstance(code, int):
+        return (code or 0) & 0xFF
     print(code, file=sys.stderr)
     return 1
 
