@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO, kill_tree, poll, run_cli, submit_local
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, submit_local
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
@@ -108,6 +108,44 @@ def test_kill_9_of_a_local_jobs_controller_or_launcher_leaves_no_rank_training(
     os.kill(target, signal.SIGKILL)
     row = _ends_only_when_ranks_are_gone(orch_env, job_id, pids["ranks"] + pids["launchers"])
     assert row["state"] == "FAILED"
+
+
+def test_kill_9_of_a_torchrun_agent_takes_its_workers(
+    orch_env: dict[str, str], started: list[int], tmp_path: Path
+) -> None:
+    """``launcher: torchrun`` (and every DeepSpeed launch): torchrun's agent runs in the node's
+    launcher and starts each rank as a fresh interpreter. Before: ``kill -9`` of it left both workers
+    training under PID 1, holding no lock, while ``status`` called the job FAILED. Now each worker
+    takes the run's lock and dies with its parent (the node site's ``sitecustomize``)."""
+    import yaml
+
+    profile = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
+    profile.update(launcher="torchrun", rdzv_backend="c10d")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "local.yaml").write_text(yaml.safe_dump(profile))
+    env = {**orch_env, "ORCHESTRATOR_PROFILES": str(tmp_path / "profiles")}
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "2", "--", SCRIPT], env
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    controller = psutil.Process(json.loads((run_dir / "local_pids.json").read_text())["controller"])
+
+    def workers() -> tuple[int, list[int]] | None:
+        if not (run_dir / "metrics.jsonl").exists():
+            return None
+        tree = controller.children(recursive=True)
+        ranks = [p for p in tree if "stray_child.py" in " ".join(p.cmdline())]
+        if len(ranks) < 2:
+            return None
+        assert "launcher_shim" in " ".join(ranks[0].parent().cmdline()), ranks[0].parent().cmdline()
+        return ranks[0].ppid(), [p.pid for p in ranks]
+
+    agent, ranks = poll(workers, 120, "both torchrun workers training")
+    started.extend(ranks)
+    os.kill(agent, signal.SIGKILL)
+    row = _ends_only_when_ranks_are_gone(env, job_id, ranks)
+    assert row["state"] == "FAILED", row
 
 
 def test_resume_refuses_while_a_process_of_the_run_lives_and_names_it(

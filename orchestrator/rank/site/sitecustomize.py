@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from orchestrator.contract.env import FORKED_RANK_ENV, SCRIPT_HOOKS_ENV
+from orchestrator.contract.env import FORKED_RANK_ENV, RUN_DIR_ENV, SCRIPT_HOOKS_ENV
 
 _HERE = str(Path(__file__).resolve().parent)
 
@@ -142,10 +142,25 @@ def _chain_next_sitecustomize() -> None:
     spec.loader.exec_module(module)
 
 
+def _belong_to_the_run() -> None:
+    """A rank torchrun started (``launcher: torchrun``, every DeepSpeed launch) takes the run's lock and
+    dies with its parent, as a forked rank does (:mod:`orchestrator.contract.run_alive`). Measured
+    before: ``kill -9`` of the node entry took the launcher, and torchrun's workers trained on under
+    PID 1, holding no lock, while ``status`` called the job ended."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir or "LOCAL_RANK" not in os.environ or os.environ.get(FORKED_RANK_ENV) == "1":
+        return
+    from orchestrator.contract import run_alive
+
+    run_alive.die_with_parent(os.getppid())
+    run_alive.hold(run_dir)
+
+
 def apply(chain: bool = True) -> None:
     """Patch the modules already imported, hook the others. A rank forked from a launcher that
     imported accelerate (orchestrator.node.direct_launch) calls this itself, with ``chain=False``: the
     distribution's ``sitecustomize`` already ran in that interpreter."""
+    _belong_to_the_run()
     patches = _patches()
     for name, patch in patches.items():
         if name in sys.modules:
