@@ -1,7 +1,9 @@
 """Sweeps and dependencies on the real Slurm cluster (issue 15), through the CLI and the Python API.
 
 One sweep is one job array: ``--max-parallel`` is Slurm's ``%K`` throttle (asserted from sacct's start
-and end times), each task has its own run directory, and a requeue is one task's alone. ``--after``
+and end times), each task has its own run directory, and a requeue is one task's alone, resumed by the
+product's own loop (``tests/scripts/sweep_task.py`` trains through ``orchestrator.loop.ResumableLoop``:
+the checkpoint, the attempt's start record and the metrics are the product's). ``--after``
 is Slurm's ``afterok``/``afterany`` with ``--kill-on-invalid-dep``: a job whose dependency failed is
 cancelled and says why. The scale case holds 100 tasks pending behind a dependency, so it costs no
 training: the registry must equal squeue and sacct, in one scheduler query.
@@ -18,10 +20,13 @@ from typing import Any
 
 import pytest
 
+from orchestrator.contract.attempt_start import read_attempt_start
+from orchestrator.contract.run_dir import attempt_dirs, last_complete_checkpoint
 from orchestrator.core.run_summary import iter_metrics
 from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm
+from tests.scripts.sweep_task import HOLDING_FILE, expected_loss
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = str(REPO / "tests" / "scripts" / "sweep_task.py")
@@ -30,6 +35,25 @@ ONE_NODE = ["--profile", "slurm_test", "--nodes", "1"]
 
 def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [e for e in iter_metrics(run_dir) if e.get("event") == kind]
+
+
+def assert_resumed_by_the_product(run_dir: Path, attempt: int, step: int, last_step: int) -> None:
+    """``attempt`` started from the run's last complete checkpoint, which is step ``step``, and every
+    step up to ``last_step`` was trained once: the first attempts up to ``step``, the later ones after.
+    The loop's start record says where it started, the checkpoint's marker which step it holds."""
+    ckpt = last_complete_checkpoint(run_dir)
+    assert ckpt is not None and ckpt.step == step, ckpt
+    assert read_attempt_start(run_dir, attempt) == {
+        "step": step,
+        "checkpoint": str(ckpt.path),
+        "hook": "accelerate",
+    }
+    trained = [e["step"] for e in events(run_dir, "train")]
+    assert trained == list(range(1, last_step + 1)), trained
+    (resume,) = events(run_dir, "resume")
+    assert (resume["step"], resume["checkpoint"]) == (step, str(ckpt.path)), resume
+    before = [e["step"] for e in events(run_dir, "train") if e["time"] < resume["time"]]
+    assert before == list(range(1, step + 1)), before  # the stopped attempt's last step is the checkpoint's
 
 
 def cli_json(args: list[str], env: dict[str, str]) -> Any:
@@ -82,7 +106,7 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
         huge.stderr
     )
     args = ["--max-parallel", "2", "--grid", "lr=0.3,0.1,0.2", "--"]
-    args += [SCRIPT, "--lr", "{lr}", "--steps", "4", "--step-s", "0.3", "--hold-lr", "0.1"]
+    args += [SCRIPT, "--lr", "{lr}", "--steps", "4", "--step-s", "0.3", "--hold-lr", "0.1", "--hold-at", "2"]
     dry = run_cli(["sweep", *ONE_NODE, "--dry-run", *args], orch_env)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     planned = dry.stdout.split("sweep directory would be ")[1].split(")")[0]
@@ -105,8 +129,8 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     assert same == submitted and "#SBATCH --array=0-2%2" in submitted
     assert slurm("scontrol", "write", "batch_script", sweep_id, "-").stdout == submitted
 
-    # Task 1 (lr 0.1) holds after 2 steps of its first attempt: requeue it alone, by the profile's signal.
-    poll(lambda: len(events(tasks[1], "train")) >= 2, 240, "task 1's first two steps")
+    # Task 1 (lr 0.1) holds inside step 2 of its first attempt: requeue it alone, by the profile's signal.
+    poll(lambda: (tasks[1] / HOLDING_FILE).exists(), 240, "task 1 holding in step 2")
     sent = run_cli(["cancel", jobs[1], "--signal", "USR2"], orch_env, timeout=60)
     assert sent.returncode == 0, sent.stdout + sent.stderr
     states = [sacct_state(j, timeout=300) for j in jobs]
@@ -119,23 +143,26 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     # hold one on a loaded machine), so the throttle Slurm holds is asserted above (%2), not a count.
     assert 1 <= most_at_once(rows) <= 2, rows
 
-    # Each task's run directory holds its own arguments and metrics.
+    # Each task's run directory holds its own arguments and metrics; each step's loss is the one an
+    # uninterrupted run has (task 1's too: its model and optimizer came back from the checkpoint).
     for task, lr in zip(tasks, ("0.3", "0.1", "0.2"), strict=True):
         plan = json.loads((task / "job.json").read_text())
         assert plan["script_args"][:2] == ["--lr", lr]
-        assert {e["lr"] for e in events(task, "train")} == {float(lr)}
-        assert max(e["step"] for e in events(task, "train")) == 4
+        train = events(task, "train")
+        assert {e["lr"] for e in train} == {float(lr)}
+        assert [e["loss"] for e in train] == [
+            pytest.approx(expected_loss(float(lr), 0, s), rel=1e-5) for s in range(1, 5)
+        ]
 
-    # Only task 1 was requeued, and it resumed from its own checkpoint (step 2), losing no step.
-    resumes = [events(t, "resume") for t in tasks]
-    assert [len(r) for r in resumes] == [0, 1, 0]
-    assert resumes[1][0]["step"] == 2 and resumes[1][0]["attempt"] == 1
-    assert [e["step"] for e in events(tasks[1], "train")] == [1, 2, 3, 4]
-    assert [sorted(p.name for p in (t / "logs").glob("attempt_*")) for t in tasks] == [
-        ["attempt_0"],
-        ["attempt_0", "attempt_1"],
-        ["attempt_0"],
-    ]
+    # Only task 1 was requeued; its second attempt started from its own last complete checkpoint
+    # (step 2, where the loop agreed on the stop), and no step was trained twice or lost.
+    assert [len(events(t, "resume")) for t in tasks] == [0, 1, 0]
+    assert [[a for a, _ in attempt_dirs(t)] for t in tasks] == [[0], [0, 1], [0]]
+    for task in (tasks[0], tasks[2]):
+        assert read_attempt_start(task, 0) == {"step": 0, "checkpoint": None, "hook": "accelerate"}
+        assert [e["step"] for e in events(task, "train")] == [1, 2, 3, 4]
+    assert read_attempt_start(tasks[1], 0) == {"step": 0, "checkpoint": None, "hook": "accelerate"}
+    assert_resumed_by_the_product(tasks[1], attempt=1, step=2, last_step=4)
 
     # The rollup: a line per task, the best by loss, requeue counts per task, one scheduler query.
     data = cli_json(["status", sweep_id, "--json"], orch_env)
@@ -143,9 +170,20 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     assert [t["state"] for t in data["tasks"]] == ["COMPLETED"] * 3
     assert [t["requeues"] for t in data["tasks"]] == [0, 1, 0]
     assert [t["params"] for t in data["tasks"]] == [{"lr": "0.3"}, {"lr": "0.1"}, {"lr": "0.2"}]
+    # The rows' loss is each task's last reported loss; the best is the lowest (lr 0.1).
+    assert [t["loss"] for t in data["tasks"]] == [events(t, "train")[-1]["loss"] for t in tasks]
+    assert [t["step"] for t in data["tasks"]] == [4, 4, 4]
+    assert [t["resumes"] for t in data["tasks"]] == [0, 1, 0]
+    assert [t["started_from"] for t in data["tasks"]] == [
+        None,
+        "resumed at step 2 from step_00000002 (accelerate hook)",
+        None,
+    ]
     assert data["best_task"] == 1 and data["scheduler_calls"]["squeue"] == 1
     text = run_cli(["status", sweep_id], orch_env, timeout=60).stdout
-    assert f"best loss 0.3500: task 1 (job {jobs[1]}, lr=0.1)" in text, text
+    best = f"{events(tasks[1], 'train')[-1]['loss']:.4f}"
+    assert best == f"{expected_loss(0.1, 0, 4):.4f}", best
+    assert f"best loss {best}: task 1 (job {jobs[1]}, lr=0.1)" in text, text
     listed = run_cli(["list", "--sweeps"], orch_env, timeout=60).stdout
     assert sweep_id in listed and "lr=0.3,0.1,0.2" in listed, listed
 
@@ -162,7 +200,7 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     common: dict[str, Any] = {"profile": "slurm_test", "nodes": 1, "script": SCRIPT}
     ok = orchestrator.submit(**common, args=quick)
     bad = orchestrator.submit(**common, args=["--fail"])
-    hold = orchestrator.submit(**common, args=["--hold-lr", "0.1", "--hold-at", "0"])  # runs until cancelled
+    hold = orchestrator.submit(**common, args=["--hold-lr", "0.1", "--hold-at", "1"])  # runs until cancelled
     cleanup += [ok.job_id, bad.job_id, hold.job_id]
     after_ok = orchestrator.submit(**common, args=quick, after=[f"{ok.job_id}:ok"])
     res = run_cli(["submit", *ONE_NODE, "--after", f"{bad.job_id}:ok", "--", SCRIPT, *quick], orch_env)
@@ -171,11 +209,11 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     big = orchestrator.sweep(
         **common, grid={"seed": range(100)}, args=["--seed", "{seed}"], after=[hold.job_id], max_parallel=4
     )
-    # A sweep whose task 0 stops at step 2 without a requeue (max_requeues 0) to be resumed later.
+    # A sweep whose task 0 stops at step 2 without a requeue (max_requeues 0), to be resumed later.
     small = orchestrator.sweep(
         **common,
         grid={"lr": [0.1, 0.2]},
-        args=["--lr", "{lr}", "--steps", "3", "--step-s", "0.1", "--hold-lr", "0.1"],
+        args=["--lr", "{lr}", "--steps", "3", "--step-s", "0.1", "--hold-lr", "0.1", "--hold-at", "2"],
         max_requeues=0,
     )
     cleanup += [after_ok.job_id, after_bad, big.sweep_id, small.sweep_id]
@@ -233,7 +271,7 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     assert data["scheduler_calls"]["squeue"] == 1
 
     # resume SWEEP --failed: only the task that FAILED is resumed, from its own checkpoint.
-    poll(lambda: len(events(small.jobs[0].run_dir, "train")) >= 2, 120, "small task 0 holding")
+    poll(lambda: (small.jobs[0].run_dir / HOLDING_FILE).exists(), 120, "small task 0 holding in step 2")
     assert "sent SIGUSR2" in small.jobs[0].cancel("USR2")
     assert small.jobs[0].wait(timeout=120) is JobState.FAILED
     assert small.jobs[1].wait(timeout=120) is JobState.COMPLETED
@@ -242,8 +280,9 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     assert res.stdout.startswith("task 0: resuming job") and "task 1" not in res.stdout, res.stdout
     resumed = orchestrator.get_job(res.stdout.split("submitted job ")[1].split()[0])
     assert resumed.run_dir == small.jobs[0].run_dir and resumed.wait(timeout=180) is JobState.COMPLETED
-    (resume,) = events(resumed.run_dir, "resume")
-    assert resume["step"] == 2 and [e["step"] for e in events(resumed.run_dir, "train")] == [1, 2, 3]
+    newest = attempt_dirs(resumed.run_dir)[-1][0]
+    assert newest > 0 and (resumed.run_dir / "checkpoints" / "step_00000002" / "COMPLETE.json").exists()
+    assert_resumed_by_the_product(resumed.run_dir, attempt=newest, step=2, last_step=3)
     rows = small.status().rows
     assert [(r.continued_as, (r.run_state or r.state).value) for r in rows] == [
         (resumed.job_id, "COMPLETED"),

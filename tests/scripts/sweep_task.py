@@ -1,50 +1,35 @@
-"""A training stand-in for sweep and dependency tests: no torch, a step every ``--step-s`` seconds.
+"""A sweep and dependency task that trains through the product: ``orchestrator.loop.ResumableLoop``.
 
-Each step appends a train event (with its ``lr`` and ``seed``) to the run's metrics.jsonl; the loss
-is a pure function of (lr, seed, step), so the best task of a sweep is known in advance. On the
-profile's stop signal (USR2) it writes a complete checkpoint of the step it reached and exits with
-the requeue code, like train/; a new attempt resumes from the newest complete checkpoint and says so
-(a ``resume`` event). ``--hold-lr LR``: the task with that lr stops after ``--hold-at`` steps of its
-first attempt and waits there for the signal (the requeue tests' deterministic point).
+The model is one weight ``w`` (``1 + seed`` at step 0) and each batch is ``x = 1``; the loss is
+``A * (w * x) ** 2`` with plain SGD at ``--lr`` (written out: a ``torch.optim`` optimizer imports
+``torch._dynamo``, seconds per task on a loaded 2-core machine, and plain SGD keeps no state). Each step's loss is therefore known in advance,
+``A * (1 + seed) ** 2 * (1 - 2 * A * lr) ** (2 * (step - 1))`` (see :func:`expected_loss`), and with
+``A = 4`` the task with lr 0.1 is the best of 0.1, 0.2 and 0.3. Each train event carries ``lr`` and
+``seed``. Resume, the agreed stop on USR2/TERM (checkpoint, exit 75 for a requeue), the attempt's
+start record and the metrics are the loop's: this script writes none of them itself.
+
+``--hold-lr LR``: in its first attempt the task with that lr waits inside step ``--hold-at`` for
+the stop signal (it writes ``holding.json`` to its run directory first), then trains that step, at
+whose end the loop saves it and leaves for a requeue: the requeue tests' deterministic point.
 ``--fail``: exit 1 at once (a job that FAILED); ``--fail-if yes`` too (a grid axis picks the task).
+``--step-s``: the time one step takes (the workload's pace).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
-import signal
 import sys
 import time
-from pathlib import Path
 
-from orchestrator.contract.checkpoints import file_digest
-from orchestrator.contract.run_dir import (
-    EXIT_REQUEUE,
-    METRICS_FILE,
-    last_complete_checkpoint,
-    write_json_atomic,
-)
+A = 4.0
+HOLDING_FILE = "holding.json"
 
 
-def event(run_dir: Path, **fields: object) -> None:
-    with open(run_dir / METRICS_FILE, "a") as fh:
-        fh.write(json.dumps({**fields, "time": time.time()}) + "\n")
-
-
-def checkpoint(run_dir: Path, step: int) -> None:
-    root = run_dir / "checkpoints"
-    tmp = root / f".tmp-step_{step:08d}"
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "state.json").write_text(json.dumps({"step": step}))
-    files = {"state.json": (tmp / "state.json").stat().st_size}
-    marker = {
-        "step": step,
-        "world_size": 1,
-        "files": files,
-        "sha256": {"state.json": file_digest(tmp / "state.json")},
-    }
-    (tmp / "COMPLETE.json").write_text(json.dumps(marker))
-    os.replace(tmp, root / f"step_{step:08d}")
+def expected_loss(lr: float, seed: int, step: int) -> float:
+    """The loss of step ``step`` (1-based) of an uninterrupted run, in exact arithmetic."""
+    return A * (1.0 + seed) ** 2 * (1.0 - 2.0 * A * lr) ** (2 * (step - 1))
 
 
 def main() -> int:
@@ -61,39 +46,40 @@ def main() -> int:
     if args.fail or args.fail_if == "yes":
         print("sweep_task: failing on purpose", file=sys.stderr)
         return 1
-    run_dir = Path(os.environ["ORCHESTRATOR_RUN_DIR"])
+
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from orchestrator.loop import ResumableLoop
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0 + args.seed)
+    loader = DataLoader(TensorDataset(torch.ones(args.steps, 1)), batch_size=1)
+    model, loader = accelerator.prepare(model, loader)
+    loop = ResumableLoop(accelerator, max_steps=args.steps)
+
     attempt = int(os.environ.get("ORCHESTRATOR_ATTEMPT", "0"))
-    stopped: list[int] = []
-    signal.signal(signal.SIGUSR2, lambda signum, _frame: stopped.append(signum))
-    found = last_complete_checkpoint(run_dir)
-    step = found.step if found else 0
-    if found:
-        event(run_dir, event="resume", step=step, attempt=attempt)
     hold = args.hold_lr is not None and abs(args.lr - args.hold_lr) < 1e-12 and attempt == 0
-    while step < args.steps:
-        if stopped:
-            break
-        if hold and step >= args.hold_at:
-            time.sleep(0.1)  # the workload waiting for the test's signal (not a test synchronisation)
-            continue
+    for (x,) in loop.batches(loader, epochs=1):
+        if hold and loop.step + 1 == args.hold_at:
+            # The workload waits for the test's signal (not a test synchronisation): the loop's own
+            # stop request notes it, and the loop agrees on it at the end of this step.
+            (loop.run_dir / HOLDING_FILE).write_text(json.dumps({"step": args.hold_at}))
+            while not loop.stop.signum:
+                time.sleep(0.05)
         time.sleep(args.step_s)
-        step += 1
-        event(
-            run_dir,
-            event="train",
-            step=step,
-            loss=args.lr + args.seed + 1.0 / step,
-            lr=args.lr,
-            seed=args.seed,
-            attempt=attempt,
-        )
-    if stopped:
-        checkpoint(run_dir, step)
-        write_json_atomic(
-            run_dir / "exit_status.json",
-            {"code": EXIT_REQUEUE, "reason": "USR2", "step": step, "time": time.time()},
-        )
-        return EXIT_REQUEUE
+        loss = A * (model(x) ** 2).mean()
+        accelerator.backward(loss)
+        with torch.no_grad():
+            for param in model.parameters():
+                param -= args.lr * param.grad
+                param.grad = None
+        loop.step_done(loss, lr=args.lr, seed=float(args.seed))
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     return 0
 
 
