@@ -1,9 +1,10 @@
 """Batched scheduler queries through real subprocesses; fallbacks; ``status`` and ``cancel`` commands.
 
-Scripts named squeue/sacct/scancel are put first on PATH for the faults a real cluster cannot be
-made to show on demand (a hung controller, a missing binary); the cluster-marked tests run the
-real ones. The counting wrappers exec the
-real Slurm client (Debian's slurm-client) when it exists; without a running controller it fails
+Every answer Slurm gives on a success path comes from the real cluster
+(tests/test_scheduler_query_slurm.py). Here, a fake binary first on PATH is only a fault injection,
+named as such (``inject_fault``): a hung squeue/sacct, accounting that is disabled; a missing binary
+is an empty PATH. The counting wrappers of the 1,000-job test are no fake: they log the call and exec
+the real Slurm client (Debian's slurm-client) when it exists; without a running controller it fails
 like it would on a broken cluster, which exercises the squeue -> sacct -> registry fallback.
 """
 
@@ -26,7 +27,6 @@ import psutil
 import pytest
 
 from orchestrator.contract.job_states import JobState
-from orchestrator.core.refresh import refresh_states
 from orchestrator.registry.store import Registry, SchedulerKind
 from orchestrator.schedulers.query import run_bounded
 from orchestrator.schedulers.slurm.query import parse_sacct, parse_squeue, query_states
@@ -36,12 +36,27 @@ REAL_SQUEUE = shutil.which("squeue")
 REAL_SACCT = shutil.which("sacct")
 
 
-def script(bin_dir: Path, name: str, body: str) -> Path:
+def inject_fault(bin_dir: Path, name: str, body: str) -> Path:
+    """A fault injection: an executable ``name`` in ``bin_dir`` (put first on PATH) that misbehaves as
+    the bash ``body`` says (hangs, or fails the way a misconfigured cluster does)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / name
     path.write_text("#!/bin/bash\n" + body)
     path.chmod(path.stat().st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
     return path
+
+
+def fake_hung_binary(bin_dir: Path, name: str, sessions: Path, hang: str) -> Path:
+    """Fault: ``name`` logs its session id to ``sessions``, then hangs as ``hang`` says (a controller
+    that never answers)."""
+    return inject_fault(bin_dir, name, f"echo {name} $$ >> {sessions}\n" + hang)
+
+
+def fake_sacct_without_accounting(bin_dir: Path) -> Path:
+    """Fault: sacct on a cluster without accounting storage (exit 1, Slurm's own words)."""
+    return inject_fault(
+        bin_dir, "sacct", "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1\n"
+    )
 
 
 def counting_wrappers(bin_dir: Path, counter: Path) -> None:
@@ -52,11 +67,15 @@ def counting_wrappers(bin_dir: Path, counter: Path) -> None:
             if real
             else f'echo "{name}: error: Unable to contact slurm controller" >&2\nexit 1\n'
         )
-        script(bin_dir, name, f'echo "{name} $#" >> {counter}\n' + tail)
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        wrapper = bin_dir / name
+        wrapper.write_text(f'#!/bin/bash\necho "{name} $#" >> {counter}\n' + tail)
+        wrapper.chmod(0o755)
 
 
 @pytest.fixture
-def path_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+def fault_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A folder first on PATH for :func:`inject_fault`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -150,89 +169,6 @@ def test_status_of_1000_jobs_makes_exactly_one_scheduler_query(
 
 
 # ---------------------------------------------------------------- fallbacks through real subprocesses
-def test_squeue_then_sacct_then_registry(path_with: Path, tmp_path: Path) -> None:
-    calls = tmp_path / "calls"
-    script(
-        path_with,
-        "squeue",
-        f'echo "squeue $*" >> {calls}\necho "1|RUNNING|None|n1|t|1:00"\necho "99|RUNNING|None|n9|t|1:00"\n',
-    )
-    script(path_with, "sacct", f'echo "sacct $*" >> {calls}\necho "2|TIMEOUT|0:1|None|n2|s|e|00:10:00"\n')
-    home = tmp_path / "home"
-    _add_jobs(home, ["1", "2", "3"])
-    with Registry.open(home) as reg:
-        res = query_states(["1", "2", "3", "local-7"], registry=reg)
-    log = calls.read_text().splitlines()
-    assert log == [
-        "squeue -h -j 1,2,3 -o %i|%T|%r|%N|%S|%M",
-        "sacct -n -P -X -j 2,3 -o JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed",
-    ]
-    assert set(res.states) == {"1", "2", "3", "local-7"}  # 99 was not asked for: dropped
-    assert (res.states["1"].state, res.states["1"].source) == (JobState.RUNNING, "squeue")
-    assert (res.states["2"].state, res.states["2"].source, res.states["2"].exit_code) == (
-        JobState.TIMEOUT,
-        "sacct",
-        "0:1",
-    )
-    assert (res.states["3"].state, res.states["3"].source, res.states["3"].stale) == (
-        JobState.RUNNING,
-        "registry",
-        True,
-    )
-    assert res.states["local-7"].state is JobState.UNKNOWN
-    assert res.stale and res.source == "registry" and res.calls == {"squeue": 1, "sacct": 1}
-
-
-def test_jobs_ended_long_ago_are_not_asked_again(path_with: Path, tmp_path: Path) -> None:
-    """A job recorded as ended over FINAL_AFTER_S ago keeps its recorded end (source "final", not
-    stale) without squeue or sacct being asked about it; a job that ended minutes ago is still asked
-    (Slurm could still requeue it), as is a running one."""
-    from orchestrator.core.refresh import FINAL_AFTER_S
-
-    calls = tmp_path / "calls.log"
-    script(path_with, "squeue", f'echo "squeue $*" >> {calls}\necho "3|RUNNING|None|n3|t|1:00"\n')
-    script(path_with, "sacct", f'echo "sacct $*" >> {calls}\necho "2|PENDING|0:0|None||s|e|00:00:01"\n')
-    home = tmp_path / "home"
-    _add_jobs(home, ["1", "2", "3"])
-    now = time.time()
-    with Registry.open(home) as reg:
-        reg.record_states({"1": JobState.COMPLETED}, source="sacct", at=now - FINAL_AFTER_S - 60)
-        reg.set_scheduler_info({"1": ("n[1-2]", "0:0", None)})
-        reg.record_states({"2": JobState.PREEMPTED}, source="squeue", at=now - 120)
-        res = refresh_states(reg, reg.get_many(["1", "2", "3"]))
-        assert reg.get("2").last_state is JobState.PENDING  # requeued after all: recorded
-    assert calls.read_text().splitlines() == [
-        "squeue -h -j 2,3 -o %i|%T|%r|%N|%S|%M",
-        "sacct -n -P -X -j 2 -o JobID,State,ExitCode,Reason,NodeList,Start,End,Elapsed",
-    ]
-    one = res.states["1"]
-    assert (one.state, one.source, one.stale, one.node_list, one.exit_code) == (
-        JobState.COMPLETED,
-        "final",
-        False,
-        "n[1-2]",
-        "0:0",
-    )
-    assert res.states["2"].state is JobState.PENDING and res.states["3"].source == "squeue"
-    assert not res.stale and res.calls == {"squeue": 1, "sacct": 1}
-
-
-def test_all_answered_by_squeue_is_fresh(path_with: Path) -> None:
-    script(path_with, "squeue", 'echo "5|PENDING|Priority|||0:00"\n')
-    script(path_with, "sacct", "echo sacct must not run >&2; exit 3\n")
-    res = query_states(["5"])
-    assert not res.stale and res.source == "squeue" and res.calls == {"squeue": 1, "sacct": 0}
-    assert res.states["5"].reason == "Priority"
-
-
-def test_squeue_invalid_job_id_is_not_an_error(path_with: Path) -> None:
-    script(path_with, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
-    script(path_with, "sacct", 'echo "8|COMPLETED|0:0|None|n1|s|e|00:00:09"\n')
-    res = query_states(["8"])
-    assert res.errors == () and not res.stale and res.source == "sacct"
-    assert res.states["8"].state is JobState.COMPLETED
-
-
 def test_missing_binaries_fall_back_to_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -246,20 +182,21 @@ def test_missing_binaries_fall_back_to_registry(tmp_path: Path, monkeypatch: pyt
 
 
 @pytest.mark.parametrize(
-    "body",
+    "hang",
     [
         "exec sleep 30\n",
         # a grandchild keeps stdout open after the child is gone: must not hang us either
         "sleep 30 &\nsleep 30\n",
     ],
+    ids=["fake_hung_squeue_and_sacct", "fake_hung_with_a_grandchild"],
 )
-def test_hung_scheduler_is_bounded(path_with: Path, tmp_path: Path, body: str) -> None:
+def test_hung_scheduler_is_bounded(fault_path: Path, tmp_path: Path, hang: str) -> None:
     """Both commands are cut off at their own timeout, in order, and nothing they started is left:
     proven by the outcome (each one's whole session gone), not by a wall-clock figure a loaded
     machine can miss."""
     sessions = tmp_path / "sessions"
-    script(path_with, "squeue", f"echo squeue $$ >> {sessions}\n" + body)
-    script(path_with, "sacct", f"echo sacct $$ >> {sessions}\n" + body)
+    fake_hung_binary(fault_path, "squeue", sessions, hang)
+    fake_hung_binary(fault_path, "sacct", sessions, hang)
     box: list[Any] = []
     worker = threading.Thread(
         target=lambda: box.append(query_states(["1", "2"], timeout_s=1.0, fallback={"1": JobState.RUNNING})),
@@ -300,90 +237,20 @@ def test_run_bounded_reports_instead_of_raising(tmp_path: Path) -> None:
     assert r.returncode == 3 and r.stdout == "out\n" and r.error is not None and "exited 3" in r.error
 
 
-def test_refresh_records_states_history_and_sacct_details(path_with: Path, tmp_path: Path) -> None:
-    script(path_with, "squeue", 'echo "11|RUNNING|None|n[1-2]|t|0:10"\n')
-    script(path_with, "sacct", 'echo "12|NODE_FAIL|1:0|None|n3|s|e|00:05:00"\n')
-    home = tmp_path / "home"
-    _add_jobs(home, ["11", "12"])
-    _add_jobs(home, ["local-1"], scheduler="local", run_root=tmp_path / "runs")
-    (tmp_path / "runs" / "local-1").mkdir(parents=True)
-    (tmp_path / "runs" / "local-1" / "local_state.json").write_text(
-        json.dumps({"state": "COMPLETED", "exit_code": 0})
-    )
-    with Registry.open(home) as reg:
-        for _ in range(3):  # repeated polls do not grow the history
-            res = refresh_states(reg, reg.list_jobs())
-        assert res.states["local-1"].source == "run_dir"
-        j11, j12, jl = reg.get("11"), reg.get("12"), reg.get("local-1")
-        assert (j11.last_state, j11.node_list) == (JobState.RUNNING, "n[1-2]")
-        assert (j12.last_state, j12.node_list, j12.exit_code) == (JobState.NODE_FAIL, "n3", "1:0")
-        assert jl.last_state is JobState.COMPLETED
-        assert [(h.state, h.source) for h in reg.history("12")] == [
-            (JobState.RUNNING, "submit"),
-            (JobState.NODE_FAIL, "sacct"),
-        ]
-        assert len(reg.history("11")) == 1
-
-
 # ---------------------------------------------------------------- `orchestrator status`
-def _metrics(run_dir: Path, steps: int, max_steps: int = 100) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "metrics.jsonl", "w") as fh:
-        for s in range(1, steps + 1):
-            fh.write(
-                json.dumps(
-                    {
-                        "event": "train",
-                        "step": s,
-                        "max_steps": max_steps,
-                        "loss": 1.0 / s,
-                        "tokens_per_s": 25000.0,
-                        "step_time_s": 0.1,
-                        "world_size": 4,
-                        "strategy": "fsdp2",
-                        "time": 100.0 + s,
-                    }
-                )
-                + "\n"
-            )
-
-
-def test_status_table_and_stale_marker(orch_env: dict[str, str], tmp_path: Path) -> None:
-    home = Path(orch_env["ORCHESTRATOR_HOME"])
-    runs = tmp_path / "runs"
-    _add_jobs(home, ["31", "32"], run_root=runs)
-    _metrics(runs / "31", 40)
+def test_status_says_why_when_accounting_is_disabled(orch_env: dict[str, str], tmp_path: Path) -> None:
+    """Fault injection: a cluster without accounting (sacct exits 1, "accounting storage is
+    disabled"). A job squeue does not answer for (the real squeue: an id it does not know, or no
+    controller at all) keeps its last known state, marked stale, and the error reaches stderr."""
+    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["9999998"])  # an id no test cluster reaches
     bin_dir = tmp_path / "bin"
-    script(bin_dir, "squeue", 'echo "31|RUNNING|None|n1|t|0:10"\n')
-    script(bin_dir, "sacct", "echo 'sacct: error: Slurm accounting storage is disabled' >&2; exit 1\n")
+    fake_sacct_without_accounting(bin_dir)
     env = dict(orch_env, PATH=f"{bin_dir}{os.pathsep}{orch_env['PATH']}")
     res = run_cli(["status"], env, timeout=60)
     assert res.returncode == 0, res.stderr
-    lines = res.stdout.strip().splitlines()
-    assert lines[0].split() == [
-        "JOB",
-        "NAME",
-        "STATE",
-        "STRATEGY",
-        "NODES",
-        "STEP",
-        "LOSS",
-        "TOK/S",
-        "ETA",
-        "CKPT",
-        "REQUEUES",
-    ]
-    row31 = next(ln for ln in lines if ln.startswith("31 "))
-    row32 = next(ln for ln in lines if ln.startswith("32 "))
-    assert (
-        "RUNNING" in row31
-        and "(stale)" not in row31
-        and "40/100" in row31
-        and "25.0k" in row31
-        and "1m00s" in row31
-    )
-    assert "RUNNING (stale)" in row32
-    assert "accounting storage is disabled" in res.stderr
+    row = next(ln for ln in res.stdout.splitlines() if ln.startswith("9999998 "))
+    assert "RUNNING (stale)" in row, res.stdout
+    assert "accounting storage is disabled" in res.stderr, res.stderr
 
 
 def test_status_unknown_job_exit_2(orch_env: dict[str, str]) -> None:
@@ -410,26 +277,6 @@ def test_status_imports_neither_torch_nor_accelerate(orch_env: dict[str, str], t
 
 
 # ---------------------------------------------------------------- `orchestrator cancel`
-def test_cancel_slurm_calls_scancel(orch_env: dict[str, str], tmp_path: Path) -> None:
-    _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["51"])
-    calls = tmp_path / "scancel.log"
-    bin_dir = tmp_path / "bin"
-    script(bin_dir, "scancel", f'echo "$*" >> {calls}\n')
-    env = dict(orch_env, PATH=f"{bin_dir}{os.pathsep}{orch_env['PATH']}")
-    assert run_cli(["cancel", "51", "--signal", "usr1"], env, timeout=60).returncode == 0
-    assert run_cli(["cancel", "51"], env, timeout=60).returncode == 0
-    assert calls.read_text().splitlines() == ["--signal=USR1 51", "51"]
-    with Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])) as reg:
-        assert (reg.get("51").end_reason or "").startswith("cancel requested by")
-    script(
-        bin_dir,
-        "scancel",
-        'echo "scancel: error: Kill job error on job id 51: Invalid job id specified" >&2; exit 1\n',
-    )
-    res = run_cli(["cancel", "51"], env, timeout=60)
-    assert res.returncode == 1 and "Invalid job id" in res.stderr and "Traceback" not in res.stderr
-
-
 def test_cancel_bad_signal_exit_2(orch_env: dict[str, str]) -> None:
     _add_jobs(Path(orch_env["ORCHESTRATOR_HOME"]), ["52"])
     res = run_cli(["cancel", "52", "--signal", "NOPE"], orch_env, timeout=60)
@@ -557,50 +404,3 @@ def test_parsed_states_are_complete_scheduler_states() -> None:
         elapsed="1:00",
     )
     assert got == want and vars(got) == vars(want)
-
-
-@pytest.mark.slurm
-def test_status_of_a_job_squeue_forgot_comes_from_real_sacct(
-    slurm_cluster: dict, orch_env: dict[str, str], tmp_path: Path
-) -> None:
-    """The sacct path against the real slurmdbd. The test cluster keeps ended jobs in squeue for
-    MinJobAge (300 s), longer than a test may wait, so the one fake here is an squeue that has
-    forgotten the job, answering as the real one does then ("Invalid job id specified", exit 1)."""
-    out = tmp_path / "plain"
-    res = run_cli(
-        ["submit", "--profile", "slurm_test", "--nodes", "2", "--wait", "--poll", "0.5", "--",
-         str(REPO / "tests" / "scripts" / "plain_accelerate.py"), "--expect-world-size", "2", "--out", str(out)],
-        orch_env, timeout=240,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    job_id = res.stdout.split("submitted job ")[1].split()[0]
-    bin_dir = tmp_path / "bin"
-    script(bin_dir, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
-    env = {**orch_env, "PATH": f"{bin_dir}{os.pathsep}{orch_env['PATH']}"}
-
-    def accounting_node_list() -> str:
-        """What the real sacct says right now (the test's own call, not the product's)."""
-        res = subprocess.run(
-            ["sacct", "-nXP", "-j", job_id, "-o", "NodeList"], capture_output=True, text=True, timeout=15
-        )
-        return res.stdout.strip()
-
-    def from_sacct() -> dict | None:
-        status = run_cli(["status", job_id, "--json"], env, timeout=60)
-        assert status.returncode == 0, status.stdout + status.stderr
-        data = json.loads(status.stdout)
-        row = data["jobs"][0]
-        # slurmdbd records the end, and under load the node list too, asynchronously: wait until the
-        # product's row is the finished one and equals what accounting itself says.
-        settled = row["source"] == "sacct" and row["state"] == "COMPLETED"
-        return data if settled and row["node_list"] == accounting_node_list() else None
-
-    data = poll(from_sacct, 60, "the job's end in accounting", interval=0.5)
-    row = data["jobs"][0]
-    assert (row["source"], row["state"], row["stale"]) == ("sacct", "COMPLETED", False), data
-    # two nodes were asked for: the list names two (n[1-2], n[2-3], "n1,n3", ...)
-    hosts = subprocess.run(
-        ["scontrol", "show", "hostnames", row["node_list"]], capture_output=True, text=True, timeout=15
-    ).stdout.split()
-    assert len(hosts) == 2 and row["exit_code"] == "0:0", row
-    assert data["scheduler_calls"] == {"squeue": 1, "sacct": 1} and data["errors"] == []

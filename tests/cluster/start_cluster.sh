@@ -300,7 +300,8 @@ ReturnToService=2
 # A job asking for more nodes (or time...) than the partition allows is rejected at submission
 # ("Node count specification invalid") instead of pending forever with reason PartitionNodeLimit.
 EnforcePartLimits=ALL
-# Finished jobs stay visible in squeue/scontrol for 5 minutes.
+# Finished jobs stay visible in "squeue -t all" and scontrol for 5 minutes. A plain "squeue -j ID"
+# lists pending, running and completing jobs only: an ended job is answered by sacct at once.
 MinJobAge=300
 # A dead slurmd is noticed within ~SlurmdTimeout (pinged every SlurmdTimeout/3 s): ~20-30 s.
 SlurmdTimeout=20
