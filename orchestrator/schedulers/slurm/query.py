@@ -4,8 +4,9 @@
 slurmctld; a few hundred per second are enough to make a cluster admin unhappy). So:
 
 1. ONE ``squeue -h -j id1,id2,...`` for every id asked;
-2. at most ONE ``sacct -j ...`` for the ids squeue no longer knows (finished jobs age out of
-   slurmctld after MinJobAge, ~5 min), which also gives exit code, reason, node list and times;
+2. at most ONE ``sacct -j ...`` for the ids squeue does not list, which also gives exit code,
+   reason, node list and times. Without ``-t`` squeue lists pending, running and completing jobs
+   only (measured, Slurm 22.05): a job that has ended is sacct's at once, not after MinJobAge;
 3. for whatever is still unknown -- or if squeue/sacct are missing, fail, or time out -- the
    registry's last known state, and the result is marked ``stale``.
 
