@@ -6,6 +6,7 @@ ZeRO-3 with the asked world size."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,17 +16,18 @@ from tests.helpers.cli import (
     REPO,
     first_train_event,
     job_and_run_dir,
-    poll,
     run_cli,
     sacct_state,
     train_losses,
 )
+from tests.helpers.hold import held, rank_pid
 from tests.helpers.slurm_cluster import slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 TRAIN = str(REPO / "train" / "train.py")
-STEPS = 150
-#: Long enough that a USR2 sent after step 3 arrives before the end.
+#: The USR2 test holds rank 0 from step 4 until the signal is pending in it, so the signal lands before
+#: the end however fast the steps run: no need for a long run.
+STEPS = 40
 TRAIN_ARGS = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64",
               "--max-steps", str(STEPS), "--log-every", "1"]  # fmt: skip
 #: Measured locally: at most 4.8e-7 over 20 steps (float32 summation order); see tests/test_deepspeed.py.
@@ -72,13 +74,9 @@ def test_zero3_usr2_preemption_requeues_and_resumes_exactly(slurm_cluster: dict,
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
     try:
-        poll(
-            lambda: (run_dir / "metrics.jsonl").exists() and len(train_losses(run_dir)) >= 3,
-            240,
-            "3 train steps",
-        )
-        sent = run_cli(["cancel", job_id, "--signal", "USR2"], orch_env, timeout=60)
-        assert sent.returncode == 0 and "sent SIGUSR2" in sent.stdout, sent.stdout + sent.stderr
+        with held(rank_pid(run_dir, 0, min_step=4), [signal.SIGUSR2]):
+            sent = run_cli(["cancel", job_id, "--signal", "USR2"], orch_env, timeout=60)
+            assert sent.returncode == 0 and "sent SIGUSR2" in sent.stdout, sent.stdout + sent.stderr
         waited = run_cli(["wait", job_id, "--timeout", "400"], orch_env, timeout=420)
     finally:
         slurm("scancel", job_id, check=False)
