@@ -206,6 +206,10 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     res = run_cli(["submit", *ONE_NODE, "--after", f"{bad.job_id}:ok", "--", SCRIPT, *quick], orch_env)
     assert res.returncode == 0, res.stdout + res.stderr
     after_bad = res.stdout.split("submitted job ")[1].split()[0]
+    res = run_cli(["submit", *ONE_NODE, "--after", f"{bad.job_id}:any", "--", SCRIPT, *quick], orch_env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    after_any = res.stdout.split("submitted job ")[1].split()[0]
+    cleanup.append(after_any)
     big = orchestrator.sweep(
         **common, grid={"seed": range(100)}, args=["--seed", "{seed}"], after=[hold.job_id], max_parallel=4
     )
@@ -251,6 +255,11 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     reason = cli_json(["status", after_bad, "--json"], orch_env)["jobs"][0]["reason"]
     assert reason.startswith(f"dependency never satisfied: waited for job {bad.job_id} to complete"), reason
     assert f"job {bad.job_id} ended FAILED" in reason, reason
+    # afterany on that FAILED job: runs all the same, once it ended.
+    assert orchestrator.get_job(after_any).wait(timeout=240) is JobState.COMPLETED
+    (failed,) = sacct_rows(bad.job_id)
+    (anyway,) = sacct_rows(after_any)
+    assert anyway["start"] >= failed["end"], (failed, anyway)
 
     # The sweep's dependency fails too (hold cancelled): all 100 cancelled; registry == sacct.
     assert "cancel requested" in hold.cancel()
