@@ -157,7 +157,7 @@ def test_status_answers_stale_when_accounting_is_down(
         started = time.monotonic()
         answer = _status(job_id, orch_env)
         assert time.monotonic() - started < 25
-        assert answer["jobs"][0]["state"] == "COMPLETED"  # squeue still knows it (MinJobAge): not stale
+        assert answer["jobs"][0]["state"] == "COMPLETED"  # the registry's answer: not stale
         os.kill(ctld, signal.SIGSTOP)
         try:
             started = time.monotonic()
