@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from orchestrator.registry.store import JobRecord, Registry
 
 #: A job recorded in a terminal state at least this long ago is over for good and is not asked
-#: about again (source ``final``): ``scontrol``/``squeue -t all`` forget an ended job after MinJobAge
-#: (300 s by default; a plain ``squeue -j`` never lists one), after which nothing -- not even a
-#: requeue -- can bring it back. ``status`` over a
+#: about again (source ``final``): Slurm's controller forgets an ended job after MinJobAge (300 s by
+#: default; its plain queue listing never shows one: schedulers/slurm/query.py), after which
+#: nothing -- not even a requeue -- can bring it back. ``status`` over a
 #: registry of thousands of finished jobs thus asks the scheduler only about the live ones.
 FINAL_AFTER_S = 3600.0
 
