@@ -17,7 +17,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, submit_local
+from tests.helpers.cli import (
+    REPO,
+    job_and_run_dir,
+    kill_tree,
+    living_pids,
+    poll,
+    run_cli,
+    submit_local,
+    user_profile_dir,
+)
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
@@ -59,17 +68,6 @@ def _training(run_dir: Path, nodes: int) -> dict[str, list[int]] | None:
     return found
 
 
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
 def _state(env: dict[str, str], job_id: str) -> dict:
     res = run_cli(["status", job_id, "--json"], env, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -82,13 +80,15 @@ def _ends_only_when_ranks_are_gone(env: dict[str, str], job_id: str, ranks: list
     def ended() -> dict | None:
         row = _state(env, job_id)
         if row["terminal"]:  # then gone already when status looked: alive after it, they were then too
-            living = _alive(ranks)
+            living = living_pids(ranks)
             assert living == [], f"{row['state']} while {living} train"
             return row
         return None
 
-    row = poll(ended, 60, f"job {job_id} ended", interval=0.5, diagnostics=lambda: f"alive: {_alive(ranks)}")
-    assert _alive(ranks) == []
+    row = poll(
+        ended, 60, f"job {job_id} ended", interval=0.5, diagnostics=lambda: f"alive: {living_pids(ranks)}"
+    )
+    assert living_pids(ranks) == []
     return row
 
 
@@ -117,13 +117,8 @@ def test_kill_9_of_a_torchrun_agent_takes_its_workers(
     launcher and starts each rank as a fresh interpreter. Before: ``kill -9`` of it left both workers
     training under PID 1, holding no lock, while ``status`` called the job FAILED. Now each worker
     takes the run's lock and dies with its parent (the node site's ``sitecustomize``)."""
-    import yaml
-
-    profile = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
-    profile.update(launcher="torchrun", rdzv_backend="c10d")
-    (tmp_path / "profiles").mkdir()
-    (tmp_path / "profiles" / "local.yaml").write_text(yaml.safe_dump(profile))
-    env = {**orch_env, "ORCHESTRATOR_PROFILES": str(tmp_path / "profiles")}
+    profiles = user_profile_dir(tmp_path, "local", launcher="torchrun", rdzv_backend="c10d")
+    env = {**orch_env, "ORCHESTRATOR_PROFILES": str(profiles)}
     res = run_cli(
         ["submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "2", "--", SCRIPT], env
     )
@@ -160,8 +155,8 @@ def test_resume_refuses_while_a_process_of_the_run_lives_and_names_it(
     )
     started.append(stray)
     os.kill(json.loads((run_dir / "local_pids.json").read_text())["controller"], signal.SIGKILL)
-    poll(lambda: not _alive(pids["ranks"]), 30, "the rank killed with its parents")
-    assert _alive([stray]) == [stray]
+    poll(lambda: not living_pids(pids["ranks"]), 30, "the rank killed with its parents")
+    assert living_pids([stray]) == [stray]
     row = _state(orch_env, job_id)
     assert not row["terminal"], row
     res = run_cli(["resume", job_id], orch_env)

@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, living_pids, poll, run_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
@@ -103,15 +103,17 @@ def _batch_step(job_id: str) -> int:
     raise AssertionError(f"no batch step of job {job_id}")
 
 
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
+def _all_gone(ranks: list[int], entries: list[int]) -> None:
+    """Wait, bounded, until no launcher, rank or node entry of the job is alive."""
+    poll(
+        lambda: not living_pids(ranks + entries),
+        GONE_WITHIN_S,
+        "every launcher and rank gone",
+        interval=0.2,
+        diagnostics=lambda: (
+            f"alive: {living_pids(ranks + entries)} of ranks/launchers {ranks}, entries {entries}"
+        ),
+    )
 
 
 def _row(env: dict[str, str], job_id: str) -> dict:
@@ -155,15 +157,9 @@ def test_kill_9_of_a_node_entry_takes_its_ranks_and_resume_names_what_lives(
     started.extend([stray, *entries, *ranks])
     os.kill(nodes[0]["entry"][0], signal.SIGKILL)
     killed_at = time.monotonic()
-    poll(
-        lambda: not _alive(ranks + entries),
-        GONE_WITHIN_S,
-        "every launcher and rank gone",
-        interval=0.2,
-        diagnostics=lambda: f"alive: {_alive(ranks + entries)} of ranks/launchers {ranks}, entries {entries}",
-    )
+    _all_gone(ranks, entries)
     print(f"[orphans] node entry killed: every rank gone after {time.monotonic() - killed_at:.1f} s")
-    assert _alive([stray]) == [stray]  # rank 0's own child, orphaned out of Slurm's sight
+    assert living_pids([stray]) == [stray]  # rank 0's own child, orphaned out of Slurm's sight
     row = _row(orch_env, job_id)
     assert not row["terminal"] and f"pid {stray}" in (row.get("reason") or ""), row
     assert _refused_naming(orch_env, job_id, [stray]) == [stray]
@@ -183,14 +179,8 @@ def test_kill_9_of_the_batch_step_leaves_no_rank_and_resume_refuses_meanwhile(
     os.kill(batch, signal.SIGKILL)
     killed_at = time.monotonic()
     # The ranks ignore SIGTERM: they live until Slurm's SIGKILL, KillWait (10 s) after the job's end.
-    assert _alive(ranks), "the ranks died at once: no window to test the refusal in"
+    assert living_pids(ranks), "the ranks died at once: no window to test the refusal in"
     _refused_naming(orch_env, job_id, ranks + entries)
-    poll(
-        lambda: not _alive(ranks + entries),
-        GONE_WITHIN_S,
-        "every launcher and rank gone",
-        interval=0.2,
-        diagnostics=lambda: f"alive: {_alive(ranks + entries)} of ranks/launchers {ranks}, entries {entries}",
-    )
+    _all_gone(ranks, entries)
     print(f"[orphans] batch step killed: every rank gone after {time.monotonic() - killed_at:.1f} s")
     _resumable_once_gone(orch_env, job_id)

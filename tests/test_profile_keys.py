@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.contract.checkpoints import finalize
 from orchestrator.node.preflight import local_problems
@@ -27,18 +26,11 @@ from tests.helpers.cli import REPO, run_cli, user_profile_dir
 SCRIPT = str(REPO / "examples" / "accelerate_cnn.py")
 
 
-def local_profile_dir(tmp_path: Path, **overrides: object) -> Path:
-    """A user profile folder whose ``local`` overrides the built-in one by name."""
-    data = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
-    data.update(overrides)
-    folder = tmp_path / "local_profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / "local.yaml").write_text(yaml.safe_dump(data))
-    return folder
-
-
 def test_max_procs_per_node_refuses_a_launch_over_it(orch_env: dict[str, str], tmp_path: Path) -> None:
-    env = {**orch_env, "ORCHESTRATOR_PROFILES": str(local_profile_dir(tmp_path, max_procs_per_node=1))}
+    env = {
+        **orch_env,
+        "ORCHESTRATOR_PROFILES": str(user_profile_dir(tmp_path, "local", max_procs_per_node=1)),
+    }
     res = run_cli(["submit", "--profile", "local", "--procs-per-node", "2", "--", SCRIPT], env, timeout=60)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "allows at most 1 (max_procs_per_node)" in res.stderr and "Traceback" not in res.stderr, res.stderr
@@ -54,7 +46,10 @@ def test_max_procs_per_node_lifts_the_cpu_default(orch_env: dict[str, str], tmp_
     assert (
         default.returncode == 2 and "at most 256 unless the profile sets max_procs_per_node" in default.stderr
     )
-    env = {**orch_env, "ORCHESTRATOR_PROFILES": str(local_profile_dir(tmp_path, max_procs_per_node=512))}
+    env = {
+        **orch_env,
+        "ORCHESTRATOR_PROFILES": str(user_profile_dir(tmp_path, "local", max_procs_per_node=512)),
+    }
     raised = run_cli(args, env, timeout=60)
     assert raised.returncode == 0 and "num_processes: 300\n" in raised.stdout, raised.stdout + raised.stderr
 

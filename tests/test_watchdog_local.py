@@ -14,11 +14,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from orchestrator.contract.heartbeat import read_heartbeats
 from orchestrator.contract.run_dir import attempt_dir, hang_dir, read_json
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, user_profile_dir
 
 pytestmark = pytest.mark.slow
 TRAIN = str(REPO / "train" / "train.py")
@@ -49,11 +48,8 @@ def test_a_stopped_rank_fails_a_local_job_with_its_stacks(
     orch_env: dict[str, str], stopped: list[int], tmp_path: Path
 ) -> None:
     # By the profile's hang_timeout key (the flag's precedence over it: tests/test_profile_keys.py).
-    profile = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
-    profile["hang_timeout"] = HANG_TIMEOUT
-    (tmp_path / "profiles").mkdir()
-    (tmp_path / "profiles" / "local.yaml").write_text(yaml.safe_dump(profile))
-    orch_env = {**orch_env, "ORCHESTRATOR_PROFILES": str(tmp_path / "profiles")}
+    profiles = user_profile_dir(tmp_path, "local", hang_timeout=HANG_TIMEOUT)
+    orch_env = {**orch_env, "ORCHESTRATOR_PROFILES": str(profiles)}
     res = run_cli(
         ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "1", "--procs-per-node", "2"]
         + ["--", TRAIN, *ARGS],

@@ -87,16 +87,31 @@ def submit_local(env: dict[str, str], script: str, *script_args: str, nodes: int
     return job_and_run_dir(res.stdout)
 
 
-def user_profile_dir(tmp_path: Path, **overrides: object) -> Path:
-    """A user profile folder whose slurm_test overrides the built-in one by name."""
+def user_profile_dir(tmp_path: Path, profile: str = "slurm_test", **overrides: object) -> Path:
+    """A user profile folder whose ``profile`` overrides the built-in one by name (more than one
+    profile per test: one folder)."""
     import yaml
 
-    data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+    data = yaml.safe_load((REPO / "cluster_profiles" / f"{profile}.yaml").read_text())
     data.update(overrides)
     folder = tmp_path / "profiles"
     folder.mkdir(exist_ok=True)
-    (folder / "slurm_test.yaml").write_text(yaml.safe_dump(data))
+    (folder / f"{profile}.yaml").write_text(yaml.safe_dump(data))
     return folder
+
+
+def living_pids(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still alive (a zombie has ended: only its exit status is left)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def train_losses(run_dir: Path) -> list[float]:
