@@ -29,3 +29,90 @@ def require(condition: bool, reason: str) -> None:
 def require_modules(*names: str) -> None:
     for name in names:
         require(importlib.util.find_spec(name) is not None, f"needs the {name} package")
+
+
+#: Where apt's output goes (the test that needed a package says where to look when it fails).
+APT_LOG = "/tmp/orchestrator-test-apt.log"
+_APT_LOCK = "/run/lock/orchestrator-test-apt.lock"
+
+
+def _installed(package: str) -> bool:
+    import subprocess
+
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, check=False
+    )
+    return "install ok installed" in out.stdout
+
+
+def require_debian_packages(*packages: str) -> None:
+    """Install the Debian packages a test runs for real (chromium, podman, openssh-server, ...).
+
+    Like the cluster's own packages (``tests/cluster/start_cluster.sh``), they come from Debian's
+    registry at test time: the suite needs no step that the README does not list. Installs are
+    serialised across processes (pytest workers, helpers) by a lock file; services the packages'
+    postinst scripts would start are held back by a temporary ``policy-rc.d`` (the tests start
+    their own). Without root, or when apt fails, the test skips (fails under CI)."""
+    import fcntl
+    import subprocess
+
+    missing = [p for p in packages if not _installed(p)]
+    if not missing:
+        return
+    require(os.geteuid() == 0, f"needs Debian packages {missing} (root installs them)")
+    os.makedirs(os.path.dirname(_APT_LOCK), exist_ok=True)
+    with open(_APT_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [p for p in packages if not _installed(p)]
+        if not missing:
+            return
+        policy = "/usr/sbin/policy-rc.d"
+        own_policy = not os.path.exists(policy)
+        if own_policy:
+            with open(policy, "w") as f:
+                f.write(
+                    "#!/bin/sh\n# temporary, from orchestrator tests/helpers/preconditions.py\nexit 101\n"
+                )
+            os.chmod(policy, 0o755)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-yq", "--no-install-recommends", *missing]
+        try:
+            with open(APT_LOG, "a") as log:
+                ok = (
+                    subprocess.run(
+                        install,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                        env=env,
+                        timeout=900,
+                        check=False,
+                    ).returncode
+                    == 0
+                )
+                if not ok:  # a fresh image's package lists are often empty or stale
+                    subprocess.run(
+                        ["apt-get", "update", "-q"],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                        env=env,
+                        timeout=600,
+                        check=False,
+                    )
+                    ok = (
+                        subprocess.run(
+                            install,
+                            stdin=subprocess.DEVNULL,
+                            stdout=log,
+                            stderr=log,
+                            env=env,
+                            timeout=900,
+                            check=False,
+                        ).returncode
+                        == 0
+                    )
+        finally:
+            if own_policy:
+                os.unlink(policy)
+    require(ok, f"apt-get install {' '.join(missing)} failed (see {APT_LOG})")
