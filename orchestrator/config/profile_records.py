@@ -71,6 +71,13 @@ def _check_interpreter(value: str | None) -> str | None:
     return value
 
 
+def _check_login_host(value: str | None) -> str | None:
+    # One word ssh reads as a destination: a leading dash would be read as an option of ssh.
+    if value is not None and (not value or value[0] == "-" or any(c.isspace() or c == "\0" for c in value)):
+        raise ValueError("a host as written in ~/.ssh/config: one word, not starting with '-'")
+    return value
+
+
 def _check_slurm_mem(value: str | None) -> str | None:
     if value is not None and not _MEM_RE.match(value):
         raise ValueError("a Slurm memory size such as '480G', '64000M' or '0'")
@@ -252,6 +259,32 @@ class Preflight(_Record):
     size (MiB), so the next checkpoint fits."""
 
 
+class Login(_Record):
+    """The cluster's login host, reached over SSH from a laptop: with ``host`` set, every command run
+    with this profile runs on the login host's orchestrator (``orchestrator.remote``)."""
+
+    host: str | None = None
+    """Host as written in ``~/.ssh/config`` (so ProxyJump, User, IdentityFile and agents apply).
+    None: this machine is the login host."""
+    user: str | None = None
+    """User name there (``ssh -l``); None: ssh's own choice (``User`` in ssh_config)."""
+    port: int | None = None
+    """SSH port (1..65535); None: ssh's own choice."""
+    ssh_config: str | None = None
+    """An ssh_config file to read instead of ``~/.ssh/config`` (``ssh -F``)."""
+    connect_timeout: int = 10
+    """Seconds to reach the host (1..300): an unreachable host is named within it."""
+    python: str = "~/.orchestrator/venv/bin/python"
+    """The interpreter that runs orchestrator on the login host (``orchestrator remote install``
+    puts one there); ``~/`` is that host's home."""
+    profile: str | None = None
+    """The profile's name on the login host; None: the same name as here."""
+    home: str | None = None
+    """``ORCHESTRATOR_HOME`` on the login host (its registry); None: its default."""
+    runs: str | None = None
+    """``ORCHESTRATOR_RUNS`` on the login host (the runs root); None: its default."""
+
+
 class TrainingDefaults(_Record, TrainingOptions):
     """A profile's ``defaults:``: the strategy options used unless the command line says otherwise.
 
@@ -337,6 +370,8 @@ class ClusterProfile(_Record):
     """Checks before training (run directory, free space, GPU count, links between nodes)."""
     defaults: TrainingDefaults = TrainingDefaults()
     """Strategy options used unless the command line says otherwise."""
+    login: Login = Login()
+    """The login host, when commands start on a laptop: see :class:`Login`."""
 
     @property
     def default_procs_per_node(self) -> int:

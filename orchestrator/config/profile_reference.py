@@ -85,6 +85,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
     from orchestrator.config.options import OPTIONS, TrainingOptions
     from orchestrator.config.profile_records import (
         ClusterProfile,
+        Login,
         NodeLimits,
         PortRange,
         Preflight,
@@ -97,6 +98,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
         "port_range": PortRange,
         "signal": PreTimeoutSignal,
         "preflight": Preflight,
+        "login": Login,
     }
     rows: list[tuple[str, str, str, str]] = []
     docs = _field_docs(ClusterProfile)

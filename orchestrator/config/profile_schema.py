@@ -25,10 +25,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from orchestrator.config.options import OPTIONS, Option
+from orchestrator.config.profile_login import LOGIN_FAST_CHECKS, login_model
 from orchestrator.config.profile_records import (
     _REQUIRED,
     _SIGNALS,
     ClusterProfile,
+    Login,
     NodeLimits,
     PortRange,
     Preflight,
@@ -158,6 +160,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "min_bandwidth_mbps": _all(_valid_float, lambda v: v >= 0),
         "min_free_mb": _int_range(0),
     },
+    Login: LOGIN_FAST_CHECKS,
     ClusterProfile: {
         "description": _valid_str,
         "scheduler": _choice(*SCHEDULER_NAMES),
@@ -299,6 +302,8 @@ def schema() -> dict[str, type[BaseModel]]:
         min_bandwidth_mbps: float = Field(1000.0, ge=0)
         min_free_mb: int = Field(1024, ge=0)
 
+    LoginModel = login_model(_Strict)
+
     option_fields: dict[str, Any] = {o.name: (_option_annotation(o), o.default) for o in OPTIONS}
     TrainingDefaults = create_model("TrainingDefaults", __base__=_Strict, **option_fields)
 
@@ -333,6 +338,7 @@ def schema() -> dict[str, type[BaseModel]]:
         hang_timeout: int | None = Field(None, ge=1, le=86400)
         preflight: Preflight = Preflight()
         defaults: TrainingDefaults = TrainingDefaults()
+        login: LoginModel = LoginModel()  # type: ignore[valid-type]
 
         @field_validator("time_limit")
         @classmethod
@@ -376,6 +382,7 @@ def schema() -> dict[str, type[BaseModel]]:
         PortRange,
         PreTimeoutSignal,
         Preflight,
+        LoginModel,
         TrainingDefaults,
         ClusterProfile,
     ]
