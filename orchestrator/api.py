@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.config.profiles import ClusterProfile
     from orchestrator.contract.job_states import JobState
+    from orchestrator.core.cost import CostReport
     from orchestrator.core.resume import ResumeOverrides
+    from orchestrator.core.run_series import SeriesFollower
     from orchestrator.core.stacks import Stacks
     from orchestrator.core.status import StatusReport
     from orchestrator.core.status import StatusRow as StatusRow
@@ -76,6 +78,7 @@ __all__ = [
     "WaitTimeout",
     "cancel",
     "check_profile",
+    "cost",
     "dry_run",
     "dry_run_sweep",
     "find_sweep",
@@ -94,6 +97,8 @@ __all__ = [
     "render_files",
     "resume",
     "resume_plan",
+    "run_details",
+    "series_follower",
     "stacks",
     "status",
     "submit",
@@ -392,6 +397,17 @@ def plot(job_id: str, output: str | Path | None = None, home: Path | None = None
     return plot_run(job.run_dir, out, job_id=job.job_id)
 
 
+def cost(
+    target: str, *, whole_run: bool = False, timeout_s: float = 10.0, home: Path | None = None
+) -> CostReport:
+    """Where the allocated hours of a job, a run (a run directory, or a job with ``whole_run``) or a
+    sweep went: productive, lost work, start-up, hang... (:mod:`orchestrator.core.cost_model`)."""
+    from orchestrator.core.cost import cost_report
+
+    with open_registry(home) as registry:
+        return cost_report(registry, target, whole_run=whole_run, timeout_s=timeout_s)
+
+
 def stacks(job_id: str, home: Path | None = None) -> Stacks:
     """Every rank's Python stack now (py-spy, on the job's nodes), saved in the run directory."""
     from orchestrator.core.stacks import dump_stacks
@@ -399,6 +415,32 @@ def stacks(job_id: str, home: Path | None = None) -> Stacks:
     with open_registry(home) as registry:
         job = registry.get(job_id)
     return dump_stacks(job.job_id, Path(job.run_dir), job.scheduler)
+
+
+# ---------------------------------------------------------------------------- the dashboard
+def series_follower(job_id: str, home: Path | None = None) -> SeriesFollower:
+    """The job's run curves, followed: ``.update().series()`` parses only what was appended since the
+    last call (``orchestrator ui`` keeps one per open run page)."""
+    from orchestrator.core.run_series import SeriesFollower
+
+    with open_registry(home) as registry:
+        job = registry.get(job_id)
+    return SeriesFollower(job.run_dir)
+
+
+def run_details(job_id: str, home: Path | None = None) -> dict[str, Any]:
+    """What the job's run directory says beyond its status row: its attempts and their nodes, the
+    straggler ranks, the newest hang report with every rank's stack (None without one)."""
+    from orchestrator.core import run_view
+
+    with open_registry(home) as registry:
+        job = registry.get(job_id)
+    run_dir = Path(job.run_dir)
+    return {
+        "attempts": run_view.attempts(run_dir),
+        "stragglers": run_view.stragglers(run_dir),
+        "hang": run_view.hang_report(run_dir),
+    }
 
 
 # ---------------------------------------------------------------------------- sweeps

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "stacks": "dump every rank's Python stack of a running job (py-spy, on its nodes)",
     "resume": "submit a new attempt of a job from its last complete checkpoint",
     "plot": "plot loss and throughput of a job to a PNG",
+    "cost": "where the allocated GPU/CPU-hours of a job, run or sweep went (goodput, waste by cause)",
     "profiles": "list, show or validate cluster profiles",
     "strategies": "table of parallelism strategies",
 }

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.config.profiles import ClusterProfile
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
-    from orchestrator.schedulers.query import QueryResult
+    from orchestrator.schedulers.query import Allocation, QueryResult
 
 
 def submission_token(run_dir: Path | str, attempt_base: int) -> str:
@@ -172,6 +172,12 @@ class Scheduler(ABC):
         self, jobs: Sequence[JobRecord], timeout_s: float, fallback: Mapping[str, JobState]
     ) -> QueryResult:
         """The state of every job in ``jobs``, in one scheduler call."""
+
+    def allocations(self, job_ids: Sequence[str], timeout_s: float) -> dict[str, list[Allocation]] | None:
+        """What the scheduler's accounting says each job was allocated (one entry per incarnation, in
+        start order): ``orchestrator cost``'s bill. None where the scheduler keeps no accounting or
+        did not answer."""
+        return None
 
     @abstractmethod
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:

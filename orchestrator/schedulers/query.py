@@ -74,6 +74,25 @@ class QueryResult:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """One allocation a job held, as the scheduler's accounting recorded it (``cost``): a job the
+    scheduler requeued under its id has one per incarnation. Times are epoch seconds; ``end`` is
+    None while it runs, ``start`` None while it waits. ``gpus``/``cpus``: allocated in total."""
+
+    job_id: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    gpus: int
+    cpus: int
+    nodes: int
+    state: str
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class CommandResult:
     """Outcome of one bounded subprocess. ``error`` is set when it did not run to a clean exit."""
 

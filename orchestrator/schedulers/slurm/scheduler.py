@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
-    from orchestrator.schedulers.query import QueryResult
+    from orchestrator.schedulers.query import Allocation, QueryResult
 
 
 # ---------------------------------------------------------------------------- submission side
@@ -221,6 +221,11 @@ class SlurmScheduler(Scheduler):
         from orchestrator.schedulers.slurm.query import query_states
 
         return query_states([j.job_id for j in jobs], timeout_s=timeout_s, fallback=fallback)
+
+    def allocations(self, job_ids: Sequence[str], timeout_s: float) -> dict[str, list[Allocation]] | None:
+        from orchestrator.schedulers.slurm.accounting import query_allocations
+
+        return query_allocations(job_ids, timeout_s)
 
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
         from orchestrator.schedulers.query import run_bounded

@@ -1,0 +1,222 @@
+"""The bill's arithmetic (``orchestrator cost``), with hand-built records: every category, the sum
+rule, lost work across attempts, a sweep's rollup, Slurm's accounting lines, and the records a run
+directory holds read back into evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.cost import gather, read_metrics
+from orchestrator.core.cost_model import (
+    CATEGORIES,
+    AttemptEvidence,
+    EvalRecord,
+    StepRecord,
+    account_attempt,
+    account_run,
+    bill,
+    lost_steps,
+)
+from orchestrator.schedulers.query import Allocation
+from orchestrator.schedulers.slurm.accounting import parse_accounting, parse_tres
+
+T0 = 1_800_000_000.0
+
+
+def alloc(
+    start: float, end: float | None, gpus: int = 2, job: str = "7", submit: float | None = None
+) -> Allocation:
+    return Allocation(job, submit, T0 + start, None if end is None else T0 + end, gpus, 8, 1, "COMPLETED")
+
+
+def steps(
+    first: int, last: int, start: float, seconds: float = 5.0, gaps: dict[int, float] | None = None
+) -> tuple[StepRecord, ...]:
+    """Steps ``first..last`` of ``seconds`` each from ``start`` (relative), ``gaps[s]``: idle after step s."""
+    out, t = [], start
+    for s in range(first, last + 1):
+        t += seconds
+        out.append(StepRecord(s, T0 + t, seconds))
+        t += (gaps or {}).get(s, 0.0)
+    return tuple(out)
+
+
+def test_every_category_of_one_allocation_and_the_sum() -> None:
+    # 0..100 s on 2 GPUs: preflight 3 s, start-up to 10 s, steps 1-10 of 5 s with 4 s after step 5
+    # (a checkpoint) and 2 s after step 8 (an evaluation), last step ends at 56, the rest shutdown.
+    ev = AttemptEvidence(
+        alloc(0, 100),
+        attempt=0,
+        steps=steps(1, 10, 10.0, gaps={5: 4.0, 8: 2.0}),
+        evals=(EvalRecord(8, T0 + 10 + 40 + 4 + 2),),
+        start_step=0,
+        preflight_s=3.0,
+    )
+    cost = account_attempt(ev, set(), now=T0 + 1000)
+    s = cost.seconds
+    assert s["preflight"] == pytest.approx(3.0)
+    assert s["startup"] == pytest.approx(7.0)
+    assert s["productive"] == pytest.approx(50.0)
+    assert s["checkpoint"] == pytest.approx(4.0)
+    assert s["evaluation"] == pytest.approx(2.0)
+    assert s["shutdown"] == pytest.approx(100 - 66.0)
+    assert s["hang"] == s["lost_work"] == 0
+    assert s["unaccounted"] == pytest.approx(0.0, abs=1e-9)
+    assert cost.allocated_s == pytest.approx(100.0)
+    assert cost.hours()["productive"] == pytest.approx(50 * 2 / 3600)
+
+
+def test_a_final_evaluation_is_evaluation_not_shutdown() -> None:
+    ev = AttemptEvidence(alloc(0, 60), steps=steps(1, 4, 0.0), evals=(EvalRecord(4, T0 + 20 + 15),))
+    s = account_attempt(ev, set(), now=T0 + 100).seconds
+    assert s["evaluation"] == pytest.approx(15.0)
+    assert s["checkpoint"] == 0
+    assert s["shutdown"] == pytest.approx(25.0)
+
+
+def test_lost_work_is_what_a_later_attempt_trained_again() -> None:
+    first = AttemptEvidence(alloc(0, 80), attempt=0, steps=steps(1, 10, 10.0), start_step=0)
+    # Attempt 1 restored step 6: steps 7-10 of attempt 0 were trained twice.
+    second = AttemptEvidence(alloc(200, 260), attempt=1, steps=steps(7, 12, 210.0), start_step=6)
+    assert lost_steps([first, second]) == [{7, 8, 9, 10}, set()]
+    costs = account_run([second, first], now=T0 + 1000)  # any order in, time order out
+    assert [c.attempt for c in costs] == [0, 1]
+    assert costs[0].seconds["lost_work"] == pytest.approx(20.0)
+    assert costs[0].seconds["productive"] == pytest.approx(30.0)
+    assert costs[0].lost_steps == 4
+    assert costs[1].seconds["productive"] == pytest.approx(30.0)
+    assert costs[1].waited == {"requeue_gap": pytest.approx(120.0)}
+
+
+def test_a_restart_from_step_zero_loses_everything_before_it() -> None:
+    """No checkpoint hook: the next attempt trains from step 1 again (no start record: its first step)."""
+    first = AttemptEvidence(alloc(0, 80), steps=steps(1, 10, 10.0))
+    second = AttemptEvidence(alloc(100, 180), steps=steps(1, 10, 110.0))
+    costs = account_run([first, second], now=T0 + 1000)
+    assert costs[0].seconds["lost_work"] == pytest.approx(50.0)
+    assert costs[0].seconds["productive"] == 0
+
+
+def test_hang_runs_from_the_last_progress_to_the_end() -> None:
+    # Steps 1-5 end at 35; a rank stopped in step 6 at 37 (its last progress); the watchdog ended the
+    # allocation at 90: 2 s of the unfinished step are lost, 53 s are the hang.
+    ev = AttemptEvidence(alloc(0, 90), steps=steps(1, 5, 10.0), hang_last_progress=T0 + 37.0)
+    s = account_attempt(ev, set(), now=T0 + 1000).seconds
+    assert s["hang"] == pytest.approx(53.0)
+    assert s["lost_work"] == pytest.approx(2.0)
+    assert s["shutdown"] == 0
+    assert sum(s.values()) == pytest.approx(90.0)
+
+
+def test_no_steps_is_unaccounted_and_said() -> None:
+    ev = AttemptEvidence(alloc(0, 40), preflight_s=5.0)
+    cost = account_attempt(ev, set(), now=T0 + 1000)
+    assert cost.seconds["preflight"] == 5.0
+    assert cost.seconds["unaccounted"] == pytest.approx(35.0)
+    assert cost.notes
+
+
+def test_a_running_allocation_ends_now_and_a_waiting_one_costs_nothing() -> None:
+    running = account_attempt(AttemptEvidence(alloc(0, None), steps=steps(1, 2, 0.0)), set(), now=T0 + 30)
+    assert running.allocated_s == pytest.approx(30.0)
+    waiting = Allocation("7", T0, None, None, 0, 0, 0, "PENDING")
+    assert account_attempt(AttemptEvidence(waiting), set(), now=T0 + 30).allocated_s == 0
+
+
+def test_queue_wait_and_gaps_are_reported_not_billed() -> None:
+    a = AttemptEvidence(alloc(10, 50, submit=T0))
+    b = AttemptEvidence(alloc(80, 100))
+    cost = bill(account_run([a, b], now=T0 + 1000))
+    assert cost.unbilled_s == {"queue_wait": pytest.approx(10.0), "requeue_gap": pytest.approx(30.0)}
+    assert cost.allocated_hours == pytest.approx((40 + 20) * 2 / 3600)
+
+
+def test_cpu_hours_without_gpus_and_money() -> None:
+    cpu = Allocation("9", None, T0, T0 + 3600, 0, 4, 2, "COMPLETED")
+    cost = bill(account_run([AttemptEvidence(cpu)], now=T0 + 4000), price_per_hour=0.5)
+    data = cost.to_json()
+    assert data["unit"] == "cpu" and data["allocated_hours"] == pytest.approx(4.0)
+    assert data["money"]["allocated"] == pytest.approx(2.0)
+
+
+def test_the_sum_rule_holds_for_skewed_clocks() -> None:
+    """Records a little outside the allocation (sacct's whole seconds) still sum to its length."""
+    ev = AttemptEvidence(
+        alloc(0, 30), steps=steps(1, 6, -1.0), evals=(EvalRecord(6, T0 + 31.5),), hang_last_progress=None
+    )
+    cost = account_attempt(ev, set(), now=T0 + 1000)
+    assert sum(cost.seconds.values()) == pytest.approx(30.0)
+    assert set(cost.seconds) == set(CATEGORIES)
+
+
+def test_a_sweep_rollup_is_the_sum_of_its_tasks() -> None:
+    tasks = [
+        account_run(
+            [
+                AttemptEvidence(alloc(0, 60, job=f"5_{i}"), steps=steps(1, 8, 5.0 + i)),
+                AttemptEvidence(alloc(100, 150, job=f"5_{i}"), steps=steps(5, 12, 105.0), start_step=4),
+            ],
+            now=T0 + 1000,
+        )
+        for i in range(3)
+    ]
+    parts = [bill(t) for t in tasks]
+    whole = bill([a for t in tasks for a in t])
+    assert whole.allocated_hours == pytest.approx(sum(p.allocated_hours for p in parts))
+    for key in CATEGORIES:
+        assert whole.hours[key] == pytest.approx(sum(p.hours[key] for p in parts))
+    assert whole.hours["lost_work"] > 0
+
+
+def test_slurm_accounting_lines() -> None:
+    out = "\n".join(
+        [
+            "41|2026-11-26T08:00:00|2026-11-26T08:00:05|2026-11-26T08:02:05|billing=8,cpu=8,gres/gpu=4,mem=4G,node=2|REQUEUED",
+            "41|2026-11-26T08:02:06|2026-11-26T08:04:10|Unknown|billing=8,cpu=8,gres/gpu=4,node=2|RUNNING",
+            "41.batch|2026-11-26T08:02:06|2026-11-26T08:04:10|Unknown|cpu=4|RUNNING",
+            "42|2026-11-26T08:00:00|Unknown|Unknown||PENDING",
+        ]
+    )
+    found = parse_accounting(out)
+    first, second = found["41"]
+    assert (first.gpus, first.cpus, first.nodes, first.state) == (4, 8, 2, "REQUEUED")
+    assert first.end is not None and first.start is not None and first.end - first.start == 120.0
+    assert second.end is None
+    assert found["42"][0].start is None
+    assert parse_tres("cpu=2,gres/gpu:a100=3")["gres/gpu:a100"] == 3
+
+
+def test_run_directory_records_become_evidence(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    lines = [
+        {"event": "startup", "time": T0 + 1},
+        {"event": "train", "step": 1, "step_time_s": 2.0, "time": T0 + 12},
+        {"event": "train", "step": 2, "step_time_s": 2.0, "time": T0 + 14},
+        {"event": "eval", "step": 2, "val_loss": 1.0, "time": T0 + 15},
+        {"event": "train", "step": 2, "step_time_s": 2.0, "time": T0 + 112},
+    ]
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"event": "tra')
+    for attempt, at, start in ((0, T0 + 5, 0), (1, T0 + 105, 1)):
+        folder = run / "logs" / f"attempt_{attempt}"
+        folder.mkdir(parents=True)
+        (folder / "start.json").write_text(json.dumps({"step": start, "checkpoint": None, "hook": "train"}))
+        os.utime(folder / "start.json", (at, at))
+    hang = run / "hang" / "attempt_0"
+    hang.mkdir(parents=True)
+    (hang / "hang.json").write_text(
+        json.dumps({"heartbeats": {"0": {"time": T0 + 16}, "1": {"time": T0 + 14.5}}})
+    )
+    steps_read, evals_read = read_metrics(run)
+    assert [s.step for s in steps_read] == [1, 2, 2] and [e.step for e in evals_read] == [2]
+    first, second = gather(run, [alloc(0, 40), alloc(100, 130)])
+    assert (first.attempt, first.start_step, first.hang_last_progress) == (0, 0, T0 + 16)
+    assert [s.step for s in first.steps] == [1, 2] and len(first.evals) == 1
+    assert (second.attempt, second.start_step, [s.step for s in second.steps]) == (1, 1, [2])
+    costs = account_run([first, second], now=T0 + 1000)
+    assert costs[0].lost_steps == 1  # step 2 trained again after the restore of step 1
+    assert costs[0].seconds["hang"] == pytest.approx(24.0)
