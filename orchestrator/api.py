@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from orchestrator.contract.job_states import JobState
     from orchestrator.core.cost import CostReport
     from orchestrator.core.resume import ResumeOverrides
-    from orchestrator.core.run_series import SeriesFollower
     from orchestrator.core.stacks import Stacks
     from orchestrator.core.status import StatusReport
     from orchestrator.core.status import StatusRow as StatusRow
@@ -97,8 +96,6 @@ __all__ = [
     "render_files",
     "resume",
     "resume_plan",
-    "run_details",
-    "series_follower",
     "stacks",
     "status",
     "submit",
@@ -415,32 +412,6 @@ def stacks(job_id: str, home: Path | None = None) -> Stacks:
     with open_registry(home) as registry:
         job = registry.get(job_id)
     return dump_stacks(job.job_id, Path(job.run_dir), job.scheduler)
-
-
-# ---------------------------------------------------------------------------- the dashboard
-def series_follower(job_id: str, home: Path | None = None) -> SeriesFollower:
-    """The job's run curves, followed: ``.update().series()`` parses only what was appended since the
-    last call (``orchestrator ui`` keeps one per open run page)."""
-    from orchestrator.core.run_series import SeriesFollower
-
-    with open_registry(home) as registry:
-        job = registry.get(job_id)
-    return SeriesFollower(job.run_dir)
-
-
-def run_details(job_id: str, home: Path | None = None) -> dict[str, Any]:
-    """What the job's run directory says beyond its status row: its attempts and their nodes, the
-    straggler ranks, the newest hang report with every rank's stack (None without one)."""
-    from orchestrator.core import run_view
-
-    with open_registry(home) as registry:
-        job = registry.get(job_id)
-    run_dir = Path(job.run_dir)
-    return {
-        "attempts": run_view.attempts(run_dir),
-        "stragglers": run_view.stragglers(run_dir),
-        "hang": run_view.hang_report(run_dir),
-    }
 
 
 # ---------------------------------------------------------------------------- sweeps
