@@ -38,10 +38,12 @@ LAYERS: dict[str, frozenset[str]] = {
     "rank": frozenset({"contract", "config.strategies"}),
     # the engine under the API
     "core": frozenset({"schedulers", "schedulers.base", "supervise", "registry", "config", "contract"}),
+    # commands carried to a login host over SSH (a profile's login:), and the agent run there
+    "remote": frozenset({"core", "registry", "config", "contract"}),
     # the public Python API (typed; no argparse)
-    "api": frozenset({"core", "registry", "schedulers.base", "config", "contract"}),
+    "api": frozenset({"remote", "core", "registry", "schedulers.base", "config", "contract"}),
     # argparse commands: parse, call the API, print
-    "cli": frozenset({"api", "config", "contract"}),
+    "cli": frozenset({"api", "remote", "config", "contract"}),
     # the names users import: ``import orchestrator``, ``orchestrator.hf``, ``orchestrator.loop``
     "": frozenset({"api", "rank", "contract"}),
     "__main__": frozenset({"cli"}),

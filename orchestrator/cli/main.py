@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "stacks": "dump every rank's Python stack of a running job (py-spy, on its nodes)",
     "resume": "submit a new attempt of a job from its last complete checkpoint",
     "plot": "plot loss and throughput of a job to a PNG",
+    "ui": "a local, read-only web dashboard of jobs, runs and sweeps (the [ui] extra)",
+    "export": "write a run's checkpoint as safetensors, a from_pretrained folder or a torch file",
     "cost": "where the allocated GPU/CPU-hours of a job, run or sweep went (goodput, waste by cause)",
     "profiles": "list, show or validate cluster profiles",
     "strategies": "table of parallelism strategies",
@@ -96,6 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        from orchestrator.remote.routing import route  # a profile with login: runs it over SSH
+
+        login = route(args_list[args_list.index(args.command) :])
+        if login is not None:
+            from orchestrator.remote.client import forward
+
+            return forward(login, args_list[args_list.index(args.command) :])
         return int(_module(args.command).run(args) or 0)
     except OrchestratorError as exc:
         print(f"orchestrator {args.command}: error: {exc}", file=sys.stderr)

@@ -1,0 +1,165 @@
+"""The login host's side of a remote call: ``python -m orchestrator.remote.agent VERSION COMMAND ...``.
+
+The laptop's orchestrator runs this module through SSH (:mod:`.client`). It first compares its
+version with the laptop's (the run directories, registry and snapshot format are one version's), then:
+
+- ``manifest DIR``: the content hash of every file of the mirror DIR (the laptop sends only what
+  differs);
+- ``run [--home H] [--runs R] [--skip N] [--sync DIR [--freeze]] -- ARGS``: receive a tar of changed
+  files into the mirror DIR (``--sync``; deletions listed in its first member; ``--freeze``: then
+  run from a copy of it), then run
+  ``orchestrator ARGS`` there as the login host's own command would, dropping the first N bytes of
+  its output (``--skip``: a ``logs -f`` that reconnects continues where it was cut).
+
+Standard library only besides orchestrator itself; it never asks which scheduler runs the jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from orchestrator.remote.routing import ON_LOGIN_HOST
+
+#: Exit status of a version mismatch (a usage error: the fix is a command the user runs).
+EXIT_MISMATCH = 2
+#: First member of a sync tar: ``{"delete": [paths]}``.
+SYNC_INDEX = ".orchestrator-sync.json"
+
+
+def file_digest(path: Path) -> str:
+    """A regular file's sha256, or ``link:<target>`` for a symbolic link (never followed)."""
+    if path.is_symlink():
+        return "link:" + os.readlink(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest(folder: Path) -> dict[str, str]:
+    """relative path -> digest of every file and link under ``folder`` (links are not entered)."""
+    out: dict[str, str] = {}
+    if not folder.is_dir():
+        return out
+    for here, dirs, files in os.walk(folder, followlinks=False):
+        base = Path(here)
+        for name in [*files, *(d for d in dirs if (base / d).is_symlink())]:
+            out[str((base / name).relative_to(folder))] = file_digest(base / name)
+    return out
+
+
+def _inside(folder: Path, rel: str) -> Path:
+    target = Path(os.path.normpath(folder / rel))
+    if target == folder or folder not in target.parents:
+        raise SystemExit(f"orchestrator agent: refusing {rel!r}: outside {folder}")
+    return target
+
+
+def receive(folder: Path, stream: BinaryIO) -> None:
+    """Unpack the laptop's tar into ``folder``: deletions first, then the changed files. Members
+    may not leave the folder; links are kept as links (the ``tar`` filter)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            if member.name == SYNC_INDEX:
+                data = tar.extractfile(member)
+                index = json.loads(data.read()) if data else {}
+                for rel in index.get("delete", []):
+                    target = _inside(folder, rel)
+                    if target.is_dir() and not target.is_symlink():
+                        shutil.rmtree(target)
+                    elif target.exists() or target.is_symlink():
+                        target.unlink()
+                continue
+            target = _inside(folder, member.name)
+            if target.is_symlink() or target.is_file():
+                target.unlink()  # a file that became a link, or the reverse
+            tar.extract(member, folder, filter="tar")
+
+
+class _Skipping(io.RawIOBase):
+    """stdout without its first ``skip`` bytes: the part a reconnecting reader already has."""
+
+    def __init__(self, target: BinaryIO, skip: int) -> None:
+        self.target, self.skip = target, skip
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        n = len(data)
+        view = memoryview(data)
+        if self.skip:
+            cut = min(self.skip, n)
+            view, self.skip = view[cut:], self.skip - cut
+        if len(view):
+            self.target.write(view)
+            self.target.flush()
+        return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestrator import __version__
+
+    parser = argparse.ArgumentParser(prog="orchestrator.remote.agent")
+    parser.add_argument("version")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("manifest").add_argument("folder")
+    run = sub.add_parser("run")
+    run.add_argument("--home")
+    run.add_argument("--runs")
+    run.add_argument("--skip", type=int, default=0)
+    run.add_argument("--sync", metavar="DIR")
+    run.add_argument("--freeze", action="store_true", help="run from a copy of the synced DIR")
+    run.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.version != __version__:
+        print(
+            f"orchestrator on this login host is {__version__}, the laptop's is {args.version}: "
+            "run `orchestrator remote install PROFILE` on the laptop to install its version here",
+            file=sys.stderr,
+        )
+        return EXIT_MISMATCH
+    if args.command == "manifest":
+        print(json.dumps(manifest(Path(os.path.expanduser(args.folder)))))
+        return 0
+    os.environ[ON_LOGIN_HOST] = "1"
+    for name, value in (("ORCHESTRATOR_HOME", args.home), ("ORCHESTRATOR_RUNS", args.runs)):
+        if value:
+            os.environ[name] = os.path.expanduser(value)
+    if args.sync:
+        folder = Path(os.path.expanduser(args.sync))
+        receive(folder, sys.stdin.buffer)
+        if args.freeze:  # the command keeps its own copy: the next sync never changes it
+            frozen = folder.parent / f"{folder.name}.{time.time_ns()}"
+            shutil.copytree(folder, frozen, symlinks=True)
+            folder = frozen
+        os.chdir(folder)
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    if args.skip:
+        sys.stdout.flush()
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(_Skipping(sys.stdout.buffer, args.skip), 1), line_buffering=True
+        )
+    # The command line by name: this module runs on the login host as its entry, above the CLI.
+    cli = importlib.import_module("orchestrator.cli.main")
+    try:
+        return int(cli.main(rest))
+    finally:
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

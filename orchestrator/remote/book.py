@@ -1,0 +1,71 @@
+"""The laptop's book of jobs it started on login hosts: job id -> profile, and ended jobs' final rows.
+
+Why: ``status JOB`` and ``logs JOB`` name no profile, yet must go to the login host that has the
+job; and a job that has ended never changes its row, so ``status`` shows it from here, at no round
+trip. One JSON file under ``$ORCHESTRATOR_HOME`` (``remote_jobs.json``), replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FILE_NAME = "remote_jobs.json"
+
+
+def _path() -> Path:
+    from orchestrator.registry.store import default_home
+
+    return default_home() / FILE_NAME
+
+
+def _load() -> dict[str, Any]:
+    try:
+        data = json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return {"jobs": {}, "final": {}}
+    return data if isinstance(data, dict) else {"jobs": {}, "final": {}}
+
+
+def _store(data: dict[str, Any]) -> None:
+    path = _path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".remote_jobs.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def profile_of(job_id: str) -> str | None:
+    """The profile whose login host has ``job_id`` (an array task ``A_i`` counts as its array ``A``)."""
+    jobs = _load().get("jobs", {})
+    return jobs.get(job_id) or jobs.get(job_id.split("_", 1)[0])
+
+
+def remember(profile: str, job_ids: list[str]) -> None:
+    if not job_ids:
+        return
+    data = _load()
+    data.setdefault("jobs", {}).update({j: profile for j in job_ids})
+    _store(data)
+
+
+def final_row(job_id: str) -> dict[str, Any] | None:
+    """The status row of an ended job, as the login host last gave it; None when not ended or unknown."""
+    row = _load().get("final", {}).get(job_id)
+    return row if isinstance(row, dict) else None
+
+
+def remember_final(profile: str, rows: list[dict[str, Any]]) -> None:
+    """Keep ended jobs' rows (and their profile); a row whose run continues elsewhere is not final."""
+    if not rows:
+        return
+    data = _load()
+    for row in rows:
+        job = str(row["job_id"])
+        data.setdefault("final", {})[job] = row
+        data.setdefault("jobs", {})[job] = profile
+    _store(data)

@@ -1,0 +1,82 @@
+"""One call to the login host's agent: its command line (every word quoted) and the ssh process.
+
+Why quoting here: ssh hands the remote side one string, which the login host's shell splits again;
+each word is :func:`shlex.quote`-d, so job names, paths and script arguments arrive exactly as
+typed (``~/`` alone is left to that shell, to mean its home).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from typing import IO
+
+from orchestrator import __version__
+from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.remote.ssh import Connection
+
+
+def _remote_word(path: str) -> str:
+    """``path`` as one shell word on the login host, ``~/`` meaning that host's home."""
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def agent_command(profile: ClusterProfile, words: Sequence[str]) -> str:
+    """The shell line running the agent with ``words`` on the login host, every word quoted."""
+    return " ".join([_remote_word(profile.login.python), "-m", "orchestrator.remote.agent",
+                     shlex.quote(__version__), *map(shlex.quote, words)])  # fmt: skip
+
+
+def run_words(
+    profile: ClusterProfile, *, skip: int = 0, sync: str | None = None, freeze: bool = False
+) -> list[str]:
+    """The agent's ``run`` options for this profile (login host's home and runs root)."""
+    words = ["run"]
+    if profile.login.home:
+        words += ["--home", profile.login.home]
+    if profile.login.runs:
+        words += ["--runs", profile.login.runs]
+    if skip:
+        words += ["--skip", str(skip)]
+    if sync:
+        words += ["--sync", sync]
+    if freeze:
+        words += ["--freeze"]
+    return words
+
+
+def call(
+    conn: Connection, line: str, *, stdin: bytes | None = None, stdout: IO[bytes] | None = None
+) -> tuple[int, bytes, str]:
+    """Run ``line`` on the login host: (exit status, stdout unless streamed to ``stdout``, stderr).
+    ssh's own failure (255) becomes one line naming the host."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            conn.argv(line), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=err,
+        )  # fmt: skip
+        out = b""
+        if stdin is not None:
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        assert proc.stdout is not None
+        if stdout is None:
+            out = proc.stdout.read()
+        else:
+            reader = proc.stdout
+            for chunk in iter(lambda: os.read(reader.fileno(), 65536), b""):
+                stdout.write(chunk)
+                stdout.flush()
+        rc = proc.wait()
+        err.seek(0)
+        said = err.read().decode(errors="replace")
+    return rc, out, said

@@ -1,0 +1,150 @@
+"""The laptop's side: which commands go to a login host, and carrying each one there.
+
+Which commands go there: :mod:`.routing`. A routed command is the login host's own command line (``agent run -- ARGS``), so its checks,
+output and exit codes are the same as there. What the laptop adds: the script's folder is synced
+first (:mod:`.snapshot`) and the job runs from a ``--snapshot`` of it; ``status --json`` serves
+ended jobs from the book; ``logs`` reconnects after a dropped connection and continues at the byte
+where it was cut.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Sequence
+
+from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.contract.errors import UserError
+from orchestrator.remote import book
+from orchestrator.remote.calls import agent_command, call, run_words
+from orchestrator.remote.routing import login_profile
+from orchestrator.remote.ssh import SSH_FAILED, Connection
+
+#: How long ``logs`` keeps trying to reconnect after its connection dropped.
+RECONNECT_S = 120.0
+
+
+def forward(name: str, argv: Sequence[str]) -> int:
+    """Run the command line ``argv`` on the login host of profile ``name``; print here."""
+    profile = login_profile(name)
+    if profile is None:
+        raise UserError(f"profile {name}: no login.host")
+    conn = Connection(profile.login)
+    conn.ensure_master()
+    argv = _remote_argv(profile, name, list(argv))
+    command = argv[0]
+    if command in ("submit", "sweep"):
+        from orchestrator.remote.snapshot import send_and_run
+
+        rc, out, said = send_and_run(conn, profile, argv)
+        sys.stdout.write(out.decode(errors="replace"))
+        sys.stderr.write(said)
+        if rc == 0:
+            book.remember(name, _submitted_ids(out.decode(errors="replace")))
+        return rc
+    if command == "status" and "--json" in argv and "--watch" not in argv:
+        return _status_json(conn, profile, name, argv)
+    if command == "logs":
+        return _logs(conn, profile, argv)
+    rc, said = _stream(conn, profile, argv)
+    if rc == 0 and command == "resume":
+        book.remember(name, [])  # a resume's new job id is printed; it was streamed, see _stream
+    return rc
+
+
+def _remote_argv(profile: ClusterProfile, name: str, argv: list[str]) -> list[str]:
+    """Profile names as the login host knows them (``login.profile``); no laptop profile folder."""
+    there = profile.login.profile or name
+    out, skip = [], False
+    cut = argv.index("--") if "--" in argv else len(argv)
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if i < cut and word == "--profiles-dir":
+            skip = True
+            continue
+        if i < cut and word.startswith("--profiles-dir="):
+            continue
+        out.append(there if i < cut and i > 0 and argv[i - 1] == "--profile" and word == name else word)
+    return out
+
+
+_SUBMITTED = re.compile(r"^(?:submitted job|submitted sweep|task \d+: job|new job) (\S+)", re.MULTILINE)
+
+
+def _submitted_ids(text: str) -> list[str]:
+    return _SUBMITTED.findall(text)
+
+
+def _stream(conn: Connection, profile: ClusterProfile, argv: list[str]) -> tuple[int, str]:
+    rc, _, said = call(
+        conn, agent_command(profile, [*run_words(profile), "--", *argv]), stdout=sys.stdout.buffer
+    )
+    if rc == SSH_FAILED:
+        raise conn.failure(said)
+    sys.stderr.write(said)
+    return rc, said
+
+
+def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
+    """``logs`` through the connection; a dropped connection is reopened (bounded) and the output
+    continues at the byte it was cut: nothing printed twice, nothing lost."""
+
+    class Counting:
+        def __init__(self) -> None:
+            self.count = 0
+
+        def write(self, data: bytes) -> None:
+            sys.stdout.buffer.write(data)
+            self.count += len(data)
+
+        def flush(self) -> None:
+            sys.stdout.buffer.flush()
+
+    sink = Counting()
+    deadline = time.monotonic() + RECONNECT_S
+    while True:
+        words = [*run_words(profile, skip=sink.count), "--", *argv]
+        rc, _, said = call(conn, agent_command(profile, words), stdout=sink)  # type: ignore[arg-type]
+        if rc != SSH_FAILED:
+            sys.stderr.write(said)
+            return rc
+        if time.monotonic() > deadline:
+            raise conn.failure(said)
+        print(f"orchestrator logs: connection to {conn.host} lost; reconnecting", file=sys.stderr)
+        conn.ensure_master()
+
+
+def _status_json(conn: Connection, profile: ClusterProfile, name: str, argv: list[str]) -> int:
+    """``status --json JOB...``: ended jobs from the book (no round trip), the rest in one call."""
+    import json
+
+    ids = [w for w in argv[1:] if not w.startswith("-")]
+    known = {i: row for i in ids if (row := book.final_row(i)) is not None}
+    ask = [i for i in ids if i not in known]
+    rows: list[dict[str, object]] = []
+    data: dict[str, object] = {"source": "cache", "stale": False, "errors": [], "jobs": rows}
+    if ask or not ids:
+        flags = [w for w in argv[1:] if w.startswith("-")]
+        rc, out, said = call(
+            conn, agent_command(profile, [*run_words(profile), "--", "status", *flags, *ask])
+        )
+        if rc == SSH_FAILED:
+            raise conn.failure(said)
+        sys.stderr.write(said)
+        if rc != 0:
+            return rc
+        data = json.loads(out)
+        fetched = {str(r["job_id"]): r for r in data.get("jobs", [])}  # type: ignore[attr-defined]
+        book.remember_final(name, [r for r in fetched.values() if r.get("terminal")])
+        if not ids:
+            rows = list(fetched.values())
+        else:
+            rows = [known.get(i) or fetched[i] for i in ids if i in known or i in fetched]
+    else:
+        rows = [known[i] for i in ids]
+    data["jobs"] = rows
+    print(json.dumps(data, indent=2))
+    return 0
