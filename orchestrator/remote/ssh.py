@@ -30,6 +30,8 @@ from orchestrator.contract.errors import UserError
 PERSIST = "8h"
 #: ssh's own exit status for its errors (connection, authentication); the command's otherwise.
 SSH_FAILED = 255
+#: Unix socket paths hold ~107 bytes; ssh adds ``/`` + ``%C`` (40) + a 17-byte temporary suffix.
+_SOCKET_PATH_MAX, _SOCKET_NAME_BYTES = 104, 58
 _AUTH_WORDS = ("permission denied", "authentication", "password", "keyboard-interactive", "verification code")
 
 
@@ -45,11 +47,9 @@ def control_dir() -> Path:
     """Where the master's socket lives: the user's runtime dir (private, cleared at logout), else a
     private folder under /tmp. Short: a Unix socket path has ~100 bytes."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = (
-        Path(runtime) / "orchestrator-ssh"
-        if runtime
-        else Path(tempfile.gettempdir()) / f"orch-ssh-{os.getuid()}"
-    )
+    base = Path(runtime) / "orchestrator-ssh" if runtime else Path("/tmp") / f"orch-ssh-{os.getuid()}"
+    if len(str(base)) + _SOCKET_NAME_BYTES > _SOCKET_PATH_MAX:  # ssh: "too long for Unix domain socket"
+        base = Path("/tmp") / f"orch-ssh-{os.getuid()}"
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
         raise UserError(f"{base}: the SSH control folder must be yours and private (chmod 700 it)")

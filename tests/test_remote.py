@@ -1,0 +1,270 @@
+"""Commands from a laptop on a login host over SSH (issue 29), against a real OpenSSH server on
+loopback and the local scheduler: what the connection must get right without a Slurm cluster.
+
+The login host is Debian's sshd started by the test (key authentication; a second one accepts
+passwords only); the laptop is this process's children, with their own registry, an ssh_config the
+test writes, and a PATH holding only ssh, git and Python. The jobs are real local jobs the login
+host's orchestrator starts. tests/test_remote_slurm.py does the same against the Slurm cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.remote import snapshot as remote_snapshot
+from orchestrator.remote.calls import agent_command
+from tests.helpers.cli import REPO, kill_tree, poll
+from tests.helpers.login_host import LoginHost, free_port, laptop_path, login_host
+
+HOSTILE_NAME = "x'; touch PWNED #$(touch PWNED2)"
+HOSTILE_ARGS = ["a b", "$(touch PWNED3)", "--x=';\"`id`", "*"]
+#: A script that prints its arguments, then numbered lines at a pace (``logs -f`` has time to drop).
+SCRIPT = """import json, sys, time
+print(json.dumps(sys.argv[1:]), flush=True)
+n = int(sys.argv[sys.argv.index("--lines") + 1]) if "--lines" in sys.argv else 3
+for i in range(n):
+    print(f"line {i} " + "x" * 40, flush=True)
+    time.sleep(0.1)
+"""
+
+
+@dataclass
+class Laptop:
+    tmp: Path
+    env: dict[str, str]
+    project: Path
+    host: LoginHost
+    login_runs: Path
+
+    def cli(
+        self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args], env=env or self.env, cwd=self.project,
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    def master(self, op: str) -> subprocess.CompletedProcess[str]:
+        """``ssh -O op`` on the laptop's master (``check``, ``exit``): the product's ControlPath."""
+        path = Path(self.env["XDG_RUNTIME_DIR"]) / "orchestrator-ssh" / "%C"
+        return subprocess.run(
+            ["ssh", "-F", str(self.host.ssh_config), "-o", f"ControlPath={path}", "-O", op, self.host.alias],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+
+
+def write_profile(folder: Path, name: str, base: str, login: dict[str, object]) -> None:
+    data = yaml.safe_load((REPO / "cluster_profiles" / f"{base}.yaml").read_text())
+    data["login"] = login
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(data))
+
+
+@pytest.fixture(scope="module")
+def laptop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Laptop]:
+    tmp = tmp_path_factory.mktemp("remote")
+    runtime = Path(tempfile.mkdtemp(prefix="xdg-"))  # short: the master's socket path has ~100 bytes
+    with login_host(tmp / "sshd", "login-a") as host:
+        login = {"host": "login-a", "ssh_config": str(host.ssh_config), "python": sys.executable,
+                 "profile": "local", "home": str(tmp / "login-home"), "runs": str(tmp / "login-runs"),
+                 "connect_timeout": 5}  # fmt: skip
+        write_profile(tmp / "profiles", "cluster", "local", login)
+        project = tmp / "project"
+        project.mkdir()
+        (project / "job.py").write_text(SCRIPT)
+        (project / "helper.py").write_text("VALUE = 1\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATOR_", "SLURM_"))}
+        env.update(ORCHESTRATOR_PROFILES=str(tmp / "profiles"), ORCHESTRATOR_HOME=str(tmp / "laptop-home"),
+                   PATH=laptop_path(tmp), XDG_RUNTIME_DIR=str(runtime), PYTHONPATH=str(REPO))  # fmt: skip
+        box = Laptop(tmp, env, project, host, tmp / "login-runs")
+        try:
+            yield box
+        finally:
+            box.master("exit")
+            shutil.rmtree(runtime, ignore_errors=True)
+            for pids in (tmp / "login-runs").glob("*/local_pids.json"):
+                for pid in json.loads(pids.read_text()).values():
+                    kill_tree(int(pid))
+
+
+def submitted(res: subprocess.CompletedProcess[str]) -> tuple[str, Path]:
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.split("submitted job ")[1].split()[0], Path(
+        res.stdout.split("run directory ")[1].split()[0]
+    )
+
+
+def node_log(run_dir: Path) -> str:
+    (log,) = sorted((run_dir / "logs").glob("attempt_0/node_0.log")) or sorted(
+        (run_dir / "logs").rglob("node_0*.log")
+    )
+    return log.read_text()
+
+
+def test_submit_carries_hostile_words_and_follows_the_job(laptop: Laptop) -> None:
+    """A job submitted from the laptop runs the laptop's script with its arguments exactly as typed
+    (no shell on the way re-reads them), `wait` follows it to COMPLETED and `logs` shows its node log."""
+    res = laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node", "1",
+                     "--name", HOSTILE_NAME, "--", "job.py", *HOSTILE_ARGS)  # fmt: skip
+    job, run_dir = submitted(res)
+    assert run_dir.is_relative_to(laptop.login_runs)  # the login host's runs root, not the laptop's
+    assert (run_dir / "snapshot" / "job.py").read_text() == SCRIPT  # the code went with it
+    done = laptop.cli("wait", job)
+    assert done.returncode == 0 and "COMPLETED" in done.stdout, done.stdout + done.stderr
+    shown = laptop.cli("logs", job, "--node", "0")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == node_log(run_dir)
+    printed = next(line for line in shown.stdout.splitlines() if line.startswith("[default0]:["))
+    assert json.loads(printed.split(":", 1)[1]) == HOSTILE_ARGS
+    rows = json.loads(laptop.cli("status", job, "--json").stdout)["jobs"]
+    assert [(r["job_id"], r["name"], r["state"]) for r in rows] == [(job, HOSTILE_NAME, "COMPLETED")]
+    leaked = [
+        p for p in (laptop.project, laptop.login_runs, Path.home(), Path("/")) if list(p.glob("PWNED*"))
+    ]
+    assert leaked == []
+
+
+def test_ended_jobs_cost_no_round_trip(laptop: Laptop) -> None:
+    """`status --json` over ended jobs is answered from the laptop's book: no session at the server."""
+    job, _ = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node", "1",
+                                  "--", "job.py"))  # fmt: skip
+    assert laptop.cli("wait", job).returncode == 0
+    first = json.loads(laptop.cli("status", job, "--json").stdout)
+    before = laptop.host.sessions()
+    again = laptop.cli("status", job, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["jobs"] == first["jobs"]
+    assert laptop.host.sessions() == before
+
+
+def test_logs_follow_survives_a_cut_connection(laptop: Laptop) -> None:
+    """The master is killed while `logs -f` streams: it reconnects and continues at the byte it was
+    cut; the output equals the node log (nothing twice, nothing lost)."""
+    job, run_dir = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node",
+                                        "1", "--", "job.py", "--lines", "40"))  # fmt: skip
+    out = laptop.tmp / f"follow-{job}.out"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "logs", job, "-f", "--node", "0", "--tail", "1000000"],
+            env=laptop.env, cwd=laptop.project, stdout=sink, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        poll(lambda: b"line 5 " in out.read_bytes(), 120, "the first lines through logs -f")
+        assert laptop.master("exit").returncode == 0  # the connection is cut mid-stream
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 0, err
+    assert b"reconnecting" in err
+    text = out.read_text()
+    assert "line 39 " in text
+    assert text == node_log(run_dir)
+
+
+def test_a_password_only_host_fails_at_once_with_the_command_to_open_it(laptop: Laptop) -> None:
+    """No master open, a host that wants a password: exit 2 within 5 s, one line with the exact
+    `ssh -fNM ...` command; nothing asked (BatchMode)."""
+    with login_host(laptop.tmp / "sshd-password", "login-pw", password_only=True) as host:
+        login = {"host": "login-pw", "ssh_config": str(host.ssh_config), "python": sys.executable}
+        write_profile(laptop.tmp / "profiles", "pw", "local", login)
+        env = {**laptop.env, "ORCHESTRATOR_LOGIN": "pw"}
+        started = time.monotonic()
+        res = laptop.cli("status", env=env, timeout=30)
+        took = time.monotonic() - started
+    assert took < 5, took
+    assert res.returncode == 2, res.stdout + res.stderr
+    (line,) = res.stderr.splitlines()
+    assert "login-pw" in line and "password" in line
+    command = shlex.split(line.split("then run this again: ", 1)[1])
+    assert command[:2] == ["ssh", "-fNM"] and command[-1] == "login-pw"
+    assert ["-F", str(host.ssh_config)] == command[2:4]
+
+
+def test_an_unreachable_host_is_one_line_naming_it(laptop: Laptop) -> None:
+    closed = free_port()
+    (laptop.tmp / "unreachable.cfg").write_text(f"Host login-gone\n  HostName 127.0.0.1\n  Port {closed}\n")
+    login = {"host": "login-gone", "ssh_config": str(laptop.tmp / "unreachable.cfg"), "connect_timeout": 3}
+    write_profile(laptop.tmp / "profiles", "gone", "local", login)
+    started = time.monotonic()
+    res = laptop.cli("list", env={**laptop.env, "ORCHESTRATOR_LOGIN": "gone"}, timeout=30)
+    assert time.monotonic() - started < 5
+    assert res.returncode == 2
+    (line,) = res.stderr.splitlines()
+    assert "login host login-gone unreachable" in line and "Connection refused" in line
+
+
+def test_a_version_mismatch_says_how_to_fix_it(laptop: Laptop) -> None:
+    """The login host's agent refuses a laptop of another version, naming the command that fixes it."""
+    line = agent_command(_profile(laptop), ["run", "--", "list"]).replace(
+        shlex.quote(_version()), "0.0.0-other", 1
+    )
+    res = subprocess.run(["ssh", "-F", str(laptop.host.ssh_config), "-o", "BatchMode=yes", laptop.host.alias,
+                          line], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2
+    assert "laptop's is 0.0.0-other" in res.stderr and "orchestrator remote install" in res.stderr
+
+
+def test_only_changed_files_are_sent_and_links_stay_links(laptop: Laptop) -> None:
+    """A second submit of the same folder sends only the file that changed; a link out of the project
+    arrives as a link (never followed); an over-large folder is refused before any session."""
+    (laptop.project / "outside").symlink_to("/etc")
+    (laptop.project / "helper.py").write_text("VALUE = 2\n")
+    job, run_dir = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node",
+                                        "1", "--", "job.py"))  # fmt: skip
+    assert os.readlink(run_dir / "snapshot" / "outside") == "/etc"
+    profile = _profile(laptop)
+    snap = remote_snapshot.plan_snapshot(laptop.project / "job.py")
+    mirror = Path(remote_snapshot.mirror_of(snap.source, profile))
+    from orchestrator.remote.agent import manifest
+
+    assert remote_snapshot.changes(snap.source, snap.files, manifest(mirror)) == ([], [])
+    (laptop.project / "helper.py").write_text("VALUE = 3\n")
+    (laptop.project / "outside").unlink()
+    snap = remote_snapshot.plan_snapshot(laptop.project / "job.py")
+    assert remote_snapshot.changes(snap.source, snap.files, manifest(mirror)) == (["helper.py"], ["outside"])
+    with open(laptop.project / "big.bin.data", "wb") as f:
+        f.truncate(remote_snapshot.plan_snapshot.__defaults__[0] + 1)  # type: ignore[index]
+    before = laptop.host.sessions()
+    res = laptop.cli("submit", "--profile", "cluster", "--", "job.py")
+    (laptop.project / "big.bin.data").unlink()
+    assert res.returncode == 2 and "limit" in res.stderr, res.stderr
+    assert laptop.host.sessions() == before
+    assert laptop.cli("wait", job).returncode == 0
+
+
+def test_the_laptop_routes_only_what_belongs_to_a_login_host(laptop: Laptop) -> None:
+    """A local profile's command runs here; a job id from the book goes to its login host."""
+    before = laptop.host.sessions()
+    res = laptop.cli("submit", "--profile", "local", "--dry-run", "--", "job.py")
+    assert res.returncode == 0, res.stderr
+    assert laptop.host.sessions() == before
+    listed = laptop.cli("list", "--json", env={**laptop.env, "ORCHESTRATOR_LOGIN": "cluster"})
+    assert listed.returncode == 0, listed.stderr
+    assert laptop.host.sessions() == before + 1
+
+
+def _profile(laptop: Laptop) -> ClusterProfile:
+    from orchestrator.config.profiles import parse_profile
+
+    return parse_profile((laptop.tmp / "profiles" / "cluster.yaml").read_text(), "cluster.yaml")
+
+
+def _version() -> str:
+    from orchestrator import __version__
+
+    return __version__
