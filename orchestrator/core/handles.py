@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from orchestrator.contract.job_states import JobState
     from orchestrator.core.resume import ResumeOverrides
+    from orchestrator.core.run_series import SeriesFollower
     from orchestrator.core.status import StatusRow
     from orchestrator.core.sweep_status import SweepStatus
     from orchestrator.registry.store import Registry
@@ -82,6 +83,24 @@ class Job:
         from orchestrator.core.run_summary import iter_metrics
 
         return list(iter_metrics(self.run_dir))
+
+    def curves(self) -> SeriesFollower:
+        """The run's loss and throughput curves, followed: ``.update().series()`` parses only what was
+        appended since the previous call (``orchestrator ui`` keeps one per open run page)."""
+        from orchestrator.core.run_series import SeriesFollower
+
+        return SeriesFollower(self.run_dir)
+
+    def details(self) -> dict[str, Any]:
+        """What the run directory says beyond the status row: the attempts and their nodes, the
+        straggler ranks, the newest hang report with every rank's stack (None without one)."""
+        from orchestrator.core import run_view
+
+        return {
+            "attempts": run_view.attempts(self.run_dir),
+            "stragglers": run_view.stragglers(self.run_dir),
+            "hang": run_view.hang_report(self.run_dir),
+        }
 
     def cancel(self, signal: signal.Signals | str | None = None) -> str:
         """Cancel the job, or send it ``signal`` (e.g. ``"USR1"``); the line ``cancel`` prints."""

@@ -11,77 +11,14 @@ nodes that have no display.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import read_job_json
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.core.run_series import RunSeries, load_series
 
-
-@dataclass
-class RunSeries:
-    """The curves of one run, read in a single streaming pass over metrics.jsonl."""
-
-    train_steps: list[int] = field(default_factory=list)
-    train_loss: list[float] = field(default_factory=list)
-    tps_steps: list[int] = field(default_factory=list)
-    tokens_per_s: list[float] = field(default_factory=list)
-    sps_steps: list[int] = field(default_factory=list)
-    steps_per_s: list[float] = field(default_factory=list)
-    val_steps: list[int] = field(default_factory=list)
-    val_loss: list[float] = field(default_factory=list)
-    resumes: list[tuple[int, str]] = field(default_factory=list)
-    strategy: str | None = None
-    world_size: int | None = None
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-
-def load_series(run_dir: Path | str) -> RunSeries:
-    """Collect train loss, tokens/s, val loss and resume points (events with bad fields are skipped).
-
-    After a resume the steps between the checkpoint and the crash are trained (and logged) again;
-    the later value wins for each step, so the curve follows the run that actually continued
-    instead of doubling back on itself.
-    """
-    s = RunSeries()
-    loss: dict[int, float] = {}
-    tps: dict[int, float] = {}
-    sps: dict[int, float] = {}
-    val: dict[int, float] = {}
-    for e in iter_metrics(Path(run_dir)):
-        kind, step = e.get("event"), e.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
-            continue
-        if kind == "train":
-            if _is_num(e.get("loss")):
-                loss[step] = float(e["loss"])
-            if _is_num(e.get("tokens_per_s")):
-                tps[step] = float(e["tokens_per_s"])
-            if _is_num(e.get("step_time_s")) and e["step_time_s"] > 0:
-                sps[step] = 1.0 / float(e["step_time_s"])
-            if isinstance(e.get("strategy"), str):
-                s.strategy = e["strategy"]
-            if isinstance(e.get("world_size"), int):
-                s.world_size = e["world_size"]
-        elif kind == "eval" and _is_num(e.get("val_loss")):
-            val[step] = float(e["val_loss"])
-        elif kind == "resume":
-            s.resumes.append((step, str(e.get("checkpoint") or "")))
-    s.train_steps, s.train_loss = _sorted(loss)
-    s.tps_steps, s.tokens_per_s = _sorted(tps)
-    s.sps_steps, s.steps_per_s = _sorted(sps)
-    s.val_steps, s.val_loss = _sorted(val)
-    return s
-
-
-def _sorted(points: dict[int, float]) -> tuple[list[int], list[float]]:
-    steps = sorted(points)
-    return steps, [points[k] for k in steps]
+__all__ = ["RunSeries", "load_series", "plot_run", "throughput"]
 
 
 def throughput(series: RunSeries) -> tuple[str, list[int], list[float]] | None:
