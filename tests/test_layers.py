@@ -42,8 +42,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "remote": frozenset({"core", "registry", "config", "contract"}),
     # the public Python API (typed; no argparse)
     "api": frozenset({"remote", "core", "registry", "schedulers.base", "config", "contract"}),
-    # argparse commands: parse, call the API, print
-    "cli": frozenset({"api", "remote", "config", "contract"}),
+    # the web dashboard (``orchestrator ui``): reads through the API only, as ``status`` does
+    "ui": frozenset({"api", "contract"}),
+    # argparse commands: parse, call the API, print (``cli/ui.py`` starts the dashboard)
+    "cli": frozenset({"api", "ui", "remote", "config", "contract"}),
     # the names users import: ``import orchestrator``, ``orchestrator.hf``, ``orchestrator.loop``
     "": frozenset({"api", "rank", "contract"}),
     "__main__": frozenset({"cli"}),
