@@ -156,7 +156,9 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for name, r in results.items():
-        print(f"{name}: median {r['median_s']:.3f} s (range {r['min_s']:.3f}-{r['max_s']:.3f}){r.get('note', '')}")
+        print(
+            f"{name}: median {r['median_s']:.3f} s (range {r['min_s']:.3f}-{r['max_s']:.3f}){r.get('note', '')}"
+        )
     print(json.dumps(results))
     return 0
 
@@ -189,7 +191,9 @@ def measure(port: int, env: dict[str, str], big_id: str, big: Path, reps: int) -
         wall, data = get(port, f"/api/job/{big_id}/chart")
         loss = data["curves"]["loss"]
         assert loss["points"] >= CHART_EVENTS and len(loss["x"]) <= 2000
-        notes["run chart, cold (100,000 events read)"] = f"; {loss['points']:,} steps -> {len(loss['x'])} points sent"
+        notes["run chart, cold (100,000 events read)"] = (
+            f"; {loss['points']:,} steps -> {len(loss['x'])} points sent"
+        )
         return wall
 
     def chart_warm() -> float:
