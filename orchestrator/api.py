@@ -29,6 +29,8 @@ from orchestrator.contract.errors import UserError
 from orchestrator.core.handles import NOT_RESUMED, Job, Sweep, cancel, get_job, get_sweep, resume
 from orchestrator.core.progress import WaitTimeout, follow_hint
 from orchestrator.core.sweep_status import SWEEP_METRICS, SweepStatus, sweep_status
+from orchestrator.remote import handles as remote
+from orchestrator.remote.handles import RemoteJob, RemoteSweep
 
 if TYPE_CHECKING:
     from typing import TypedDict, Unpack  # Unpack: Python 3.11; read by the type checker only
@@ -267,9 +269,11 @@ def dry_run(plan: LaunchPlan) -> Request:
     return dry_run_(plan)
 
 
-def submit(*, snapshot: bool = False, **plan: Unpack[PlanKeywords]) -> Job:
+def submit(*, snapshot: bool = False, **plan: Unpack[PlanKeywords]) -> Job | RemoteJob:
     """Submit a job; the keywords are :func:`make_plan`'s (``script``, ``profile``, ``strategy``,
-    ``nodes``, ``after``...)."""
+    ``nodes``, ``after``...). A profile with ``login.host``: a :class:`RemoteJob` on that login host."""
+    if remote.has_login(plan):
+        return remote.submit(plan, snapshot)
     return submit_plan(make_plan(**plan), snapshot=snapshot)
 
 
@@ -455,11 +459,13 @@ def submit_sweep_plan(
 
 def sweep(
     *, grid: Mapping[str, Sequence[Any]], max_parallel: int | None = None, **plan: Unpack[PlanKeywords]
-) -> Sweep:
+) -> Sweep | RemoteSweep:
     """A grid of runs as one job array: ``args`` name grid values as ``{lr}``; at most
     ``max_parallel`` tasks run at once (default: all). The keywords are :func:`make_plan`'s."""
     from orchestrator.config.inputs import max_parallel as check_max_parallel
 
     check_max_parallel(max_parallel)  # before the plan: nothing is created for a refused sweep
+    if remote.has_login(plan):
+        return remote.sweep(plan, grid, max_parallel)
     base, text_grid = sweep_plan_points(grid, **plan)
     return submit_sweep_plan(base, text_grid, max_parallel)

@@ -268,3 +268,31 @@ def _version() -> str:
     from orchestrator import __version__
 
     return __version__
+
+
+API_SCRIPT = """
+import json, orchestrator
+job = orchestrator.submit(profile="cluster", script="job.py", args=["--lines", "2", "a b"], nodes=1,
+                          procs_per_node=1, name="api job")
+state = job.wait()
+sweep = orchestrator.sweep(profile="cluster", script="job.py", args=["--lr", "{lr}"], grid={"lr": [0.1, 0.2]},
+                           nodes=1, procs_per_node=1)
+print(json.dumps({"job": job.job_id, "run_dir": str(job.run_dir), "state": state, "row": job.status(),
+                  "logs": job.logs(node=0), "sweep": sweep.wait(), "tasks": sweep.status()["tasks"]}))
+"""
+
+
+def test_the_python_api_submits_and_follows_on_the_login_host(laptop: Laptop) -> None:
+    """``orchestrator.submit``/``sweep`` with a login profile: jobs on the login host, followed to the end."""
+    before = laptop.host.sessions()
+    res = subprocess.run([sys.executable, "-c", API_SCRIPT], env=laptop.env, cwd=laptop.project,
+                         capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    assert out["state"] == "COMPLETED" and out["row"]["name"] == "api job"
+    assert Path(out["run_dir"]).is_relative_to(laptop.login_runs)
+    assert out["logs"] == node_log(Path(out["run_dir"]))
+    assert '["--lines", "2", "a b"]' in out["logs"]
+    assert out["sweep"] == ["COMPLETED", "COMPLETED"]
+    assert sorted(t["params"]["lr"] for t in out["tasks"]) == ["0.1", "0.2"]
+    assert laptop.host.sessions() > before  # it went through the login host

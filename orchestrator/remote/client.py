@@ -25,31 +25,54 @@ from orchestrator.remote.ssh import SSH_FAILED, Connection
 RECONNECT_S = 120.0
 
 
-def forward(name: str, argv: Sequence[str]) -> int:
-    """Run the command line ``argv`` on the login host of profile ``name``; print here."""
+def _connect(name: str) -> tuple[ClusterProfile, Connection]:
     profile = login_profile(name)
     if profile is None:
         raise UserError(f"profile {name}: no login.host")
     conn = Connection(profile.login)
-    conn.ensure_master()
-    argv = _remote_argv(profile, name, list(argv))
-    command = argv[0]
-    if command in ("submit", "sweep"):
+    conn.ensure_master()  # fails here, at once, when the host would ask for something
+    return profile, conn
+
+
+def run_captured(name: str, argv: Sequence[str]) -> tuple[int, str, str]:
+    """Run ``argv`` on the login host of profile ``name``: (exit status, stdout, stderr). A submit,
+    sweep or resume sends the code first (submit, sweep) and books the job ids it printed."""
+    profile, conn = _connect(name)
+    words = _remote_argv(profile, name, list(argv))
+    if words[0] in ("submit", "sweep"):
         from orchestrator.remote.snapshot import send_and_run
 
-        rc, out, said = send_and_run(conn, profile, argv)
-        sys.stdout.write(out.decode(errors="replace"))
+        rc, out, said = send_and_run(conn, profile, words)
+    else:
+        rc, out, said = call(conn, agent_command(profile, [*run_words(profile), "--", *words]))
+        if rc == SSH_FAILED:
+            raise conn.failure(said)
+    text = out.decode(errors="replace")
+    if rc == 0 and words[0] in ("submit", "sweep", "resume"):
+        book.remember(name, _submitted_ids(text))
+    return rc, text, said
+
+
+def forward(name: str, argv: Sequence[str]) -> int:
+    """Run the command line ``argv`` on the login host of profile ``name``; print here."""
+    command = argv[0]
+    if command in ("submit", "sweep", "resume"):
+        rc, out, said = run_captured(name, argv)
+        sys.stdout.write(out)
         sys.stderr.write(said)
-        if rc == 0:
-            book.remember(name, _submitted_ids(out.decode(errors="replace")))
         return rc
+    profile, conn = _connect(name)
+    argv = _remote_argv(profile, name, list(argv))
     if command == "status" and "--json" in argv and "--watch" not in argv:
         return _status_json(conn, profile, name, argv)
     if command == "logs":
         return _logs(conn, profile, argv)
-    rc, said = _stream(conn, profile, argv)
-    if rc == 0 and command == "resume":
-        book.remember(name, [])  # a resume's new job id is printed; it was streamed, see _stream
+    rc, _, said = call(
+        conn, agent_command(profile, [*run_words(profile), "--", *argv]), stdout=sys.stdout.buffer
+    )
+    if rc == SSH_FAILED:
+        raise conn.failure(said)
+    sys.stderr.write(said)
     return rc
 
 
@@ -76,16 +99,6 @@ _SUBMITTED = re.compile(r"^(?:submitted job|submitted sweep|task \d+: job|new jo
 
 def _submitted_ids(text: str) -> list[str]:
     return _SUBMITTED.findall(text)
-
-
-def _stream(conn: Connection, profile: ClusterProfile, argv: list[str]) -> tuple[int, str]:
-    rc, _, said = call(
-        conn, agent_command(profile, [*run_words(profile), "--", *argv]), stdout=sys.stdout.buffer
-    )
-    if rc == SSH_FAILED:
-        raise conn.failure(said)
-    sys.stderr.write(said)
-    return rc, said
 
 
 def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
