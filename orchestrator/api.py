@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from orchestrator.config.profiles import ClusterProfile
     from orchestrator.contract.job_states import JobState
     from orchestrator.core.cost import CostReport
+    from orchestrator.core.export import Exported
     from orchestrator.core.resume import ResumeOverrides
     from orchestrator.core.stacks import Stacks
     from orchestrator.core.status import StatusReport
@@ -82,6 +83,7 @@ __all__ = [
     "cost",
     "dry_run",
     "dry_run_sweep",
+    "export",
     "find_sweep",
     "follow_hint",
     "get_job",
@@ -379,6 +381,14 @@ def logs(
             out=out,
             err=err,
         )
+
+
+def export(run: str | None, out: str | Path, **options: Any) -> Exported:
+    """A run's (job id or run directory) checkpoint as files inference tools read; the keywords and
+    what they do: :func:`orchestrator.core.export.export_run`. Imports torch."""
+    from orchestrator.core.export import export_run
+
+    return export_run(run, Path(out), **options)
 
 
 def plot(job_id: str, output: str | Path | None = None, home: Path | None = None) -> Path:

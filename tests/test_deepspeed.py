@@ -215,13 +215,15 @@ def test_zero3_checkpoint_exports_consolidated_fp32(tmp_path: Path) -> None:
 
     baseline = _zero_run("deepspeed_zero3")
     _ok(baseline)
-    out = tmp_path / "model_fp32.pt"
-    res = subprocess.run(
-        [sys.executable, "-m", "train.deepspeed_zero", "export", str(_marker(baseline.run_dir, STEPS).parent), str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+    out = tmp_path / "model_fp32"
+    res = run_cli(
+        ["export", "--checkpoint", str(_marker(baseline.run_dir, STEPS).parent), "--format", "torch",
+         "--out", str(out), "--verify"],
+        dict(os.environ),
+        timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-    state = torch.load(out, weights_only=True)
+    state = torch.load(out / "pytorch_model.bin", weights_only=True)
     assert all(v.dtype == torch.float32 for v in state.values())
     assert sum(v.numel() for v in state.values()) >= 800_000
     final = tl.read_json(baseline.run_dir / "final.json")

@@ -21,32 +21,16 @@ from typing import cast
 
 import torch
 
+from orchestrator.core.export_verify import weights_checksum
+
 #: Above this many parameters, gathering full state on every rank costs too much memory: skip.
 MAX_PARAMS_FOR_CHECKSUM = 200_000_000
 
 
-_WEIGHTS = torch.empty(0, dtype=torch.float64)
-
-
-def _weights(n: int) -> torch.Tensor:
-    """1, 8/7, 9/7, ... 13/7, 1, ... : position weights (cached, sliced)."""
-    global _WEIGHTS
-    if _WEIGHTS.numel() < n:
-        _WEIGHTS = 1.0 + (torch.arange(max(n, 1 << 16), dtype=torch.float64) % 7) / 7.0
-    return _WEIGHTS[:n]
-
-
 def tensor_checksum(named: Mapping[str, torch.Tensor]) -> float:
-    total = torch.zeros((), dtype=torch.float64)
-    for name in sorted(named):
-        value = named[name]
-        if not isinstance(value, torch.Tensor):
-            value = torch.tensor(float(value))
-        if hasattr(value, "full_tensor"):  # a DTensor that escaped gathering
-            value = value.full_tensor()
-        flat = value.detach().to("cpu", torch.float64).reshape(-1)
-        total += torch.dot(flat, _weights(flat.numel()))
-    return float(total)
+    """The position-weighted float64 sum over ``named`` in sorted-name order: one definition, shared
+    with ``orchestrator export --verify``, which compares an export with the value recorded here."""
+    return weights_checksum(named, named.__getitem__)
 
 
 def full_state(

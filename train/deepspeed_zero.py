@@ -11,16 +11,13 @@
 * Checksums gather ZeRO-3's partitioned parameters; the optimizer checksum is the sum over ranks of
   each rank's partition (comparable at the same world size, which is the only one that resumes).
 
-``python -m train.deepspeed_zero export CHECKPOINT OUT.pt`` writes the consolidated fp32 state dict of
-a ZeRO checkpoint (any stage, no process group needed): DeepSpeed's ``zero_to_fp32``.
+``orchestrator export RUN --out DIR`` writes a ZeRO checkpoint's consolidated weights (any stage, no
+process group needed; DeepSpeed's ``zero_to_fp32`` reads it: ``orchestrator.core.export_read``).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -133,7 +130,7 @@ def resume_problem(marker: dict, strategy: str, world_size: int) -> str | None:
         return (
             f"checkpoint written by {saved or 'unknown'}, this run is {strategy}: DeepSpeed ZeRO checkpoints and "
             "DDP/FSDP checkpoints are different formats; resume with the strategy that wrote it (export a "
-            "ZeRO checkpoint with `python -m train.deepspeed_zero export` to start a new run from its weights)"
+            "ZeRO checkpoint with `orchestrator export RUN --out DIR` to start a new run from its weights)"
         )
     if saved != strategy:
         return f"checkpoint written by {saved}, this run is {strategy}: resume with the same ZeRO stage"
@@ -145,38 +142,3 @@ def resume_problem(marker: dict, strategy: str, world_size: int) -> str | None:
             "DeepSpeed's universal checkpoint (ds_to_universal) is not wired in"
         )
     return None
-
-
-def export_fp32(checkpoint: Path, out: Path) -> dict[str, torch.Tensor]:
-    """The consolidated fp32 state dict of a ZeRO checkpoint folder (ours, holding ``pytorch_model/``)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=CHECKPOINT_TAG)
-    state = {k: v.contiguous() for k, v in state.items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(state, tmp)
-    tmp.replace(out)
-    return state
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m train.deepspeed_zero", description=__doc__.split("\n\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    export = sub.add_parser("export", help="consolidated fp32 state dict of a ZeRO checkpoint")
-    export.add_argument("checkpoint", type=Path, help="a complete checkpoint folder (checkpoints/step_N)")
-    export.add_argument("out", type=Path, help="output file (torch.save of {name: fp32 tensor})")
-    args = parser.parse_args(argv)
-    if not (args.checkpoint / CHECKPOINT_TAG).is_dir():
-        print(f"{args.checkpoint}: no {CHECKPOINT_TAG}/ folder: not a DeepSpeed checkpoint", file=sys.stderr)
-        return 2
-    state = export_fp32(args.checkpoint, args.out)
-    total = sum(v.numel() for v in state.values())
-    print(f"{args.out}: {len(state)} tensors, {total} parameters (fp32)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

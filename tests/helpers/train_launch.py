@@ -55,6 +55,7 @@ def render_configs(
     port: int,
     folder: Path,
     wrap_cls: str | None = None,
+    options: dict | None = None,
 ) -> list[Path]:
     from orchestrator.config.plan import build_plan, merge_options
     from orchestrator.config.profiles import load_profile
@@ -66,8 +67,10 @@ def render_configs(
     )
 
     name, _, profile = load_profile("local")
-    options = merge_options(profile, strategy=strategy, fsdp_version=fsdp_version, wrap_cls=wrap_cls)
-    plan = build_plan(name, profile, options, script=SCRIPT, nodes=nodes, procs_per_node=procs)
+    merged = merge_options(
+        profile, strategy=strategy, fsdp_version=fsdp_version, wrap_cls=wrap_cls, **(options or {})
+    )
+    plan = build_plan(name, profile, merged, script=SCRIPT, nodes=nodes, procs_per_node=procs)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank in range(nodes):
@@ -210,13 +213,16 @@ def start(
     env: dict | None = None,
     config_paths: list[Path] | None = None,
     wrap_cls: str | None = None,
+    options: dict | None = None,
 ) -> Launch:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     launch_dir = run_dir / "launch"
     launch_dir.mkdir(exist_ok=True)
     if config_paths is None:
-        config_paths = render_configs(strategy, fsdp_version, nodes, procs, free_port(), launch_dir, wrap_cls)
+        config_paths = render_configs(
+            strategy, fsdp_version, nodes, procs, free_port(), launch_dir, wrap_cls, options
+        )
     full_env = launch_env(strategy, fsdp_version, nodes, procs, run_dir, env)
     procs_started, logs = [], []
     attempt = len(list(launch_dir.glob("node0-*.log")))
@@ -257,9 +263,13 @@ def run(
     timeout=180,
     env=None,
     wrap_cls: str | None = None,
+    options: dict | None = None,
 ) -> Launch:
-    """Start and wait; the Launch has ``returncodes``; the tree is killed on any failure to finish."""
-    launch = start(run_dir, strategy, fsdp_version, nodes, procs, args, timeout, env, wrap_cls=wrap_cls)
+    """Start and wait; the Launch has ``returncodes``; the tree is killed on any failure to finish.
+    ``options``: more strategy options for the rendered config (``{"state_dict": "full"}``)."""
+    launch = start(
+        run_dir, strategy, fsdp_version, nodes, procs, args, timeout, env, wrap_cls=wrap_cls, options=options
+    )
     try:
         launch.wait()
     finally:
@@ -295,13 +305,24 @@ def cached_run(
     args: tuple = (),
     timeout: float = 180,
     wrap_cls: str | None = None,
+    options: dict | None = None,
 ) -> Launch:
     """``run`` once per (configuration, args) per pytest process; later calls return the same Launch."""
-    key = (strategy, fsdp_version if strategy != "ddp" else 0, nodes, procs, tuple(args), wrap_cls)
+    key: tuple = (strategy, fsdp_version if strategy != "ddp" else 0, nodes, procs, tuple(args), wrap_cls)
+    if options:
+        key += (tuple(sorted(options.items())),)
     if key not in _CACHE:
         name = f"{strategy}-v{key[1]}-{nodes}x{procs}-{len(_CACHE)}"
         _CACHE[key] = run(
-            cache_dir() / name, strategy, fsdp_version, nodes, procs, list(args), timeout, wrap_cls=wrap_cls
+            cache_dir() / name,
+            strategy,
+            fsdp_version,
+            nodes,
+            procs,
+            list(args),
+            timeout,
+            wrap_cls=wrap_cls,
+            options=options,
         )
     return _CACHE[key]
 
