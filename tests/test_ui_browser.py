@@ -92,6 +92,11 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         ),
         "job",
     )
+    # Held inside step 4 until its test stops it (USR2: checkpoint, PREEMPTED), then resumed as another job.
+    hold = ["--lr", "0.1", "--hold-lr", "0.1", "--hold-at", "4", "--steps", "8", "--step-s", "0.1"]
+    ids["preempted"] = _submitted(
+        run_cli(["submit", *ONE, "--name", "resumed", "--", SWEEP_TASK, *hold], env), "job"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "ui", "--port", "0", "--refresh", "0.5"],
         env=env,
@@ -266,7 +271,7 @@ def test_running_job_chart_gains_points_without_reload(dashboard: Dashboard, bro
     assert browser.execute_script("return window.__same_page") is True  # no reload happened
     state = browser.execute_script("return document.querySelector('#summary .state').textContent")
     assert state.startswith("RUNNING"), state
-    _shot(browser, "job_running.png", "ui_job.png")
+    _shot(browser, "job_running.png")
     _no_script_ran(browser)
 
 
@@ -291,4 +296,34 @@ def test_sweep_page_highlights_the_best_task(dashboard: Dashboard, browser: Any)
     )
     assert sorted(points) == [0.1, 0.2, 0.3]
     _shot(browser, "sweep.png", "ui_sweep.png")
+    _no_script_ran(browser)
+
+
+def test_resumed_run_shows_both_attempts_on_one_axis(dashboard: Dashboard, browser: Any) -> None:
+    env, first = dashboard.env, dashboard.ids["preempted"]
+    run_dir = Path(_status(env, first)["jobs"][0]["run_dir"])
+    poll(
+        lambda: (run_dir / "holding.json").exists(), 180, "the first attempt holding in step 4", interval=0.3
+    )
+    assert run_cli(["cancel", first, "--signal", "USR2"], env, timeout=60).returncode == 0
+    res = run_cli(["wait", first, "--timeout", "120"], env, timeout=150)
+    assert "PREEMPTED" in res.stdout, res.stdout + res.stderr
+    res = run_cli(["resume", first], env, timeout=60)
+    second = _submitted(res, "job")
+    assert run_cli(["wait", second, "--timeout", "240"], env, timeout=270).returncode == 0
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    resumed_at = [e["step"] for e in events if e.get("event") == "resume"]
+    assert resumed_at == [4], events
+    browser.get(dashboard.url + "job/" + second)
+    shapes = _wait(
+        browser,
+        "(c => c && c.layout && c.data[0].x.length === 8 && c.layout.shapes)(document.getElementById('chart-loss'))",
+        "the whole run's 8 steps and the resume marker",
+    )
+    assert [shape["x0"] for shape in shapes] == resumed_at  # the resume point, dashed, on the one axis
+    rows = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#attempts tbody tr')).map(r => r.textContent)"
+    )
+    assert len(rows) == 2 and f"step {resumed_at[0]}" in rows[1], rows
+    _shot(browser, "job_resumed.png", "ui_job.png")
     _no_script_ran(browser)
