@@ -220,3 +220,14 @@ def test_run_directory_records_become_evidence(tmp_path: Path) -> None:
     costs = account_run([first, second], now=T0 + 1000)
     assert costs[0].lost_steps == 1  # step 2 trained again after the restore of step 1
     assert costs[0].seconds["hang"] == pytest.approx(24.0)
+
+
+def test_a_step_past_the_recorded_end_counts_only_inside_it() -> None:
+    """Accounting's whole seconds can end an allocation before its last step's record: the bill keeps
+    to the allocation (nothing negative left unaccounted)."""
+    ev = AttemptEvidence(alloc(0, 20), steps=steps(1, 3, 5.0))  # the last step ends at 20.0 + 0
+    late = AttemptEvidence(alloc(0, 19.5), steps=ev.steps)
+    cost = account_attempt(late, set(), now=T0 + 1000)
+    assert cost.seconds["productive"] == pytest.approx(14.5)
+    assert cost.seconds["unaccounted"] == pytest.approx(0.0, abs=1e-9)
+    assert min(cost.seconds.values()) >= 0

@@ -211,8 +211,10 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
     before = max(0.0, min(steps[0].start, end) - start)
     seconds["preflight"] = min(before, ev.preflight_s or 0.0)
     seconds["startup"] = before - seconds["preflight"]
-    for s in steps:
-        seconds["lost_work" if s.step in lost else "productive"] += s.seconds
+    for s in steps:  # only the part inside the allocation: its times are whole seconds
+        seconds["lost_work" if s.step in lost else "productive"] += max(
+            0.0, min(s.end, end) - max(s.start, start)
+        )
     cost.lost_steps = sum(1 for s in steps if s.step in lost)
     by_step = {s.step: s for s in steps}
     last_end = steps[-1].end
@@ -221,11 +223,12 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
         after = by_step.get(e.step)
         if after is None or not after.end <= e.end <= end + SLACK_S:
             continue
-        seconds["evaluation"] += e.end - after.end
+        took = max(0.0, min(e.end, end) - after.end)
+        seconds["evaluation"] += took
         if e.step == steps[-1].step:
             last_end = max(last_end, e.end)
         else:
-            inside += e.end - after.end
+            inside += took
     between = sum(max(0.0, b.start - a.end) for a, b in zip(steps, steps[1:], strict=False))
     seconds["checkpoint"] = max(0.0, between - inside)
     last_end = min(last_end, end)
