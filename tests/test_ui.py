@@ -156,3 +156,37 @@ def test_ui_help_imports_no_plotly(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_run_details_read_attempts_and_the_watchdogs_hang_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job page's attempts and hang report, read back from files written by the contract's and the
+    watchdog's own writers (the stack texts are made up: a real hang costs a minute; the watchdog's
+    tests make them)."""
+    from orchestrator.contract.attempt_start import write_attempt_start
+    from orchestrator.contract.run_dir import attempt_dir, hang_dir, node_exit_file, node_log_file
+    from orchestrator.core.handles import Job
+    from orchestrator.supervise.watchdog import write_report
+
+    run = tmp_path / "run"
+    for attempt, code in ((0, "75"), (1, None)):
+        folder = attempt_dir(run, attempt)
+        folder.mkdir(parents=True)
+        for node in (0, 1):
+            node_log_file(folder, node).write_text("x\n")
+            if code is not None:
+                node_exit_file(folder, node).write_text(code + "\n")
+    monkeypatch.setenv("ORCHESTRATOR_ATTEMPT", "1")  # rank 0 of attempt 1 restored step 40
+    write_attempt_start(40, str(run / "checkpoints" / "step_00000040"), "train", run_dir=run)
+    folder = hang_dir(run, 1)
+    write_report(folder, {"reason": "hang: no step for 60 s; rank 3 on node n2 differs", "culprit_rank": 3})
+    for rank in (10, 3, 2):
+        (folder / f"rank_{rank}.txt").write_text(f"Thread 1 (rank {rank}): all_reduce\n")
+    details = Job("1", run).details()
+    assert [(a["attempt"], a["start_step"]) for a in details["attempts"]] == [(0, None), (1, 40)]
+    assert details["attempts"][0]["nodes"] == [{"node": 0, "exit_code": "75"}, {"node": 1, "exit_code": "75"}]
+    assert details["attempts"][1]["nodes"][1] == {"node": 1, "exit_code": None}
+    hang = details["hang"]
+    assert hang["attempt"] == 1 and hang["culprit_rank"] == 3 and "rank 3" in hang["reason"]
+    assert list(hang["stacks"]) == ["2", "3", "10"] and "rank 3" in hang["stacks"]["3"]

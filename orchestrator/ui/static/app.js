@@ -161,7 +161,7 @@ function chartLayout(title, yTitle, resumes, ys) {
     margin: { t: 40, r: 20, b: 40, l: 60 },
     height: 300,
     xaxis: { title: { text: "step" } },
-    yaxis: { title: { text: yTitle }, type: axisType(ys || []) },
+    yaxis: { title: { text: yTitle }, type: axisType(ys || []), exponentformat: "power" },
     shapes: resumes.map((r) => ({ type: "line", x0: r.step, x1: r.step, yref: "paper", y0: 0, y1: 1,
       line: { color: "#c0392b", dash: "dash", width: 1.5 } })),
     annotations: resumes.map((r) => ({ x: r.step, yref: "paper", y: 1, text: "resume @ " + r.step,
@@ -310,7 +310,8 @@ function sweepPage() {
         marker: { size: scored.map((t) => (t.task === data.best_task ? 16 : 10)), color: scored.map((t) => (t.task === data.best_task ? "#c0392b" : "#1f77b4")) },
       }], { title: { text: data.metric + " vs " + axis }, height: 280, margin: { t: 40, r: 20, b: 40, l: 60 },
         xaxis: { title: { text: axis }, type: numeric ? "linear" : "category" },
-        yaxis: { title: { text: data.metric }, type: axisType(scored.map((t) => t.metric)) }, uirevision: "keep" },
+        yaxis: { title: { text: data.metric }, type: axisType(scored.map((t) => t.metric)), exponentformat: "power" },
+        uirevision: "keep" },
       { displaylogo: false, responsive: true });
     }
   }
