@@ -296,3 +296,57 @@ def test_the_python_api_submits_and_follows_on_the_login_host(laptop: Laptop) ->
     assert out["sweep"] == ["COMPLETED", "COMPLETED"]
     assert sorted(t["params"]["lr"] for t in out["tasks"]) == ["0.1", "0.2"]
     assert laptop.host.sessions() > before  # it went through the login host
+
+
+def _probe_wheel(folder: Path) -> Path:
+    """A tiny pure-Python wheel, written by hand (no build tool, no network)."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "orch_probe-1.0-py3-none-any.whl"
+    files = {
+        "orch_probe.py": "VALUE = 7\n",
+        "orch_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: orch-probe\nVersion: 1.0\n",
+        "orch_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in [*files, "orch_probe-1.0.dist-info/RECORD"])
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in {**files, "orch_probe-1.0.dist-info/RECORD": record}.items():
+            z.writestr(name, text)
+    return wheel
+
+
+def test_remote_install_pushes_this_laptops_version(laptop: Laptop) -> None:
+    """`remote install` puts this laptop's package into a venv on the login host, installs the wheels
+    it is given without an index, and names the dependencies still missing there with the fix."""
+    from tests.helpers.preconditions import require_debian_packages
+
+    require_debian_packages("python3-venv")
+    venv = laptop.tmp / "login-venv"
+    login = {"host": "login-a", "ssh_config": str(laptop.host.ssh_config), "python": f"{venv}/bin/python"}
+    write_profile(laptop.tmp / "profiles", "fresh", "local", login)
+    _probe_wheel(laptop.tmp / "wheels")
+    res = laptop.cli("remote", "install", "fresh", "--wheels", str(laptop.tmp / "wheels"), timeout=300)
+    probe = "import orchestrator, orch_probe; print(orchestrator.__version__, orch_probe.VALUE)"
+    there = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                           timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
+    assert there.returncode == 0, there.stderr + res.stderr
+    assert there.stdout.split() == [_version(), "7"]
+    installed = (venv / "lib").glob("python3*/site-packages/orchestrator/remote/install.py")
+    assert [p.read_text() for p in installed] == [
+        (REPO / "orchestrator" / "remote" / "install.py").read_text()
+    ]
+    # What does not import there (Debian's python3 lacks some of them) is named, with the fix.
+    deps = ["jinja2", "psutil", "pydantic", "submitit", "yaml"]  # sorted, as install names them
+    check = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))"
+    lacking = subprocess.run([str(venv / "bin" / "python"), "-c", check, *deps], capture_output=True, text=True,
+                             timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/").stdout.split()  # fmt: skip
+    if not lacking:
+        assert res.returncode == 0 and "installed on login-a" in res.stdout, res.stdout + res.stderr
+        return
+    assert res.returncode == 2, res.stdout + res.stderr
+    (line,) = res.stderr.splitlines()
+    assert f"do not import there: {', '.join(lacking)};" in line
+    assert (
+        "pip download --dest wheels" in line and "orchestrator remote install fresh --wheels wheels" in line
+    )

@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "cost": "where the allocated GPU/CPU-hours of a job, run or sweep went (goodput, waste by cause)",
     "profiles": "list, show or validate cluster profiles",
     "strategies": "table of parallelism strategies",
+    "remote": "install orchestrator on a profile's login host over SSH, or check its version",
 }
 
 MODULES = {"list": "list_jobs"}

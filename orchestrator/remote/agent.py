@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.remote.routing import ON_LOGIN_HOST
+from orchestrator.remote.routing import ON_LOGIN_HOST, version
 
 #: Exit status of a version mismatch (a usage error: the fix is a command the user runs).
 EXIT_MISMATCH = 2
@@ -111,7 +111,7 @@ class _Skipping(io.RawIOBase):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator import __version__
+    __version__ = version()
 
     parser = argparse.ArgumentParser(prog="orchestrator.remote.agent")
     parser.add_argument("version")

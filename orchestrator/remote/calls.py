@@ -14,8 +14,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import IO
 
-from orchestrator import __version__
 from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.remote.routing import version
 from orchestrator.remote.ssh import Connection
 
 
@@ -29,7 +29,7 @@ def _remote_word(path: str) -> str:
 def agent_command(profile: ClusterProfile, words: Sequence[str]) -> str:
     """The shell line running the agent with ``words`` on the login host, every word quoted."""
     return " ".join([_remote_word(profile.login.python), "-m", "orchestrator.remote.agent",
-                     shlex.quote(__version__), *map(shlex.quote, words)])  # fmt: skip
+                     shlex.quote(version()), *map(shlex.quote, words)])  # fmt: skip
 
 
 def run_words(

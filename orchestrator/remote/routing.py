@@ -25,6 +25,8 @@ LOGIN_ENV = "ORCHESTRATOR_LOGIN"
 _PROFILED = ("submit", "sweep", "resume")
 #: Commands whose first positional word is a job (or sweep) id.
 _BY_JOB = ("status", "logs", "wait", "cancel", "resume", "stacks", "plot")
+#: Commands about this machine or the login host itself: never carried there.
+_HERE = ("remote", "profiles", "strategies")
 #: Set by the agent for the command it runs on the login host.
 ON_LOGIN_HOST = "ORCHESTRATOR_ON_LOGIN_HOST"
 
@@ -53,7 +55,7 @@ def login_profile(name: str, profiles_dir: str | None = None) -> ClusterProfile 
 
 def route(argv: Sequence[str]) -> str | None:
     """The profile whose login host runs this command line, or None to run it here."""
-    if os.environ.get(ON_LOGIN_HOST) or not argv:
+    if os.environ.get(ON_LOGIN_HOST) or not argv or argv[0] in _HERE:
         return None
     command = argv[0]
     if command in _PROFILED:
@@ -69,3 +71,11 @@ def route(argv: Sequence[str]) -> str | None:
         words = [w for w in argv[1:] if not w.startswith("-")]
         return next((p for w in words if (p := book.profile_of(w))), None)
     return None
+
+
+def version() -> str:
+    """This orchestrator's version. Read from the package by name: the package's ``__init__`` imports
+    the API, which imports this layer (a plain import would be a cycle)."""
+    import importlib
+
+    return str(importlib.import_module("orchestrator").__version__)

@@ -32,6 +32,7 @@ PERSIST = "8h"
 SSH_FAILED = 255
 #: Unix socket paths hold ~107 bytes; ssh adds ``/`` + ``%C`` (40) + a 17-byte temporary suffix.
 _SOCKET_PATH_MAX, _SOCKET_NAME_BYTES = 104, 58
+_UNREACHABLE_WORDS = ("refused", "timed out", "no route", "resolve", "unreachable", "closed by", "reset by")
 _AUTH_WORDS = ("permission denied", "authentication", "password", "keyboard-interactive", "verification code")
 
 
@@ -127,7 +128,9 @@ class Connection:
                 f"login host {self.host} asks for a password or a second factor and no connection is open; "
                 f"open one once (it may prompt), then run this again: {self.open_command()}"
             )
-        return Unreachable(f"login host {self.host} unreachable ({last})")
+        if any(word in said.lower() for word in _UNREACHABLE_WORDS):
+            return Unreachable(f"login host {self.host} unreachable ({last})")
+        return UserError(f"login host {self.host}: ssh failed ({last})")
 
     def argv(self, remote_command: str) -> list[str]:
         """``ssh`` running ``remote_command`` (one shell line, every word quoted) through the master."""

@@ -85,7 +85,7 @@ def login_host(
     )
     log = folder / "sshd.log"
     known = folder / "known_hosts"
-    known.write_text(f"[{address}]:{port} {host_pub}\n")
+    known.write_text(f"{address if port == 22 else f'[{address}]:{port}'} {host_pub}\n")
     ssh_config = folder / "ssh_config"
     ssh_config.write_text(
         f"Host {alias}\n  HostName {address}\n  Port {port}\n  User root\n  IdentityFile {user_key}\n"
