@@ -34,6 +34,7 @@ def test_wheel_install_finds_templates_and_profiles(tmp_path: Path) -> None:
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     assert (target / "orchestrator" / "job_templates" / "sbatch.sh.j2").is_file()
     assert (target / "orchestrator" / "cluster_profiles" / "slurm_a100.yaml").is_file()
+    assert (target / "orchestrator" / "ui" / "static" / "app.js").is_file()  # orchestrator ui's pages
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
