@@ -285,6 +285,30 @@ class Login(_Record):
     """``ORCHESTRATOR_RUNS`` on the login host (the runs root); None: its default."""
 
 
+class Container(_Record):
+    """The image every node's task runs in (``orchestrator.config.container`` renders it). The run
+    directory (with its code snapshot), the script's folder and orchestrator's own node-side code are
+    mounted without being asked; the image needs Python, torch and accelerate, not orchestrator."""
+
+    runtime: str = "none"
+    """``pyxis`` (enroot: ``--container-image`` on the step), ``oci`` (Slurm's own ``--container`` with
+    the runtime of ``oci.conf``), ``apptainer`` or ``podman`` (wrap the node command), ``none``."""
+    image: str | None = None
+    """pyxis: an enroot image (``nvcr.io#nvidia/pytorch:25.01-py3``, a ``.sqsh``); apptainer: a
+    ``.sif`` or ``docker://...``; podman: an image name, or a root filesystem folder (absolute path);
+    oci: a root filesystem folder or an OCI bundle (a folder with ``rootfs/`` and ``config.json``)."""
+    mounts: list[str] = []
+    """More folders to mount: ``SRC``, ``SRC:DST`` or ``SRC:DST:ro`` (absolute paths; SRC must exist
+    on the submitting host, which shares its filesystem with the nodes)."""
+    workdir: str | None = None
+    """Working folder inside the container; None: the run directory."""
+    env: dict[str, str | int | bool] = {}
+    """Variables set inside the container (over the image's own); the profile's ``env:`` and the
+    scheduler's variables of the task cross in as well."""
+    python: str = "python3"
+    """The image's interpreter (a path or a name on the image's PATH)."""
+
+
 class TrainingDefaults(_Record, TrainingOptions):
     """A profile's ``defaults:``: the strategy options used unless the command line says otherwise.
 
@@ -372,6 +396,8 @@ class ClusterProfile(_Record):
     """Strategy options used unless the command line says otherwise."""
     login: Login = Login()
     """The login host, when commands start on a laptop: see :class:`Login`."""
+    container: Container = Container()
+    """The container image the nodes' tasks run in: see :class:`Container`."""
 
     @property
     def default_procs_per_node(self) -> int:

@@ -85,6 +85,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
     from orchestrator.config.options import OPTIONS, TrainingOptions
     from orchestrator.config.profile_records import (
         ClusterProfile,
+        Container,
         Login,
         NodeLimits,
         PortRange,
@@ -99,6 +100,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
         "signal": PreTimeoutSignal,
         "preflight": Preflight,
         "login": Login,
+        "container": Container,
     }
     rows: list[tuple[str, str, str, str]] = []
     docs = _field_docs(ClusterProfile)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
+from orchestrator.config import profile_container as _container
 from orchestrator.config.options import OPTIONS, Option
 from orchestrator.config.profile_login import LOGIN_FAST_CHECKS, login_model
 from orchestrator.config.profile_records import (
@@ -161,6 +162,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "min_free_mb": _int_range(0),
     },
     Login: LOGIN_FAST_CHECKS,
+    _container.Container: _container.FAST_CHECKS,
     ClusterProfile: {
         "description": _valid_str,
         "scheduler": _choice(*SCHEDULER_NAMES),
@@ -191,6 +193,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
 }
 
 _FAST_AFTER: dict[type[_Record], Callable[[dict[str, Any]], None]] = {
+    _container.Container: _container.fast_after,
     NodeLimits: lambda v: _check_node_limits(v["default"], v["max"]),
     PortRange: lambda v: _check_port_range(v["start"], v["end"]),
     ClusterProfile: lambda v: _check_profile(
@@ -302,7 +305,7 @@ def schema() -> dict[str, type[BaseModel]]:
         min_bandwidth_mbps: float = Field(1000.0, ge=0)
         min_free_mb: int = Field(1024, ge=0)
 
-    LoginModel = login_model(_Strict)
+    LoginModel, ContainerModel = login_model(_Strict), _container.model(_Strict)
 
     option_fields: dict[str, Any] = {o.name: (_option_annotation(o), o.default) for o in OPTIONS}
     TrainingDefaults = create_model("TrainingDefaults", __base__=_Strict, **option_fields)
@@ -339,6 +342,7 @@ def schema() -> dict[str, type[BaseModel]]:
         preflight: Preflight = Preflight()
         defaults: TrainingDefaults = TrainingDefaults()
         login: LoginModel = LoginModel()  # type: ignore[valid-type]
+        container: ContainerModel = ContainerModel()  # type: ignore[valid-type]
 
         @field_validator("time_limit")
         @classmethod
@@ -382,7 +386,7 @@ def schema() -> dict[str, type[BaseModel]]:
         PortRange,
         PreTimeoutSignal,
         Preflight,
-        LoginModel,
+        *(LoginModel, ContainerModel),
         TrainingDefaults,
         ClusterProfile,
     ]

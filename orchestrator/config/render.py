@@ -19,6 +19,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config import container
 from orchestrator.config.plan import LaunchPlan
 from orchestrator.config.scheduler_kinds import scheduler_kind
 from orchestrator.contract.errors import UserError
@@ -222,11 +223,8 @@ def render_sbatch(
         # Already shell words: an array task's folder is known only at run time.
         task_stdout=f"{task_folder}/%A_%a_%t_log.out" if array else shlex.quote(f"{folder}/%j_%t_log.out"),
         task_stderr=f"{task_folder}/%A_%a_%t_log.err" if array else shlex.quote(f"{folder}/%j_%t_log.err"),
-        command=(
-            f'"${PYTHON_VAR}" -u -m submitit.core._submit {task_folder}'
-            if array
-            else submitit_command(f'"${PYTHON_VAR}"', folder)
-        ),
+        command=node_command(plan, run_dir, task_folder if array else shlex.quote(folder)),
+        container_step_flags=container.step_flags(plan, run_dir),
         array=array,
         submitit_dir=SUBMITIT_DIR,
         array_task_file=ARRAY_TASK_FILE,
@@ -241,10 +239,12 @@ def render_sbatch(
     )
 
 
-def submitit_command(python_word: str, submitit_folder: str) -> str:
-    """What each task runs: submitit's own entry point, which unpickles the node task.
-    ``python_word`` is already a shell word (the quoted interpreter variable)."""
-    return " ".join([python_word, "-u -m submitit.core._submit", shlex.quote(submitit_folder)])
+def node_command(plan: LaunchPlan, run_dir: str, folder_word: str) -> str:
+    """What each node's task runs: submitit's entry point with the node-side interpreter, or inside the
+    profile's container image (``orchestrator.config.container``). ``folder_word`` is a shell word."""
+    if not container.enabled(plan):
+        return f'"${PYTHON_VAR}" -u -m submitit.core._submit {folder_word}'
+    return container.wrap_command(plan, run_dir, container.inner_command(plan, folder_word))
 
 
 def accelerate_launch_command(

@@ -41,6 +41,7 @@ from orchestrator.contract.run_dir import (
 )
 from orchestrator.schedulers.slurm.environment import (
     allocation_nodes,
+    batch_restarts,
     cancelled_by_user,
     clean_submit_environment,
 )
@@ -280,7 +281,12 @@ def after_failed_step(
         )
 
     if requeue_recorded_since(run_dir, step_started):
-        say("training checkpointed on a signal: the requeue is node 0's decision")
+        plan = current_plan(run_dir)
+        if plan.profile.container.runtime == "none":
+            say("training checkpointed on a signal: the requeue is node 0's decision")
+        else:  # node 0 ran inside a container image, without Slurm's commands: act here
+            say("training checkpointed on a signal; node 0 ran in a container: requeueing from here")
+            act_on_requeue(plan, run_dir, job_id, batch_restarts())
         return None
     if probes is None:
         if not auto_resume:
@@ -364,3 +370,20 @@ def after_hang(
         )
     )
     append_decision(run_dir, decision)
+
+
+def act_on_requeue(plan: LaunchPlan, run_dir: Path, job_id: str, restarts: int) -> bool:
+    """Training asked to come back: ``scontrol requeue`` unless cancelled or out of requeues, or a
+    successor job with ``requeue_as: new_job`` (True: handed over). Node 0 runs it, or the batch step
+    when node 0 ran inside a container image."""
+    from orchestrator.contract.requeue import decide_requeue
+
+    if plan.profile.requeue_as == "new_job":
+        return continue_in_new_job(run_dir, job_id, plan, restarts)
+    decision = decide_requeue(restarts, plan.max_requeues, cancelled_by_user(run_dir, job_id))
+    if not decision.requeue:
+        print(f"[orchestrator node] {decision.reason}", file=sys.stderr, flush=True)
+        return False
+    print(f"[orchestrator node] requeueing job {job_id} ({decision.reason})", flush=True)
+    subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)
+    return False

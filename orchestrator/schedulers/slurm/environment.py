@@ -7,6 +7,7 @@ nodes, and the commands that reach them.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from orchestrator.contract.errors import RunFailure, UserError
@@ -176,3 +177,13 @@ def expand_hostlist(text: str) -> list[str]:
         why = (proc.stderr.strip().splitlines() or ["not a host list"])[-1]
         raise UserError(f"--exclude {text!r}: not a Slurm host list ({why})")
     return names
+
+
+def fill_task_variables(env: MutableMapping[str, str]) -> None:
+    """Slurm 22.05's OCI support writes the step's environment into the container before it sets the
+    task's own: SLURM_PROCID and SLURM_LOCALID are missing inside. A job runs one task per node
+    (``--ntasks-per-node=1``), so the task's rank is its node's."""
+    if "SLURM_PROCID" not in env and "SLURM_NODEID" in env:
+        env["SLURM_PROCID"] = env["SLURM_NODEID"]
+    if "SLURM_PROCID" in env:
+        env.setdefault("SLURM_LOCALID", "0")

@@ -4,7 +4,6 @@ when training ends (``scontrol requeue``, or a successor job with ``requeue_as: 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +15,6 @@ from orchestrator.schedulers.slurm.environment import (
     MAIN_IP_WAIT_S,
     batch_job_id,
     batch_restarts,
-    cancelled_by_user,
     interface_address,
 )
 
@@ -66,21 +64,15 @@ class SlurmNodeEnvironment(NodeEnvironment):
         """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
         first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``.
         With ``requeue_as: new_job`` node 0 submits a successor instead (True: handed over)."""
-        import subprocess
-
-        from orchestrator.contract.requeue import decide_requeue
+        from orchestrator.config.container import IN_CONTAINER_ENV
         from orchestrator.contract.run_dir import EXIT_REQUEUE
 
         if code != EXIT_REQUEUE or not self.is_first_node:
             return False
-        if plan.profile.requeue_as == "new_job":
-            from orchestrator.schedulers.slurm.auto_resume import continue_in_new_job
-
-            return continue_in_new_job(run_dir, self.job_id, plan, self.restarts)
-        decision = decide_requeue(self.restarts, plan.max_requeues, cancelled_by_user(run_dir, self.job_id))
-        if not decision.requeue:
-            print(f"[orchestrator node] {decision.reason}", file=sys.stderr, flush=True)
+        if os.environ.get(IN_CONTAINER_ENV):
+            # A user's image has no Slurm commands: the batch step, on the host, acts once the step ends.
+            print("[orchestrator node] requeue left to the batch step (inside a container image)", flush=True)
             return False
-        print(f"[orchestrator node] requeueing job {self.job_id} ({decision.reason})", flush=True)
-        subprocess.run(["scontrol", "requeue", self.job_id], check=False, timeout=60)
-        return False
+        from orchestrator.schedulers.slurm.auto_resume import act_on_requeue
+
+        return act_on_requeue(plan, run_dir, self.job_id, self.restarts)

@@ -72,6 +72,23 @@ def _template_executor(request: Request) -> Any:
     return RequestExecutor
 
 
+def write_oci_bundle(plan: LaunchPlan, run_dir: Path) -> None:
+    """The run's OCI bundle for ``srun --container`` (``orchestrator.config.container.oci_bundle_files``)."""
+    import json
+
+    from orchestrator.config.container import oci_bundle_files, oci_bundle_path
+
+    bundle = Path(oci_bundle_path(str(run_dir)))
+    config, entries = oci_bundle_files(plan, str(run_dir))
+    (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
+    for name, target in entries:
+        if target is None:
+            (bundle / "rootfs" / name).mkdir(exist_ok=True)
+        else:
+            (bundle / "rootfs" / name).symlink_to(target)
+    (bundle / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
 class SlurmScheduler(Scheduler):
     kind = SCHEDULER_KINDS["slurm"]
     source_ranks = SOURCE_RANKS
@@ -97,7 +114,10 @@ class SlurmScheduler(Scheduler):
         )
 
     def check(self, plan: LaunchPlan) -> None:
+        from orchestrator.config.container import check_submittable
+
         assert plan.profile.partition is not None  # the profile's own check: slurm needs a partition
+        check_submittable(plan)
         partition = plan.profile.partition
         cpus = partition_node_cpus(partition)
         available = len(cpus)
@@ -134,6 +154,8 @@ class SlurmScheduler(Scheduler):
 
         plan, run_dir = request.plan, request.run_dir
         (run_dir / request.file_name).write_text(request.materialize())
+        if plan.profile.container.runtime == "oci":
+            write_oci_bundle(plan, run_dir)
         executor = _template_executor(request)(
             folder=run_dir / SUBMITIT_DIR, max_num_timeout=plan.max_requeues
         )

@@ -1,0 +1,304 @@
+"""A profile's ``container:`` block as words of the training step's launch line (pure functions).
+
+The boundary is the node task: every node's whole task of the step (the profile's set-up lines for pyxis and
+OCI, then the node entry, its launcher and every rank) runs inside the image, and the batch step
+(supervisor, hang watchdog, preflight driver) stays on the host. Why there: pyxis and Slurm's OCI
+support are flags of the step's launch command, so they can only ever contain a whole task; one boundary for all four
+runtimes keeps the node entry, the ranks and py-spy in one pid and mount namespace (signals relayed,
+stacks read, heartbeats written exactly as without a container).
+
+A user's image has Python, torch and accelerate, not orchestrator or submitit. The node entry
+reaches them without any install into the image: orchestrator's package and the few pure-Python
+(or abi3) packages its node side imports are mounted read-only under :data:`NODE_SITE`, which is put
+first on ``PYTHONPATH``; the image's own torch and accelerate stay the ones used
+(:mod:`orchestrator.node.container_entry` says which versions it found). The run directory (with
+the code snapshot) and the script's folder are mounted at their own paths, so every path in the
+plan means the same inside.
+
+Two wrapping styles: pyxis and OCI are flags of the step's launch command (:func:`step_flags`); apptainer and
+podman wrap the node command (:func:`wrap_command`). Every value reaching the shell is quoted here;
+a path that a runtime's mount syntax cannot carry (``:`` or ``,``) is refused with the path named.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config.profile_container import check_path, parse_mount
+from orchestrator.contract.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.config.profile_records import Container
+
+#: Where orchestrator's node-side packages are mounted inside the container (first on PYTHONPATH).
+NODE_SITE = "/opt/orchestrator/site"
+#: The module every containerised node task runs instead of ``submitit.core._submit`` (it checks the
+#: image, then runs that): named, not imported (it belongs to the scheduler's package).
+CONTAINER_ENTRY = "orchestrator.schedulers.slurm.container_task"
+#: What orchestrator's workarounds (``orchestrator/rank/workarounds.py``) target: accelerate exactly
+#: (pyproject's pin), torch by major.minor. The node checks the image's versions against them.
+TARGET_VERSIONS = {"accelerate": "1.15.0", "torch": "2.13"}
+#: What the node side imports besides the standard library: orchestrator itself, submitit (which
+#: unpickles the node task) and their pure-Python or abi3 dependencies, nothing that pins the image's
+#: Python version. pydantic is not among them: a plan read back from JSON passes the fast check.
+NODE_PACKAGES = (
+    "orchestrator",
+    "submitit",
+    "cloudpickle",
+    "typing_extensions",
+    "jinja2",
+    "markupsafe",
+    "yaml",
+    "psutil",
+)
+#: Host variables podman passes into the container (``--env NAME*``); pyxis, apptainer and Slurm's
+#: OCI support pass the task's whole environment themselves.
+PODMAN_ENV_PATTERNS = ("SLURM_*", "SUBMITIT_*", "ORCHESTRATOR_*", "CUDA_VISIBLE_DEVICES", "NVIDIA_*")
+#: Set inside the container for the node task (its value: the runtime): node 0 then leaves Slurm's
+#: commands (the requeue), which a user's image does not have, to the batch step on the host.
+IN_CONTAINER_ENV = "ORCHESTRATOR_IN_CONTAINER"
+#: The per-run OCI bundle Slurm's ``--container`` is given (made by :func:`oci_bundle_files`).
+OCI_BUNDLE_DIR = "container_bundle"
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    destination: str
+    read_only: bool = False
+
+
+def version_report(found: dict[str, str | None], python: str) -> tuple[list[str], list[str]]:
+    """(warnings, errors) for the versions the image's ``python`` has (None: not installed): other
+    versions are a warning (what the workarounds correct may differ), a missing one an error."""
+    warnings: list[str] = []
+    errors: list[str] = []
+    for name, target in TARGET_VERSIONS.items():
+        version = found.get(name)
+        if version is None:
+            errors.append(f"{name} is not installed in the image (interpreter {python})")
+        elif not (version == target or version.startswith((target + ".", target + "+"))):
+            warnings.append(
+                f"the image has {name} {version}; orchestrator's workarounds target {name} {target} "
+                "(orchestrator/rank/workarounds.py): behaviour they correct may differ"
+            )
+    return warnings, errors
+
+
+def enabled(plan: LaunchPlan) -> bool:
+    return plan.profile.container.runtime != "none"
+
+
+def _package_source(name: str) -> str | None:
+    spec = find_spec(name)
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return str(next(iter(spec.submodule_search_locations)))
+    return spec.origin
+
+
+def node_package_mounts() -> list[Mount]:
+    """orchestrator's node side, read-only under :data:`NODE_SITE` (an editable install keeps the job
+    templates beside the package: they go where ``render.templates_dir`` then looks)."""
+    mounts: list[Mount] = []
+    for name in NODE_PACKAGES:
+        source = _package_source(name)
+        if source is None:
+            raise UserError(f"container: the node side needs the {name} package, which is not installed here")
+        mounts.append(Mount(source, f"{NODE_SITE}/{Path(source).name}", True))
+    templates = _package_source("orchestrator.job_templates")
+    package = _package_source("orchestrator")
+    if templates and package and not Path(templates).is_relative_to(package):
+        mounts.append(Mount(templates, f"{NODE_SITE}/job_templates", True))
+    return mounts
+
+
+def all_mounts(plan: LaunchPlan, run_dir: str) -> list[Mount]:
+    """The run directory, the script's folder, orchestrator's node side and the profile's own mounts,
+    each checked for what the runtimes' mount syntax can carry (the key named when it cannot)."""
+    container = plan.profile.container
+    script_dir = str(Path(plan.script).resolve().parent)
+    mounts = [Mount(run_dir.rstrip("/") or "/", run_dir.rstrip("/") or "/")]
+    if not Path(script_dir).is_relative_to(run_dir):
+        mounts.append(Mount(script_dir, script_dir))
+    mounts += node_package_mounts()
+    for spec in container.mounts:
+        source, destination, read_only = parse_mount(spec)
+        mounts.append(Mount(source, destination, read_only))
+    for m in mounts:
+        _checked(m.source, "a container mount source")
+        _checked(m.destination, "a container mount destination")
+    return mounts
+
+
+def _checked(path: str, what: str) -> str:
+    try:
+        return check_path(path, what)
+    except ValueError as exc:
+        raise UserError(f"container: {exc}") from None
+
+
+def check_mount_sources(plan: LaunchPlan) -> None:
+    """Refuse, before anything is created, a profile mount whose source is missing (the nodes share
+    this host's filesystem: a path missing here is missing there)."""
+    for spec in plan.profile.container.mounts:
+        source = parse_mount(spec)[0]
+        if not Path(source).exists():
+            raise UserError(f"container.mounts: {spec!r}: the source {source} does not exist")
+
+
+def check_submittable(plan: LaunchPlan) -> None:
+    """What can be known before anything is created: the profile's mount sources exist, and an OCI
+    image is a root filesystem or a bundle."""
+    if not enabled(plan):
+        return
+    check_mount_sources(plan)
+    if plan.profile.container.runtime == "oci":
+        oci_bundle_files(plan, "/")
+
+
+def _env_words(container: Container) -> list[str]:
+    """``NAME=VALUE`` for the ``env`` command inside: the node-side PYTHONPATH, then the block's env."""
+    words = [f"PYTHONPATH={NODE_SITE}", f"{IN_CONTAINER_ENV}={container.runtime}"]
+    for name, value in sorted(container.env.items()):
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        words.append(f"{name}={value}")
+    return words
+
+
+def inner_command(plan: LaunchPlan, submitit_folder_word: str) -> str:
+    """The node command as the image runs it: ``env PYTHONPATH=... PY -u -m container_entry FOLDER``.
+    ``submitit_folder_word`` is already a shell word."""
+    container = plan.profile.container
+    words = ["env", *map(shlex.quote, _env_words(container)), shlex.quote(container.python)]
+    return " ".join([*words, "-u", "-m", CONTAINER_ENTRY, submitit_folder_word])
+
+
+def workdir(plan: LaunchPlan, run_dir: str) -> str:
+    return plan.profile.container.workdir or run_dir
+
+
+def step_flags(plan: LaunchPlan, run_dir: str) -> list[str]:
+    """pyxis and OCI: shell words for the step's launch command (empty for the other runtimes)."""
+    container = plan.profile.container
+    if container.runtime == "pyxis":
+        assert container.image is not None
+        mounts = ",".join(
+            f"{m.source}:{m.destination}" + (":ro" if m.read_only else "") for m in all_mounts(plan, run_dir)
+        )
+        words = [
+            f"--container-image={container.image}",
+            f"--container-mounts={mounts}",
+            f"--container-workdir={workdir(plan, run_dir)}",
+            "--no-container-mount-home",
+        ]
+        names = sorted(plan.profile.env)
+        if names:
+            words.append(f"--container-env={','.join(names)}")
+        return [shlex.quote(w) for w in words]
+    if container.runtime == "oci":
+        return [shlex.quote(f"--container={oci_bundle_path(run_dir)}")]
+    return []
+
+
+def wrap_command(plan: LaunchPlan, run_dir: str, command: str) -> str:
+    """apptainer and podman: the runtime's command line around ``command`` (shell words)."""
+    container = plan.profile.container
+    image = container.image
+    assert image is not None or container.runtime in ("none", "pyxis", "oci")
+    if container.runtime == "apptainer":
+        binds = ",".join(
+            f"{m.source}:{m.destination}" + (":ro" if m.read_only else "") for m in all_mounts(plan, run_dir)
+        )
+        words = ["apptainer", "exec"]
+        if plan.profile.gpus_per_node:
+            words.append("--nv")
+        words += ["--bind", binds, "--pwd", workdir(plan, run_dir), str(image)]
+        return " ".join(shlex.quote(w) for w in words) + " " + command
+    if container.runtime == "podman":
+        words = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--pid=host"]
+        for m in all_mounts(plan, run_dir):
+            words += ["-v", f"{m.source}:{m.destination}" + (":ro" if m.read_only else "")]
+        for pattern in (*PODMAN_ENV_PATTERNS, *sorted(plan.profile.env)):
+            words += ["-e", pattern]
+        if plan.profile.gpus_per_node:
+            words += ["--device", "nvidia.com/gpu=all"]
+        words += ["-w", workdir(plan, run_dir)]
+        if image is not None and image.startswith("/"):
+            # A root filesystem folder: under an overlay (``:O``), so the mount points podman makes
+            # land in the overlay, never in the image every job shares.
+            words += ["--read-only", "--rootfs", f"{_checked(image, 'container.image')}:O"]
+        else:
+            words.append(str(image))
+        return " ".join(shlex.quote(w) for w in words) + " " + command
+    return command
+
+
+def oci_bundle_path(run_dir: str) -> str:
+    return f"{run_dir.rstrip('/')}/{OCI_BUNDLE_DIR}"
+
+
+def oci_bundle_files(plan: LaunchPlan, run_dir: str) -> tuple[dict[str, Any], list[tuple[str, str | None]]]:
+    """The per-run OCI bundle for Slurm's ``--container``: its ``config.json`` and the entries of its
+    ``rootfs/`` (``(name, symlink target)``; None: an empty folder, a mount point).
+
+    Slurm 22.05 runs ``<bundle>/rootfs`` whatever ``root.path`` says, and runc refuses a symbolic
+    link there, so the bundle's rootfs is a folder of mount points: every top-level folder of the
+    image is bind-mounted read-only onto it, its top-level links are copied, and the run's own
+    mounts follow. The image's ``config.json`` (when it is a bundle) is the base; Slurm fills in the
+    command, the environment and the terminal."""
+    image = Path(str(plan.profile.container.image))
+    rootfs = image / "rootfs" if (image / "config.json").is_file() else image
+    if not rootfs.is_dir():
+        raise UserError(f"container.image: {image} is no root filesystem folder or OCI bundle")
+    base: dict[str, Any] = {}
+    if (image / "config.json").is_file():
+        base = json.loads((image / "config.json").read_text())
+    entries: list[tuple[str, str | None]] = []
+    mounts: list[dict[str, Any]] = []
+    for child in sorted(rootfs.iterdir()):
+        if child.is_symlink():
+            entries.append((child.name, str(child.readlink())))
+        elif child.is_dir():
+            entries.append((child.name, None))
+            if child.name not in ("proc", "sys", "dev", "tmp"):  # the runtime's own (_SYSTEM_MOUNTS)
+                mounts.append(_bind(str(child), f"/{child.name}", True))
+    for m in all_mounts(plan, run_dir):
+        mounts.append(_bind(m.source, m.destination, m.read_only))
+    config = {
+        "ociVersion": base.get("ociVersion", "1.0.2"),
+        "process": {**base.get("process", {}), "terminal": False, "cwd": workdir(plan, run_dir)},
+        "root": {"path": "rootfs", "readonly": False},
+        "mounts": [*_SYSTEM_MOUNTS, *mounts],
+        # Only a mount namespace: the node's network, pids and hostname are the job's own.
+        "linux": {"namespaces": [{"type": "mount"}]},
+    }
+    config["process"].setdefault("user", {"uid": 0, "gid": 0})
+    config["process"].setdefault("args", ["/bin/false"])
+    return config, entries
+
+
+def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": source,
+        "options": ["rbind", "ro" if read_only else "rw"],
+    }
+
+
+_SYSTEM_MOUNTS: list[dict[str, Any]] = [
+    {"destination": "/proc", "type": "proc", "source": "proc"},
+    {"destination": "/dev", "type": "bind", "source": "/dev", "options": ["rbind", "rw"]},
+    {"destination": "/sys", "type": "bind", "source": "/sys", "options": ["rbind", "ro"]},
+    {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
+    {"destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind", "rw"]},
+]
