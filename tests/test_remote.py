@@ -33,11 +33,13 @@ from tests.helpers.login_host import LoginHost, free_port, laptop_path, login_ho
 HOSTILE_NAME = "x'; touch PWNED #$(touch PWNED2)"
 HOSTILE_ARGS = ["a b", "$(touch PWNED3)", "--x=';\"`id`", "*"]
 #: A script that prints its arguments, then numbered lines at a pace (``logs -f`` has time to drop).
-SCRIPT = """import json, sys, time
+SCRIPT = """import json, os, sys, time
 print(json.dumps(sys.argv[1:]), flush=True)
 n = int(sys.argv[sys.argv.index("--lines") + 1]) if "--lines" in sys.argv else 3
 for i in range(n):
     print(f"line {i} " + "x" * 40, flush=True)
+    with open(os.path.join(os.environ["ORCHESTRATOR_RUN_DIR"], "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"event": "train", "step": i + 1, "loss": 1.0 / (i + 1), "step_time_s": 0.1}) + "\\n")
     time.sleep(0.1)
 """
 
@@ -132,6 +134,11 @@ def test_submit_carries_hostile_words_and_follows_the_job(laptop: Laptop) -> Non
     assert json.loads(printed.split(":", 1)[1]) == HOSTILE_ARGS
     rows = json.loads(laptop.cli("status", job, "--json").stdout)["jobs"]
     assert [(r["job_id"], r["name"], r["state"]) for r in rows] == [(job, HOSTILE_NAME, "COMPLETED")]
+    # plot: the run's metrics come over, the picture is drawn here
+    drawn = laptop.cli("plot", job, "-o", "curve.png")
+    assert drawn.returncode == 0, drawn.stderr
+    assert (laptop.project / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (run_dir / "curve.png").exists() and not (run_dir / "plot.png").exists()
     leaked = [
         p for p in (laptop.project, laptop.login_runs, Path.home(), Path("/")) if list(p.glob("PWNED*"))
     ]

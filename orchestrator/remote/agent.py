@@ -3,6 +3,7 @@
 The laptop's orchestrator runs this module through SSH (:mod:`.client`). It first compares its
 version with the laptop's (the run directories, registry and snapshot format are one version's), then:
 
+- ``fetch JOB``: the run files a plot is drawn from (the laptop draws it);
 - ``manifest DIR``: the content hash of every file of the mirror DIR (the laptop sends only what
   differs);
 - ``run [--home H] [--runs R] [--skip N] [--sync DIR [--freeze]] -- ARGS``: receive a tar of changed
@@ -33,6 +34,8 @@ from orchestrator.remote.routing import ON_LOGIN_HOST, version
 
 #: Exit status of a version mismatch (a usage error: the fix is a command the user runs).
 EXIT_MISMATCH = 2
+#: The run-directory files a plot is drawn from (``fetch``).
+PLOT_FILES = ("job.json", "metrics.jsonl")
 #: First member of a sync tar: ``{"delete": [paths]}``.
 SYNC_INDEX = ".orchestrator-sync.json"
 
@@ -117,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("version")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("manifest").add_argument("folder")
+    fetch = sub.add_parser("fetch")
+    fetch.add_argument("--home")
+    fetch.add_argument("job")
     run = sub.add_parser("run")
     run.add_argument("--home")
     run.add_argument("--runs")
@@ -136,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(manifest(Path(os.path.expanduser(args.folder)))))
         return 0
     os.environ[ON_LOGIN_HOST] = "1"
+    if args.command == "fetch":  # what a laptop draws a run's plot from
+        if args.home:
+            os.environ["ORCHESTRATOR_HOME"] = os.path.expanduser(args.home)
+        run_dir = importlib.import_module("orchestrator.api").get_job(args.job).run_dir
+        texts = {n: (run_dir / n).read_text(errors="replace") for n in PLOT_FILES if (run_dir / n).is_file()}
+        print(json.dumps({"run_dir": str(run_dir), "files": texts}))
+        return 0
     for name, value in (("ORCHESTRATOR_HOME", args.home), ("ORCHESTRATOR_RUNS", args.runs)):
         if value:
             os.environ[name] = os.path.expanduser(value)

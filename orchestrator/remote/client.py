@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -67,6 +68,8 @@ def forward(name: str, argv: Sequence[str]) -> int:
         return _status_json(conn, profile, name, argv)
     if command == "logs":
         return _logs(conn, profile, argv)
+    if command == "plot":
+        return _plot(conn, profile, argv)
     rc, _, said = call(
         conn, agent_command(profile, [*run_words(profile), "--", *argv]), stdout=sys.stdout.buffer
     )
@@ -160,4 +163,35 @@ def _status_json(conn: Connection, profile: ClusterProfile, name: str, argv: lis
         rows = [known[i] for i in ids]
     data["jobs"] = rows
     print(json.dumps(data, indent=2))
+    return 0
+
+
+def _plot(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
+    """``plot``: the run's metrics are fetched (one call) and the picture drawn here, into ``-o`` or
+    ``./<job>.png`` (the run directory is on the login host)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from orchestrator.core.plotting import plot_run
+
+    parser = argparse.ArgumentParser(prog="orchestrator plot")
+    parser.add_argument("job")
+    parser.add_argument("-o", "--output")
+    args = parser.parse_args(argv[1:])
+    home = ["--home", profile.login.home] if profile.login.home else []
+    rc, out, said = call(conn, agent_command(profile, ["fetch", *home, args.job]))
+    if rc == SSH_FAILED:
+        raise conn.failure(said)
+    if rc != 0:
+        sys.stderr.write(said)
+        return rc
+    fetched = json.loads(out)
+    target = Path(args.output or f"{args.job}.png")
+    if target.suffix.lower() != ".png":
+        raise UserError(f"-o {target}: only PNG output is supported (name it *.png)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in fetched["files"].items():
+            (Path(tmp) / Path(name).name).write_text(text)
+        print(plot_run(tmp, target, args.job))
     return 0
