@@ -231,3 +231,22 @@ def test_a_step_past_the_recorded_end_counts_only_inside_it() -> None:
     assert cost.seconds["productive"] == pytest.approx(14.5)
     assert cost.seconds["unaccounted"] == pytest.approx(0.0, abs=1e-9)
     assert min(cost.seconds.values()) >= 0
+
+
+def test_the_price_comes_from_the_profile_the_run_was_submitted_with(tmp_path: Path) -> None:
+    from orchestrator.core.cost import _price
+
+    (tmp_path / "job.json").write_text(json.dumps({"profile": {"price_per_cpu_hour": 0.25}}))
+    assert _price(tmp_path, "cpu") == 0.25 and _price(tmp_path, "gpu") is None
+
+
+@pytest.mark.parametrize("value", ["-1.0", "-3", "cheap", ".inf"])
+def test_a_bad_price_is_one_line_naming_the_key(value: str) -> None:
+    from orchestrator.config.profiles import parse_profile
+    from orchestrator.contract.errors import UserError
+
+    text = f"scheduler: local\nprice_per_gpu_hour: {value}\n"
+    with pytest.raises(UserError) as err:
+        parse_profile(text, "p.yaml")
+    assert "price_per_gpu_hour" in str(err.value) and "\n" not in str(err.value)
+    assert parse_profile("scheduler: local\nprice_per_gpu_hour: 2\n", "p.yaml").price_per_gpu_hour == 2

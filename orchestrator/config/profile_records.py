@@ -390,6 +390,12 @@ class ClusterProfile(_Record):
     """Seconds without progress of any rank (heartbeats) before the hang watchdog saves every rank's
     stacks and ends the job (1..86400). Longer during the first step and while checkpointing. None:
     20 median step times, at least 300 s. ``--hang-timeout`` overrides it."""
+    price_per_gpu_hour: float | None = None
+    """What one GPU-hour costs (any currency, >= 0): ``orchestrator cost`` turns the hours of a run into
+    money with it. None: the bill stays in hours."""
+    price_per_cpu_hour: float | None = None
+    """What one CPU-hour costs, for a cluster without GPUs (``gpus_per_node: 0``): as
+    ``price_per_gpu_hour``."""
     preflight: Preflight = Preflight()
     """Checks before training (run directory, free space, GPU count, links between nodes)."""
     defaults: TrainingDefaults = TrainingDefaults()

@@ -189,6 +189,8 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "max_requeues": _int_range(0, 100),
         "requeue_as": _choice("same_job", "new_job"),
         "hang_timeout": _optional(_int_range(1, 86400)),
+        "price_per_gpu_hour": _optional(_all(_valid_float, lambda v: v >= 0)),
+        "price_per_cpu_hour": _optional(_all(_valid_float, lambda v: v >= 0)),
     },
 }
 
@@ -339,6 +341,8 @@ def schema() -> dict[str, type[BaseModel]]:
         max_requeues: int = Field(3, ge=0, le=100)
         requeue_as: Literal["same_job", "new_job"] = "same_job"
         hang_timeout: int | None = Field(None, ge=1, le=86400)
+        price_per_gpu_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
+        price_per_cpu_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
         preflight: Preflight = Preflight()
         defaults: TrainingDefaults = TrainingDefaults()
         login: LoginModel = LoginModel()  # type: ignore[valid-type]
