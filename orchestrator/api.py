@@ -194,9 +194,11 @@ def make_plan(
     profiles_dir: str | None = None,
     options: Mapping[str, Any] | None = None,
     hang_timeout: int | None = None,
+    container_image: str | None = None,
 ) -> LaunchPlan:
     """The checked plan of a job, exactly as ``submit`` builds it from its flags. ``options``: strategy
-    options by name (``{"mixed_precision": "bf16"}``), the ``--`` flags of ``orchestrator submit``."""
+    options by name (``{"mixed_precision": "bf16"}``), the ``--`` flags of ``orchestrator submit``;
+    ``container_image``: this job's image instead of the profile's ``container.image``."""
     from orchestrator.config.inputs import optional_text, options_mapping, path_text
     from orchestrator.config.options import OPTIONS
     from orchestrator.core.planning import plan_from_options
@@ -223,6 +225,7 @@ def make_plan(
         exclude=exclude,
         after=after,
         hang_timeout=hang_timeout,
+        container_image=container_image,
         options=given,
     )
 

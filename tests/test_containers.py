@@ -248,3 +248,18 @@ def test_the_image_versions_are_checked_against_the_workarounds_targets() -> Non
     assert "torch 2.9.0" in warnings[1]
     warnings, errors = version_report({"accelerate": None, "torch": "2.13.0"}, "py")
     assert errors == [errors[0]] and "accelerate is not installed in the image" in errors[0]
+
+
+def test_container_image_flag_overrides_the_profiles_image(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "c.yaml").write_text(_profile_text({"runtime": "podman", "image": "/img/a"}))
+    env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    flags = ["--profiles-dir", str(profiles), "--container-image"]
+    res = run_cli(["render", "--profile", "c", *flags, "/img b", "--", SCRIPT], env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    line = next(x for x in res.stdout.splitlines() if "podman run" in x)
+    assert shlex.split(line)[shlex.split(line).index("--rootfs") + 1] == "/img b:O"
+    res = run_cli(["render", "--profile", "slurm_test", *flags, "/img", "--", SCRIPT], env, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "--container-image" in res.stderr and "container.runtime: none" in res.stderr

@@ -79,6 +79,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser, script_required: bool = 
         "(default: the profile's hang_timeout, else derived from step times)",
     )
     parser.add_argument(
+        "--container-image",
+        default=None,
+        metavar="IMAGE",
+        help="run the nodes' tasks in this image instead of the profile's container.image",
+    )
+    parser.add_argument(
         "--exclude",
         default=None,
         metavar="NODES",
@@ -132,5 +138,6 @@ def plan_from_args(args: argparse.Namespace, default_script: str = "train/train.
         exclude=args.exclude,
         after=getattr(args, "after", None) or (),
         hang_timeout=getattr(args, "hang_timeout", None),
+        container_image=getattr(args, "container_image", None),
         options=given_options(args),
     )

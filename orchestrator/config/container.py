@@ -29,12 +29,12 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.profile_container import check_path, parse_mount
+from orchestrator.config.profile_container import check_container, check_path, check_single_line, parse_mount
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
-    from orchestrator.config.profile_records import Container
+    from orchestrator.config.profile_records import ClusterProfile, Container
 
 #: Where orchestrator's node-side packages are mounted inside the container (first on PYTHONPATH).
 NODE_SITE = "/opt/orchestrator/site"
@@ -89,6 +89,25 @@ def version_report(found: dict[str, str | None], python: str) -> tuple[list[str]
                 "(orchestrator/rank/workarounds.py): behaviour they correct may differ"
             )
     return warnings, errors
+
+
+def with_container_image(profile: ClusterProfile, image: str, source: str) -> ClusterProfile:
+    """``--container-image``: the profile with this job's image (its runtime, mounts and env kept)."""
+    from orchestrator.config.profile_records import ClusterProfile
+
+    if profile.container.runtime == "none":
+        raise UserError(
+            f"--container-image: profile {source} runs no container (container.runtime: none); "
+            "set container.runtime there first"
+        )
+    try:
+        check_single_line(image)
+        check_container(profile.container.runtime, image, profile.container.workdir)
+    except ValueError as exc:
+        raise UserError(f"--container-image {image!r}: expected {exc}") from None
+    data = profile.model_dump()
+    data["container"]["image"] = image
+    return ClusterProfile.model_validate(data)
 
 
 def enabled(plan: LaunchPlan) -> bool:

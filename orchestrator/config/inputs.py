@@ -220,7 +220,7 @@ def check_plan_inputs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(kwargs)
     out["script"] = path_text("script", kwargs.get("script"))
     out["args"] = words("args", kwargs.get("args", ()))
-    for key in ("profile", "strategy", "name", "time", "exclude"):
+    for key in ("profile", "strategy", "name", "time", "exclude", "container_image"):
         out[key] = optional_text(key, kwargs.get(key))
     out["profiles_dir"] = path_text("profiles_dir", kwargs.get("profiles_dir"), optional=True)
     out["nodes"] = whole("nodes", kwargs.get("nodes"), 1)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.container import with_container_image
 from orchestrator.config.inputs import check_plan_inputs
 from orchestrator.config.options import OPTIONS
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
@@ -68,6 +69,7 @@ def plan_from_options(
     after: Sequence[str] = (),
     hang_timeout: int | None = None,
     options: Mapping[str, Any] | None = None,
+    container_image: str | None = None,
 ) -> LaunchPlan:
     """The checked plan. ``options``: strategy options by name (None or absent: not given);
     ``after``: ``JOB[:ok|any]`` as typed; ``exclude``: ``n1,n2`` as typed. Every keyword is checked
@@ -77,7 +79,7 @@ def plan_from_options(
             "script": script or DEFAULT_SCRIPT, "args": args, "profile": profile, "profiles_dir": profiles_dir,
             "nodes": nodes, "procs_per_node": procs_per_node, "name": name, "time": time,
             "max_requeues": max_requeues, "auto_resume": auto_resume, "exclude": exclude, "after": after,
-            "hang_timeout": hang_timeout, "options": options,
+            "hang_timeout": hang_timeout, "options": options, "container_image": container_image,
         }
     )  # fmt: skip
     script, args, profiles_dir, options = (
@@ -85,6 +87,8 @@ def plan_from_options(
     )  # fmt: skip
     after = checked["after"]
     profile_name, path, cluster = load_profile(profile, profiles_dir)
+    if checked["container_image"] is not None:
+        cluster = with_container_image(cluster, checked["container_image"], display_path(path))
     if cluster.gpus_per_node and scheduler_kind(cluster.scheduler).gpus_of_this_machine:
         cluster = fit_to_this_machine(profile_name, cluster, nodes, procs_per_node)
     if name is not None and (not name or any(c in name for c in "\n\r\0")):
