@@ -111,7 +111,7 @@ class LaunchPlan:
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             from pydantic import ValidationError
 
-            from orchestrator.config.profile_schema import format_validation_error
+            from orchestrator.config.profile_errors import format_validation_error
 
             if not isinstance(exc, ValidationError):
                 raise

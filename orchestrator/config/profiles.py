@@ -15,6 +15,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.profile_errors import format_validation_error
 from orchestrator.config.profile_records import (
     GPUS_WITHOUT_BF16,
     TIME_RE,
@@ -25,7 +26,7 @@ from orchestrator.config.profile_records import (
     PreTimeoutSignal,
     TrainingDefaults,
 )
-from orchestrator.config.profile_schema import fast_validate, format_validation_error, validate
+from orchestrator.config.profile_schema import fast_validate, validate
 from orchestrator.contract.errors import UserError
 
 __all__ = [
