@@ -134,6 +134,11 @@ def test_submit_carries_hostile_words_and_follows_the_job(laptop: Laptop) -> Non
     assert json.loads(printed.split(":", 1)[1]) == HOSTILE_ARGS
     rows = json.loads(laptop.cli("status", job, "--json").stdout)["jobs"]
     assert [(r["job_id"], r["name"], r["state"]) for r in rows] == [(job, HOSTILE_NAME, "COMPLETED")]
+    # An ended job's row is the laptop's own copy from now on: no session at the server.
+    before = laptop.host.sessions()
+    again = laptop.cli("status", job, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["jobs"] == rows, again.stderr
+    assert laptop.host.sessions() == before
     # plot: the run's metrics come over, the picture is drawn here
     drawn = laptop.cli("plot", job, "-o", "curve.png")
     assert drawn.returncode == 0, drawn.stderr
@@ -143,19 +148,6 @@ def test_submit_carries_hostile_words_and_follows_the_job(laptop: Laptop) -> Non
         p for p in (laptop.project, laptop.login_runs, Path.home(), Path("/")) if list(p.glob("PWNED*"))
     ]
     assert leaked == []
-
-
-def test_ended_jobs_cost_no_round_trip(laptop: Laptop) -> None:
-    """`status --json` over ended jobs is answered from the laptop's book: no session at the server."""
-    job, _ = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node", "1",
-                                  "--", "job.py"))  # fmt: skip
-    assert laptop.cli("wait", job).returncode == 0
-    first = json.loads(laptop.cli("status", job, "--json").stdout)
-    before = laptop.host.sessions()
-    again = laptop.cli("status", job, "--json")
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["jobs"] == first["jobs"]
-    assert laptop.host.sessions() == before
 
 
 def test_logs_follow_survives_a_cut_connection(laptop: Laptop) -> None:
