@@ -68,6 +68,11 @@ def weights_checksum(names: Iterable[str], read: Callable[[str], Any]) -> float:
 
 
 def _reader(fmt: str, weights: Path) -> tuple[list[str], Callable[[str], torch.Tensor]]:
+    """The written file's tensor names, and a reader of one tensor, by the format's own library.
+
+    safetensors maps the file: every tensor read through one open handle leaves its pages mapped, and
+    a verify's resident memory grew to the whole file (measured: 1.2 GB for a 1.1 GB export). A handle
+    per tensor unmaps each one's pages as soon as it is copied out."""
     if fmt == "torch":
         import torch
 
@@ -75,8 +80,13 @@ def _reader(fmt: str, weights: Path) -> tuple[list[str], Callable[[str], torch.T
         return list(state), state.__getitem__
     from safetensors import safe_open
 
-    handle = safe_open(str(weights), framework="pt")
-    return list(handle.keys()), handle.get_tensor  # noqa: SIM118 (not a mapping)
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(weights), framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    with safe_open(str(weights), framework="pt") as handle:
+        names = list(handle.keys())  # noqa: SIM118 (not a mapping)
+    return names, read
 
 
 def verify(fmt: str, out: Path, weights: Path, source: Source, wanted: str, marker: dict[str, Any],
