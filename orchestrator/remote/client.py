@@ -106,7 +106,10 @@ def _submitted_ids(text: str) -> list[str]:
 
 def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
     """``logs`` through the connection; a dropped connection is reopened (bounded) and the output
-    continues at the byte it was cut: nothing printed twice, nothing lost."""
+    continues at the byte it was cut: nothing printed twice, nothing lost. Exact when the stream's
+    start is reproducible: the remote command is run again with the same flags and its first bytes
+    dropped, so ``--tail K`` must reach the start of each followed log (a fresh job, or K large);
+    a job whose logs were longer than K when following began may repeat or skip lines there."""
 
     class Counting:
         def __init__(self) -> None:
@@ -120,17 +123,32 @@ def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
             sys.stdout.buffer.flush()
 
     sink = Counting()
-    deadline = time.monotonic() + RECONNECT_S
     while True:
         words = [*run_words(profile, skip=sink.count), "--", *argv]
         rc, _, said = call(conn, agent_command(profile, words), stdout=sink)  # type: ignore[arg-type]
         if rc != SSH_FAILED:
             sys.stderr.write(said)
             return rc
-        if time.monotonic() > deadline:
-            raise conn.failure(said)
         print(f"orchestrator logs: connection to {conn.host} lost; reconnecting", file=sys.stderr)
-        conn.ensure_master()
+        _reconnect(conn)
+
+
+def _reconnect(conn: Connection) -> None:
+    """Reopen the master within :data:`RECONNECT_S` of a drop (a host rebooting, a link coming back);
+    a host that now asks for a password fails at once, as on any call."""
+    from orchestrator.remote.ssh import NeedsLogin
+
+    deadline = time.monotonic() + RECONNECT_S
+    while True:
+        try:
+            conn.ensure_master()
+            return
+        except NeedsLogin:
+            raise
+        except UserError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(2.0)  # a retry pace against a host that is away, not a synchronisation
 
 
 def _status_json(conn: Connection, profile: ClusterProfile, name: str, argv: list[str]) -> int:
