@@ -442,5 +442,33 @@ def load(
     logging.getLogger("accelerate.checkpointing").setLevel(logging.ERROR)  # the RNG note above says it better
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        load_state(accelerator, folder)
+        if str(current.get("strategy", "")).startswith("deepspeed_") and saved_world != current["world_size"]:
+            notes.append(_load_zero_universal(accelerator, folder, saved_world, current["world_size"]))
+        else:
+            load_state(accelerator, folder)
     return notes
+
+
+def _load_zero_universal(accelerator: Accelerator, folder: Path, saved_world: int, world: int) -> str:
+    """A ZeRO checkpoint at another world size: rank 0 converts it to DeepSpeed's universal
+    checkpoint (once), every rank loads that. Returns the note saying so."""
+    from train import deepspeed_zero
+
+    answer: list[str | None] = [None]
+    if accelerator.is_main_process:
+        try:
+            answer = [str(deepspeed_zero.universal_folder(folder))]
+        except Exception as exc:  # every rank must learn it, or they wait at the broadcast forever
+            answer = [f"error: {type(exc).__name__}: {exc}"]
+    if accelerator.num_processes > 1:
+        dist.broadcast_object_list(answer, src=0)
+    got = answer[0]
+    assert got is not None  # rank 0 answered
+    if got.startswith("error: "):
+        raise RuntimeError(f"converting {folder} to DeepSpeed's universal checkpoint failed: {got[7:]}")
+    with deepspeed_zero.loading_universal(accelerator):
+        load_state(accelerator, Path(got))
+    return (
+        f"ZeRO: the checkpoint of world size {saved_world} was converted to DeepSpeed's universal "
+        f"checkpoint ({Path(got).name}/ in it) and loaded at world size {world}"
+    )

@@ -6,10 +6,14 @@
 * DeepSpeed needs ``train_micro_batch_size_per_gpu``, which Accelerate takes from a prepared data
   loader; ``train.py`` has its own batcher, so it says the batch size itself.
 * ZeRO checkpoints (``accelerator.save_state``: ``pytorch_model/zero_pp_rank_R_mp_rank_00_*_states.pt``)
-  are partitioned for the world size that wrote them: another world size, ZeRO stage or a non-DeepSpeed
-  strategy is refused with the reason (DeepSpeed's universal checkpoint conversion is not wired in).
+  are partitioned for the world size that wrote them. At another world size, rank 0 converts the
+  checkpoint once to DeepSpeed's universal checkpoint (``ds_to_universal``, into ``universal/`` inside
+  the checkpoint folder) and every rank loads that (``load_universal``); another ZeRO stage or a
+  non-DeepSpeed strategy is refused with the reason (``orchestrator resume`` refuses it before
+  submitting).
 * Checksums gather ZeRO-3's partitioned parameters; the optimizer checksum is the sum over ranks of
-  each rank's partition (comparable at the same world size, which is the only one that resumes).
+  each rank's partition (comparable at the same world size; at another one only the parameters'
+  checksum is compared on restore).
 
 ``orchestrator export RUN --out DIR`` writes a ZeRO checkpoint's consolidated weights (any stage, no
 process group needed; DeepSpeed's ``zero_to_fp32`` reads it: ``orchestrator.core.export_read``).
@@ -17,7 +21,9 @@ process group needed; DeepSpeed's ``zero_to_fp32`` reads it: ``orchestrator.core
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,7 +127,7 @@ def local_shard_checksum(model: Any) -> float:
 
 def resume_problem(marker: dict, strategy: str, world_size: int) -> str | None:
     """Why a checkpoint cannot be resumed by this DeepSpeed run (or a DeepSpeed checkpoint by a
-    non-DeepSpeed one); None when it can."""
+    non-DeepSpeed one); None when it can (another world size can: :func:`universal_folder`)."""
     saved = str(marker.get("strategy") or "")
     saved_ds, now_ds = saved.startswith("deepspeed_"), strategy.startswith("deepspeed_")
     if not saved_ds and not now_ds:
@@ -134,11 +140,63 @@ def resume_problem(marker: dict, strategy: str, world_size: int) -> str | None:
         )
     if saved != strategy:
         return f"checkpoint written by {saved}, this run is {strategy}: resume with the same ZeRO stage"
-    saved_world = int(marker.get("world_size", world_size))
-    if saved_world != world_size:
-        return (
-            f"checkpoint written by {saved_world} ranks, this run has {world_size}: ZeRO partitions the "
-            f"optimizer state per rank, so resume with {saved_world} ranks (nodes x procs-per-node); "
-            "DeepSpeed's universal checkpoint (ds_to_universal) is not wired in"
-        )
     return None
+
+
+#: Where the universal checkpoint of a ZeRO checkpoint folder goes (inside it; Accelerate's layout).
+UNIVERSAL_DIR = "universal"
+#: Accelerate's own small files a load reads besides the engine's folder (TrainState, scheduler, RNG).
+_ACCELERATE_FILES = ("custom_checkpoint_*.pkl", "random_states_*.pkl", "scheduler*.bin", "sampler*.bin")
+
+
+def universal_folder(checkpoint: Path) -> Path:
+    """Rank 0: ``checkpoint`` converted to DeepSpeed's universal checkpoint (once; a later call finds
+    it), laid out as Accelerate's ``load_state`` reads a folder. Written into a temporary folder and
+    renamed, so a conversion killed half-way is never taken for a finished one."""
+    import argparse
+    import contextlib
+    import io
+    import shutil
+    import uuid
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    done = checkpoint / UNIVERSAL_DIR
+    if (done / CHECKPOINT_TAG / "zero").is_dir():
+        return done
+    tmp = checkpoint / f".{UNIVERSAL_DIR}-{uuid.uuid4().hex[:8]}"
+    try:
+        args = argparse.Namespace(
+            input_folder=str(checkpoint / CHECKPOINT_TAG),
+            output_folder=str(tmp / CHECKPOINT_TAG),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            # Accelerate's client state has no Megatron-style universal_checkpoint_info; DeepSpeed
+            # fills in the plain data-parallel one.
+            inject_missing_state=True,
+        )
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            ds_to_universal(args)
+        for pattern in _ACCELERATE_FILES:
+            for path in checkpoint.glob(pattern):
+                shutil.copy2(path, tmp / path.name)
+        shutil.rmtree(done, ignore_errors=True)
+        tmp.rename(done)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return done
+
+
+@contextmanager
+def loading_universal(accelerator: Any) -> Iterator[None]:
+    """Every rank, around ``load_state`` of a :func:`universal_folder`: the engine reads it as a
+    universal checkpoint (the ``checkpoint.load_universal`` config key, set for this load only)."""
+    config = accelerator.deepspeed_engine_wrapped.engine._config
+    before = config.load_universal_checkpoint
+    config.load_universal_checkpoint = True
+    try:
+        yield
+    finally:
+        config.load_universal_checkpoint = before

@@ -76,8 +76,23 @@ def resume_plan(
 
 
 def check_resharding(checkpoint_strategy: str | None, new_strategy: str, step: int) -> None:
+    """Refuse, before submitting, a resume whose training would refuse the checkpoint at its start.
+
+    Another world size is not refused: DCP folders reshard, and a ZeRO checkpoint is converted to
+    DeepSpeed's universal checkpoint by the resumed run (train/deepspeed_zero.py)."""
     if checkpoint_strategy is None or checkpoint_strategy not in STRATEGIES:
         return
+    old_ds, new_ds = STRATEGIES[checkpoint_strategy].uses_deepspeed, STRATEGIES[new_strategy].uses_deepspeed
+    if (old_ds or new_ds) and checkpoint_strategy != new_strategy:
+        why = (
+            "ZeRO partitions differ between stages; resume with the same stage"
+            if old_ds and new_ds
+            else "DeepSpeed ZeRO checkpoints and DDP/FSDP checkpoints are different formats"
+        )
+        raise UserError(
+            f"--strategy {new_strategy}: the checkpoint at step {step} was written by {checkpoint_strategy}: "
+            f"{why} (--strategy {checkpoint_strategy}); `orchestrator export` writes its weights for a new run"
+        )
     old_fsdp = STRATEGIES[checkpoint_strategy].uses_fsdp
     new_fsdp = STRATEGIES[new_strategy].uses_fsdp
     if old_fsdp != new_fsdp:
@@ -174,5 +189,9 @@ def _resume_locked(
         f"run directory {run_dir}",
     ]
     if checkpoint.world_size and checkpoint.world_size != plan.world_size:
-        lines.append(f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}")
+        zero = STRATEGIES[plan.options.strategy].uses_deepspeed
+        lines.append(
+            f"resharding: checkpoint world size {checkpoint.world_size} -> {plan.world_size}"
+            + (" (ZeRO: the new attempt converts it to DeepSpeed's universal checkpoint)" if zero else "")
+        )
     return submitted.job_id, lines
