@@ -250,3 +250,13 @@ def test_a_bad_price_is_one_line_naming_the_key(value: str) -> None:
         parse_profile(text, "p.yaml")
     assert "price_per_gpu_hour" in str(err.value) and "\n" not in str(err.value)
     assert parse_profile("scheduler: local\nprice_per_gpu_hour: 2\n", "p.yaml").price_per_gpu_hour == 2
+
+
+def test_cost_of_an_unknown_job_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_cli
+
+    env = dict(os.environ, ORCHESTRATOR_HOME=str(tmp_path / "home"), ORCHESTRATOR_RUNS=str(tmp_path / "runs"))
+    res = run_cli(["cost", "4711", "--json"], env, timeout=60)
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "4711" in res.stderr
+    assert "Traceback" not in res.stderr
