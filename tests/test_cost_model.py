@@ -260,3 +260,34 @@ def test_cost_of_an_unknown_job_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "4711" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_hours_until_a_moment_count_what_every_allocation_had_spent() -> None:
+    from orchestrator.core.cost_model import hours_until
+
+    costs = account_run(
+        [
+            AttemptEvidence(alloc(0, 3600, gpus=1, job="5_0")),
+            AttemptEvidence(alloc(1800, 5400, gpus=2, job="5_1")),
+        ],
+        now=T0 + 10_000,
+    )
+    assert hours_until(costs, T0 + 2700) == pytest.approx(0.75 + 2 * 0.25)
+    assert hours_until(costs, T0 + 99_999) == pytest.approx(bill(costs).allocated_hours)
+    assert hours_until(costs, T0 - 1) == 0
+
+
+def test_the_table_names_every_category_spent_and_the_best_task() -> None:
+    from orchestrator.cli.cost import render
+
+    costs = account_run(
+        [AttemptEvidence(alloc(0, 100), steps=steps(1, 10, 10.0), start_step=0)], now=T0 + 1000
+    )
+    data = {"kind": "sweep", "target": "77", **bill(costs, price_per_hour=3.0).to_json()}
+    data["tasks"] = [{"task": 0, "job_id": "77_0", "allocated_hours": 0.05, "goodput": 0.5}]
+    data["best"] = {"task": 0, "job_id": "77_0", "loss": 1.25, "step": 9, "hours_to_reach": 0.04}
+    text = render(data)
+    assert "goodput 50.0 %" in text and "start-up" in text and "shutdown" in text
+    assert "best loss 1.2500: task 0 (77_0) at step 9" in text
+    productive = next(line for line in text.splitlines() if "productive" in line)
+    assert productive.split()[-1] == "0.08"  # 50 s x 2 GPUs = 0.0278 h at 3.0 an hour

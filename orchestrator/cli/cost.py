@@ -65,6 +65,12 @@ def render(data: dict[str, Any]) -> str:
             f"  task {task['task']} ({task['job_id']}): {task['allocated_hours']:.4f} h"
             + (f", goodput {100 * good:.1f} %" if good is not None else "")
         )
+    best = data.get("best")
+    if best:
+        lines.append(
+            f"  best loss {best['loss']:.4f}: task {best['task']} ({best['job_id']}) at step {best['step']}, "
+            f"reached after {best['hours_to_reach']:.4f} {unit}-hours of the sweep"
+        )
     lines.extend(f"  note: {n}" for n in data["notes"])
     return "\n".join(lines)
 

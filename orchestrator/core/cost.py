@@ -40,10 +40,14 @@ from orchestrator.core.cost_model import (
     StepRecord,
     account_run,
     bill,
+    hours_until,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from orchestrator.registry.store import JobRecord, Registry
+    from orchestrator.registry.sweeps import SweepTask
     from orchestrator.schedulers.query import Allocation
 
 #: What every bill says about its own figures.
@@ -66,11 +70,14 @@ class CostReport:
     target: str
     cost: Cost
     tasks: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    """A sweep's lowest training loss, its task, and the sweep's hours until it was recorded."""
 
     def to_json(self) -> dict[str, Any]:
         out = {"kind": self.kind, "target": self.target, **self.cost.to_json()}
         if self.kind == "sweep":
             out["tasks"] = self.tasks
+            out["best"] = self.best
         return out
 
 
@@ -99,7 +106,15 @@ def read_metrics(run_dir: Path) -> tuple[list[StepRecord], list[EvalRecord]]:
                 rec = json.loads(line)
                 event, step, at = rec.get("event"), int(rec["step"]), float(rec["time"])
                 if event == "train":
-                    steps.append(StepRecord(step, at, float(rec.get("step_time_s") or 0.0)))
+                    loss = rec.get("loss")
+                    steps.append(
+                        StepRecord(
+                            step,
+                            at,
+                            float(rec.get("step_time_s") or 0.0),
+                            float(loss) if loss is not None else None,
+                        )
+                    )
                 elif event == "eval":
                     evals.append(EvalRecord(step, at))
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -224,6 +239,23 @@ def _price(run_dir: Path, unit: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def best_result(registry: Registry, tasks: Sequence[SweepTask]) -> dict[str, Any] | None:
+    """The sweep's lowest training loss: which task, its value, and when it was first recorded."""
+    best: dict[str, Any] | None = None
+    for task in tasks:
+        steps, _ = read_metrics(registry.run_of(task.job_id).run_dir)
+        for s in steps:
+            if s.loss is not None and (best is None or s.loss < best["loss"]):
+                best = {
+                    "task": task.task,
+                    "job_id": task.job_id,
+                    "loss": s.loss,
+                    "step": s.step,
+                    "time": s.end,
+                }
+    return best
+
+
 def cost_report(
     registry: Registry, target: str, whole_run: bool = False, timeout_s: float = 10.0
 ) -> CostReport:
@@ -243,9 +275,12 @@ def cost_report(
             notes.extend(f"task {task.task}: {n}" for n in why)
         cost = bill(attempts)
         cost.notes = [*notes, ESTIMATES]
+        best = best_result(registry, sweep.tasks)
+        if best is not None:
+            best["hours_to_reach"] = round(hours_until(attempts, best.pop("time")), 6)
         first = registry.get_many(sweep.job_ids[:1])
         cost.price_per_hour = _price(first[0].run_dir, cost.unit) if first else None
-        return CostReport("sweep", sweep.sweep_id, cost, tasks)
+        return CostReport("sweep", sweep.sweep_id, cost, tasks, best)
     path = Path(target).expanduser()
     if path.is_dir():
         record = registry.run_at(path)

@@ -59,6 +59,7 @@ class StepRecord:
     step: int
     end: float
     seconds: float
+    loss: float | None = None
 
     @property
     def start(self) -> float:
@@ -271,3 +272,13 @@ def bill(attempts: Sequence[AttemptCost], price_per_hour: float | None = None) -
     units = {a.unit for a in attempts if a.start is not None}
     unit = units.pop() if len(units) == 1 else ("mixed" if units else "gpu")
     return Cost(unit, sum(hours.values()), hours, unbilled, list(attempts), price_per_hour=price_per_hour)
+
+
+def hours_until(attempts: Sequence[AttemptCost], moment: float) -> float:
+    """Resource-hours the allocations had spent by ``moment``: a sweep's cost of reaching its best
+    result is what every task had been allocated until that result was recorded."""
+    total = 0.0
+    for a in attempts:
+        if a.start is not None and a.start < moment:
+            total += (min(a.start + a.allocated_s, moment) - a.start) * a.resources / 3600.0
+    return total
