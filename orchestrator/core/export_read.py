@@ -18,7 +18,9 @@ layout                                 read with
 
 A :class:`Source` lists every tensor's name, shape and dtype before reading any (the streaming
 writer needs them for its header), and reads one tensor on request, so an export holds about one
-tensor at a time (DCP, safetensors, ``mmap``; ZeRO's lazy mode holds ``mmap``-ed flat partitions).
+tensor at a time (DCP, safetensors). A ``torch.load(mmap=True)`` file (full state dicts) and ZeRO's
+lazy mode (``mmap``-ed optimizer partitions) are mapped: their pages, once read, count as resident
+until the export ends (clean file pages the kernel may drop, not the export's own memory).
 torch is imported inside: ``import orchestrator`` stays torch-free.
 """
 
@@ -146,17 +148,24 @@ def _deepspeed(folder: Path, tag: str) -> Source:
 
 
 def _safetensors(folder: Path, files: list[Path]) -> Source:
+    """A handle per tensor read: safetensors maps the file, and tensors read through one open handle
+    keep their pages resident (the whole file, by the last tensor)."""
     from safetensors import safe_open
 
-    handles = [safe_open(str(f), framework="pt") for f in files]
-    where: dict[str, Any] = {}
+    where: dict[str, Path] = {}
     raw: dict[str, tuple[tuple[int, ...], Any]] = {}
-    for handle in handles:
-        for key in handle.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
-            piece = handle.get_slice(key)
-            raw[key] = (tuple(piece.get_shape()), _safetensors_dtype(piece.get_dtype()))
-            where[key] = handle
-    return _named("safetensors", folder, raw, lambda k: where[k].get_tensor(k))
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                piece = handle.get_slice(key)
+                raw[key] = (tuple(piece.get_shape()), _safetensors_dtype(piece.get_dtype()))
+                where[key] = path
+
+    def read(key: str) -> Any:
+        with safe_open(str(where[key]), framework="pt") as handle:
+            return handle.get_tensor(key)
+
+    return _named("safetensors", folder, raw, read)
 
 
 def _safetensors_dtype(name: str) -> Any:
