@@ -225,12 +225,17 @@ def test_run_directory_records_become_evidence(tmp_path: Path) -> None:
 def test_a_step_past_the_recorded_end_counts_only_inside_it() -> None:
     """Accounting's whole seconds can end an allocation before its last step's record: the bill keeps
     to the allocation (nothing negative left unaccounted)."""
-    ev = AttemptEvidence(alloc(0, 20), steps=steps(1, 3, 5.0))  # the last step ends at 20.0 + 0
-    late = AttemptEvidence(alloc(0, 19.5), steps=ev.steps)
+    late = AttemptEvidence(alloc(0, 19.5), steps=steps(1, 3, 5.0, gaps={2: 0.2}))
     cost = account_attempt(late, set(), now=T0 + 1000)
-    assert cost.seconds["productive"] == pytest.approx(14.5)
+    assert cost.seconds["productive"] == pytest.approx(14.3)
+    assert cost.seconds["checkpoint"] == pytest.approx(0.2)
     assert cost.seconds["unaccounted"] == pytest.approx(0.0, abs=1e-9)
     assert min(cost.seconds.values()) >= 0
+    # A cancelled job's recorded end is the cancel: its last steps ran after it (up to KillWait).
+    after = account_attempt(
+        AttemptEvidence(alloc(0, 3), steps=steps(1, 3, 3.0, 0.3, gaps={1: 0.1})), set(), T0 + 99
+    )
+    assert after.seconds["startup"] == pytest.approx(3.0) and min(after.seconds.values()) >= 0
 
 
 def test_the_price_comes_from_the_profile_the_run_was_submitted_with(tmp_path: Path) -> None:

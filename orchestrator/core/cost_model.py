@@ -230,7 +230,9 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
             last_end = max(last_end, e.end)
         else:
             inside += took
-    between = sum(max(0.0, b.start - a.end) for a, b in zip(steps, steps[1:], strict=False))
+    between = sum(
+        max(0.0, min(b.start, end) - min(a.end, end)) for a, b in zip(steps, steps[1:], strict=False)
+    )
     seconds["checkpoint"] = max(0.0, between - inside)
     last_end = min(last_end, end)
     if ev.hang_last_progress is not None:
