@@ -296,3 +296,27 @@ def test_the_table_names_every_category_spent_and_the_best_task() -> None:
     assert "best loss 1.2500: task 0 (77_0) at step 9" in text
     productive = next(line for line in text.splitlines() if "productive" in line)
     assert productive.split()[-1] == "0.08"  # 50 s x 2 GPUs = 0.0278 h at 3.0 an hour
+
+
+def test_a_scheduler_without_accounting_is_said_not_billed(tmp_path: Path) -> None:
+    """A local job: its records are there, its allocation is not: the bill says so instead of guessing."""
+    from orchestrator.core.cost import cost_report
+    from orchestrator.registry.store import Registry
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with Registry.open(tmp_path / "home") as registry:
+        registry.add_job(
+            job_id="41",
+            name="n",
+            profile="local",
+            scheduler="local",
+            strategy="ddp",
+            nodes=1,
+            procs_per_node=1,
+            command=["train.py"],
+            run_dir=run,
+        )
+        report = cost_report(registry, "41").to_json()
+    assert report["allocated_hours"] == 0 and report["goodput"] is None and report["attempts"] == []
+    assert any("local scheduler" in n and "not billed" in n for n in report["notes"])

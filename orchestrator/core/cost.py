@@ -205,7 +205,8 @@ def _allocations(jobs: list[JobRecord], timeout_s: float) -> tuple[dict[str, lis
         answer = get_scheduler(name).allocations(ids, timeout_s)
         if answer is None:
             notes.append(
-                f"the {name} scheduler's accounting did not answer: jobs {', '.join(ids)} are not billed"
+                f"no allocations from the {name} scheduler (it keeps no accounting, or it did not answer): "
+                f"jobs {', '.join(ids)} are not billed"
             )
             continue
         found.update(answer)
