@@ -309,6 +309,20 @@ class Container(_Record):
     """The image's interpreter (a path or a name on the image's PATH)."""
 
 
+class Notify(_Record):
+    """Where a run's events are sent, each once (``orchestrator.contract.notify``). The webhook URL
+    is a secret: name where the node and the login host read it, never the URL itself."""
+
+    webhook_env: str | None = None
+    """An environment variable holding a webhook URL (Slack-compatible: ``{"text": ...}`` is POSTed)."""
+    webhook_file: str | None = None
+    """A file holding the webhook URL (``~/``: the reader's home), read when an event is sent."""
+    command: str | None = None
+    """A shell command run per event: the event as JSON on stdin, ``ORCHESTRATOR_EVENT``(``_TEXT``)."""
+    timeout_s: int = 60
+    """Bound on sending one event, retries with backoff included (1..600 s)."""
+
+
 class TrainingDefaults(_Record, TrainingOptions):
     """A profile's ``defaults:``: the strategy options used unless the command line says otherwise.
 
@@ -404,6 +418,8 @@ class ClusterProfile(_Record):
     """The login host, when commands start on a laptop: see :class:`Login`."""
     container: Container = Container()
     """The container image the nodes' tasks run in: see :class:`Container`."""
+    notify: Notify = Notify()
+    """Notifications of started, requeued, resumed, hang, failed, completed: see :class:`Notify`."""
 
     @property
     def default_procs_per_node(self) -> int:

@@ -88,6 +88,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
         Container,
         Login,
         NodeLimits,
+        Notify,
         PortRange,
         Preflight,
         PreTimeoutSignal,
@@ -101,6 +102,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
         "preflight": Preflight,
         "login": Login,
         "container": Container,
+        "notify": Notify,
     }
     rows: list[tuple[str, str, str, str]] = []
     docs = _field_docs(ClusterProfile)

@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from orchestrator.config import profile_container as _container
+from orchestrator.config import profile_notify as _notify
 from orchestrator.config.options import OPTIONS, Option
 from orchestrator.config.profile_login import LOGIN_FAST_CHECKS, login_model
 from orchestrator.config.profile_records import (
@@ -161,6 +162,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
     },
     Login: LOGIN_FAST_CHECKS,
     _container.Container: _container.FAST_CHECKS,
+    _notify.Notify: _notify.FAST_CHECKS,
     ClusterProfile: {
         "description": _valid_str,
         "scheduler": _choice(*SCHEDULER_NAMES),
@@ -306,6 +308,7 @@ def schema() -> dict[str, type[BaseModel]]:
         min_free_mb: int = Field(1024, ge=0)
 
     LoginModel, ContainerModel = login_model(_Strict), _container.model(_Strict)
+    NotifyModel = _notify.model(_Strict)
 
     option_fields: dict[str, Any] = {o.name: (_option_annotation(o), o.default) for o in OPTIONS}
     TrainingDefaults = create_model("TrainingDefaults", __base__=_Strict, **option_fields)
@@ -345,6 +348,7 @@ def schema() -> dict[str, type[BaseModel]]:
         defaults: TrainingDefaults = TrainingDefaults()
         login: LoginModel = LoginModel()  # type: ignore[valid-type]
         container: ContainerModel = ContainerModel()  # type: ignore[valid-type]
+        notify: NotifyModel = NotifyModel()  # type: ignore[valid-type]
 
         @field_validator("time_limit")
         @classmethod
@@ -388,7 +392,7 @@ def schema() -> dict[str, type[BaseModel]]:
         PortRange,
         PreTimeoutSignal,
         Preflight,
-        *(LoginModel, ContainerModel),
+        *(LoginModel, ContainerModel, NotifyModel),
         TrainingDefaults,
         ClusterProfile,
     ]

@@ -58,23 +58,24 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       preflight/attempt_<A>/        the checks before training (orchestrator.supervise.preflight):
         node_<N>.json               node N's own results: run directory, free space, GPUs, its link to node 0
         preflight.json              the verdict: the node(s) named, the reason, every figure, its cost
+      notify/                       ``notify:``: a file per event claimed (O_EXCL: sent once), notify.log
 
-A sweep (``orchestrator sweep``) is a directory of run directories: ``<sweep_dir>/sweep.json`` (the grid,
-each task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) and one run
-directory ``<sweep_dir>/task_<i>/`` per grid point, laid out as above. A local sweep (no job arrays)
-also has ``<sweep_dir>/sweep.log``, the output of the process that starts its tasks K at a time,
-``<sweep_dir>/local_pids.json`` (that process's pid) and ``<sweep_dir>/cancel_requested.json`` once
-the sweep was cancelled.
+A sweep (``orchestrator sweep``) is a directory of run directories: ``<sweep_dir>/sweep.json`` (the grid, each
+task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) and one run directory
+``<sweep_dir>/task_<i>/`` per grid point, laid out as above. A local sweep (no job arrays) also has
+``<sweep_dir>/sweep.log``, the output of the process that starts its tasks K at a time,
+``<sweep_dir>/local_pids.json`` (that process's pid) and ``<sweep_dir>/cancel_requested.json`` once the sweep
+was cancelled; ``<sweep_dir>/notify/`` (its end, notified once).
 
 Attempts are numbered across every job that used the run directory: a submission starts at
-:func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`). A
-submission reserves its number by creating ``job.attempt_<A>.json`` exclusively
-(:func:`reserve_attempt`): two submissions never share an attempt, and none overwrites another's.
+:func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`). A submission
+reserves its number by creating ``job.attempt_<A>.json`` exclusively (:func:`reserve_attempt`): two
+submissions never share an attempt, and none overwrites another's.
 
-Permissions: the run directory and everything in it are owner-only (0700 directories, 0600 files),
-like the registry, because ``sbatch.sh`` carries the profile's ``env:`` values and the checkpoints
-the model. A profile's ``share_with_group: true`` opens them to the group (0750 / 0640):
-:func:`run_umask` is the umask a submission runs (and its job inherits) under.
+Permissions: the run directory and everything in it are owner-only (0700 directories, 0600 files), like the
+registry, because ``sbatch.sh`` carries the profile's ``env:`` values and the checkpoints the model. A
+profile's ``share_with_group: true`` opens them to the group (0750 / 0640): :func:`run_umask` is the umask a
+submission runs (and its job inherits) under.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ HANG_DIR = "hang"
 HANG_REPORT_FILE = "hang.json"
 PREFLIGHT_DIR = "preflight"
 PREFLIGHT_REPORT_FILE = "preflight.json"
+NOTIFY_DIR = "notify"
 
 #: Exit codes of a training process, as the launcher and ``status`` read them.
 EXIT_OK = 0
@@ -359,10 +361,8 @@ def requeue_recorded_since(run_dir: Path, since: float) -> bool:
 # ---------------------------------------------------------------------------- cancel marker
 def write_cancel_marker(run_dir: Path, signal_name: str, user: str | None = None) -> None:
     """Record that ``cancel`` was asked, so the job is not requeued and reads CANCELLED."""
-    write_json_atomic(
-        Path(run_dir) / CANCEL_MARKER,
-        {"signal": signal_name, "time": time.time(), "user": user or os.environ.get("USER")},
-    )
+    data = {"signal": signal_name, "time": time.time(), "user": user or os.environ.get("USER")}
+    write_json_atomic(Path(run_dir) / CANCEL_MARKER, data)
 
 
 def cancel_requested(run_dir: Path) -> bool:

@@ -55,6 +55,7 @@ def wait_for_job(
     error lines, the ``logs`` command: :mod:`orchestrator.core.failure_report`). ``deadline``
     (``time.monotonic()``) raises :class:`WaitTimeout` when passed."""
     from orchestrator.core.failure_report import EXPLAINED_STATES, explain_job, record_explanations
+    from orchestrator.core.notify_events import notify_run
     from orchestrator.core.refresh import refresh_states
     from orchestrator.core.run_summary import summarize
 
@@ -73,9 +74,13 @@ def wait_for_job(
         if line.split("]", 1)[1] != last:
             print(line, file=out, flush=True)
             last = line.split("]", 1)[1]
+        if not state.is_terminal():
+            notify_run(job.run_dir, job_id, state, None)
         if state.is_terminal():
             record_explanations(registry, [job], {job_id: state.value})
             ended = registry.get(job_id)
+            successor = registry.successors([job_id]).get(job_id)
+            notify_run(job.run_dir, job_id, state, ended.end_reason or (st.reason if st else None), successor)
             explanation = explain_job(ended) if state.value in EXPLAINED_STATES else None
             why = ended.end_reason or (st.reason if st is not None else None)  # ours says more
             reason = f" ({why})" if why and explanation is None else ""

@@ -250,6 +250,9 @@ def collect_status(
         if row.job_id in explained_now and row.state.is_terminal() and row.started_from == NO_HOOK:
             registry.set_end_reason(row.job_id, NO_HOOK)
             rows[i] = replace(row, reason=NO_HOOK)
+    from orchestrator.core.notify_events import notify_rows
+
+    notify_rows(rows)  # the events the batch step has not sent yet (profiles with notify:)
     return rows, result
 
 

@@ -35,6 +35,7 @@ from orchestrator.config.inputs import env_folder
 from orchestrator.config.plan import LaunchPlan
 from orchestrator.config.render import accelerate_launch_command
 from orchestrator.contract.errors import OrchestratorError, UserError
+from orchestrator.contract.notify import prepare as prepare_notify
 from orchestrator.contract.run_dir import (
     CANCEL_MARKER,
     JOB_ID_FILE,
@@ -274,7 +275,9 @@ def _submit_into(
             plan = absolute_script(plan)
             scheduler.prepare_run_dir(registry, run_dir)
             (run_dir / CANCEL_MARKER).unlink(missing_ok=True)  # a resumed job starts a new outcome
-        attempt_base = reserve_attempt(run_dir, plan_record(plan, run_dir, resumed_from))
+        record = plan_record(plan, run_dir, resumed_from)
+        attempt_base = reserve_attempt(run_dir, record)
+        prepare_notify(run_dir, record)  # notify/: this run's events are sent (contract.notify)
         if (
             request is None
             or request.plan != plan

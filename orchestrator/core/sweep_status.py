@@ -98,7 +98,7 @@ def sweep_status(
     higher = SWEEP_METRICS[metric]
     scored = [(getattr(r, metric), i) for i, r in enumerate(rows) if getattr(r, metric) is not None]
     best = (max(scored) if higher else min(scored))[1] if scored else None
-    return SweepStatus(
+    status = SweepStatus(
         sweep_id,
         rows,
         [p for _, _, p in tasks],
@@ -109,6 +109,10 @@ def sweep_status(
         [(int(t["task"]), dict(t["params"])) for t in waiting],
         not_started,
     )
+    from orchestrator.core.notify_events import notify_sweep
+
+    notify_sweep(status, sweep_outcome(status), record.sweep_dir)
+    return status
 
 
 def sweep_outcome(status: SweepStatus) -> JobState | None:

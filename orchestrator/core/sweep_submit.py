@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from orchestrator.config.plan import LaunchPlan
 from orchestrator.config.sweep_plan import sweep_plans
 from orchestrator.contract.errors import OrchestratorError, UserError
+from orchestrator.contract.notify import prepare as prepare_notify
 from orchestrator.contract.run_dir import (
     JOB_ID_FILE,
     SWEEP_FILE,
@@ -105,7 +106,9 @@ def submit_sweep(
                 path = task_dir(sweep_dir, i)
                 path.mkdir(mode=0o750 if share else 0o700)
                 plan = absolute_script(plan)
-                reserve_attempt(path, plan_record(plan, path, None))
+                record = plan_record(plan, path, None)
+                reserve_attempt(path, record)
+                prepare_notify(path, record)
                 plans.append(plan)
                 dirs.append(path)
             request = scheduler.dryrun_array(plans, sweep_dir, max_parallel, sys.executable)

@@ -115,6 +115,7 @@ def supervise(
 ) -> int:
     from orchestrator.contract.run_dir import attempt_number
     from orchestrator.schedulers.slurm import auto_resume as ar
+    from orchestrator.schedulers.slurm.step_notify import StepNotifier
     from orchestrator.supervise.watchdog import Watchdog
 
     run_dir = Path(os.environ[RUN_DIR_ENV])
@@ -127,7 +128,11 @@ def supervise(
     record_requeued_attempt(run_dir, job_id, attempt_base)
     started = time.time()
     attempt = attempt_number(attempt_base, batch_restarts())
+    notifier = StepNotifier(run_dir, job_id, attempt, say)
+    notifier.attempt_events()
     if _preflight_failed(run_dir, job_id, attempt, auto_resume):
+        notifier.ended(1, started)
+        notifier.flush()
         return 1
     watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
     watch = StepWatch(argv)
@@ -144,7 +149,10 @@ def supervise(
             if hang is not None:
                 status = _end_hung_step(watch, run_dir, job_id, attempt, hang, auto_resume)
                 watch.finish()
+                notifier.ended(status, started)
+                notifier.flush()
                 return status
+        notifier.poll()
         if status is not None or probes is not None or watch.first_failure_at is None:
             continue
         if time.monotonic() - watch.first_failure_at < grace_s:
@@ -163,8 +171,13 @@ def supervise(
     watch.finish()
     if status < 0:  # srun killed by a signal
         status = 128 - status
+    decision = None
     if status != 0:
-        ar.after_failed_step(run_dir, job_id, status, started, probes, auto_resume, probe_timeout)
+        decision = ar.after_failed_step(run_dir, job_id, status, started, probes, auto_resume, probe_timeout)
+    notifier.ended(
+        status, started, decision.reason if decision is not None and decision.action != "none" else None
+    )
+    notifier.flush()
     return status
 
 
