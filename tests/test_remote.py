@@ -139,6 +139,11 @@ def test_submit_carries_hostile_words_and_follows_the_job(laptop: Laptop) -> Non
     again = laptop.cli("status", job, "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["jobs"] == rows, again.stderr
     assert laptop.host.sessions() == before
+    # resume and stacks of an ended job: the login host's own refusals, relayed as they are
+    refused = laptop.cli("resume", job)
+    assert refused.returncode == 2 and "COMPLETED" in refused.stderr, refused.stdout + refused.stderr
+    stacks = laptop.cli("stacks", job)
+    assert stacks.returncode != 0 and job in stacks.stderr, stacks.stdout + stacks.stderr
     # plot: the run's metrics come over, the picture is drawn here
     drawn = laptop.cli("plot", job, "-o", "curve.png")
     assert drawn.returncode == 0, drawn.stderr

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import IO
 
 from orchestrator.config.profile_records import ClusterProfile
 from orchestrator.contract.errors import UserError
@@ -35,21 +36,40 @@ def _connect(name: str) -> tuple[ClusterProfile, Connection]:
     return profile, conn
 
 
-def run_captured(name: str, argv: Sequence[str]) -> tuple[int, str, str]:
-    """Run ``argv`` on the login host of profile ``name``: (exit status, stdout, stderr). A submit,
-    sweep or resume sends the code first (submit, sweep) and books the job ids it printed."""
+class _Tee:
+    """Output streamed to this terminal as it comes, and kept (the first MiB) to read job ids from."""
+
+    def __init__(self) -> None:
+        self.kept = bytearray()
+
+    def write(self, data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        if len(self.kept) < 1 << 20:
+            self.kept += data
+
+    def flush(self) -> None:
+        sys.stdout.buffer.flush()
+
+
+def run_captured(name: str, argv: Sequence[str], stream: bool = False) -> tuple[int, str, str]:
+    """Run ``argv`` on the login host of profile ``name``: (exit status, stdout, stderr); ``stream``:
+    stdout is also printed as it comes (``submit --wait``, ``resume --wait``). A submit, sweep or
+    resume sends the code first (submit, sweep) and books the job ids it printed."""
     profile, conn = _connect(name)
     words = _remote_argv(profile, name, list(argv))
+    tee = _Tee() if stream else None
+    sink: IO[bytes] | None = tee  # type: ignore[assignment]
     if words[0] in ("submit", "sweep"):
         from orchestrator.remote.snapshot import send_and_run
 
-        rc, out, said = send_and_run(conn, profile, words)
+        rc, out, said = send_and_run(conn, profile, words, stdout=sink)
     else:
-        rc, out, said = call(conn, agent_command(profile, [*run_words(profile), "--", *words]))
+        rc, out, said = call(conn, agent_command(profile, [*run_words(profile), "--", *words]), stdout=sink)
         if rc == SSH_FAILED:
             raise conn.failure(said)
-    text = out.decode(errors="replace")
-    if rc == 0 and words[0] in ("submit", "sweep", "resume"):
+    text = (bytes(tee.kept) if tee is not None else out).decode(errors="replace")
+    if words[0] in ("submit", "sweep", "resume"):
         book.remember(name, _submitted_ids(text))
     return rc, text, said
 
@@ -58,8 +78,7 @@ def forward(name: str, argv: Sequence[str]) -> int:
     """Run the command line ``argv`` on the login host of profile ``name``; print here."""
     command = argv[0]
     if command in ("submit", "sweep", "resume"):
-        rc, out, said = run_captured(name, argv)
-        sys.stdout.write(out)
+        rc, _, said = run_captured(name, argv, stream=True)
         sys.stderr.write(said)
         return rc
     profile, conn = _connect(name)

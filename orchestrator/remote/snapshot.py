@@ -16,6 +16,7 @@ import json
 import socket
 import tarfile
 from pathlib import Path
+from typing import IO
 
 from orchestrator.config.profile_records import ClusterProfile
 from orchestrator.contract.errors import UserError
@@ -56,9 +57,11 @@ def pack(source: Path, send: list[str], delete: list[str]) -> bytes:
     return buf.getvalue()
 
 
-def send_and_run(conn: Connection, profile: ClusterProfile, argv: list[str]) -> tuple[int, bytes, str]:
+def send_and_run(
+    conn: Connection, profile: ClusterProfile, argv: list[str], stdout: IO[bytes] | None = None
+) -> tuple[int, bytes, str]:
     """Sync the script's folder, then run ``argv`` (``submit``/``sweep``) from the mirror with
-    ``--snapshot``: (exit status, stdout, stderr)."""
+    ``--snapshot``: (exit status, stdout unless streamed to ``stdout``, stderr)."""
     if "--" not in argv or argv.index("--") + 1 >= len(argv):
         raise UserError(f"{argv[0]}: no training script: add `-- SCRIPT [ARGS...]` at the end")
     at = argv.index("--") + 1
@@ -76,7 +79,9 @@ def send_and_run(conn: Connection, profile: ClusterProfile, argv: list[str]) -> 
         remote_argv.insert(1, "--snapshot")
     # a sweep has no --snapshot: its tasks run from a frozen copy of the mirror instead
     words = [*run_words(profile, sync=mirror, freeze=argv[0] == "sweep"), "--", *remote_argv]
-    rc, out, said = call(conn, agent_command(profile, words), stdin=pack(snap.source, send, delete))
+    rc, out, said = call(
+        conn, agent_command(profile, words), stdin=pack(snap.source, send, delete), stdout=stdout
+    )
     if rc == SSH_FAILED:
         raise conn.failure(said)
     return rc, out, said
