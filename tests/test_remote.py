@@ -221,6 +221,11 @@ def test_a_version_mismatch_says_how_to_fix_it(laptop: Laptop) -> None:
                           line], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert res.returncode == 2
     assert "laptop's is 0.0.0-other" in res.stderr and "orchestrator remote install" in res.stderr
+    same = laptop.cli("remote", "check", "cluster")
+    assert (
+        same.returncode == 0
+        and same.stdout.strip() == f"login-a: orchestrator {_version()}, same as this laptop"
+    )
 
 
 def test_only_changed_files_are_sent_and_links_stay_links(laptop: Laptop) -> None:
