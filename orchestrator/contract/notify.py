@@ -208,9 +208,10 @@ def sweep_event(sweep_dir: Path, sweep_id: str, outcome: str, best: str | None) 
 
 
 # ------------------------------------------------------------------------------- once
-def enabled(run_dir: Path) -> bool:
-    """Whether the run sends notifications: its submission made ``notify/`` (one stat)."""
-    return (Path(run_dir) / NOTIFY_DIR).is_dir()
+def enabled(run_dir: str | Path) -> bool:
+    """Whether the run sends notifications: its submission made ``notify/`` (one stat: ``status``
+    asks it of every row, so no ``Path`` objects)."""
+    return os.path.isdir(os.path.join(run_dir, NOTIFY_DIR))
 
 
 def prepare(run_dir: Path, plan: dict[str, Any]) -> None:

@@ -48,7 +48,8 @@ def notify_run(
 def notify_rows(rows: Sequence[Any]) -> None:
     """``status``'s rows (:class:`~orchestrator.core.status.StatusRow`; not imported: status imports this)."""
     for row in rows:
-        notify_run(Path(row.run_dir), row.job_id, row.state, row.reason, row.continued_as)
+        if notify.enabled(row.run_dir):
+            notify_run(Path(row.run_dir), row.job_id, row.state, row.reason, row.continued_as)
 
 
 def notify_sweep(status: Any, outcome: JobState | None, sweep_dir: Path) -> None:

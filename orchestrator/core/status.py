@@ -8,12 +8,14 @@ hanging. ``status``, ``status SWEEP``, ``Job.status`` and ``Sweep.status`` share
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.contract.attempt_start import NO_HOOK, describe_newest_start
 from orchestrator.contract.job_states import JobState
+from orchestrator.contract.run_dir import NOTIFY_DIR
 from orchestrator.core.dependencies import PREFIXES as DEPENDENCY_PREFIXES
 from orchestrator.core.dependencies import explain as explain_dependency
 from orchestrator.core.refresh import refresh_states
@@ -250,9 +252,10 @@ def collect_status(
         if row.job_id in explained_now and row.state.is_terminal() and row.started_from == NO_HOOK:
             registry.set_end_reason(row.job_id, NO_HOOK)
             rows[i] = replace(row, reason=NO_HOOK)
-    from orchestrator.core.notify_events import notify_rows
+    if any(os.path.isdir(os.path.join(row.run_dir, NOTIFY_DIR)) for row in rows):  # profiles with notify:
+        from orchestrator.core.notify_events import notify_rows
 
-    notify_rows(rows)  # the events the batch step has not sent yet (profiles with notify:)
+        notify_rows(rows)  # the events the batch step has not sent yet
     return rows, result
 
 
