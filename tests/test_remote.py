@@ -233,9 +233,12 @@ def test_only_changed_files_are_sent_and_links_stay_links(laptop: Laptop) -> Non
     arrives as a link (never followed); an over-large folder is refused before any session."""
     (laptop.project / "outside").symlink_to("/etc")
     (laptop.project / "helper.py").write_text("VALUE = 2\n")
+    hostile = "my job $(touch PWNED5) 'q'.py"  # a hostile path: the script's own name
+    (laptop.project / hostile).write_text(SCRIPT)
     job, run_dir = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node",
-                                        "1", "--", "job.py"))  # fmt: skip
+                                        "1", "--", hostile, "--lines", "1"))  # fmt: skip
     assert os.readlink(run_dir / "snapshot" / "outside") == "/etc"
+    assert (run_dir / "snapshot" / hostile).read_text() == SCRIPT
     profile = _profile(laptop)
     snap = remote_snapshot.plan_snapshot(laptop.project / "job.py")
     mirror = Path(remote_snapshot.mirror_of(snap.source, profile))
@@ -254,6 +257,8 @@ def test_only_changed_files_are_sent_and_links_stay_links(laptop: Laptop) -> Non
     assert res.returncode == 2 and "limit" in res.stderr, res.stderr
     assert laptop.host.sessions() == before
     assert laptop.cli("wait", job).returncode == 0
+    assert "line 0 " in node_log(run_dir)
+    assert not list(laptop.project.glob("PWNED*")) and not list(laptop.login_runs.glob("*/PWNED*"))
 
 
 def test_the_laptop_routes_only_what_belongs_to_a_login_host(laptop: Laptop) -> None:
