@@ -101,7 +101,8 @@ def test_events_derived_from_the_run_directory(tmp_path: Path) -> None:
     )
     write_json_atomic(plan_file(run_dir, 2), {"job_name": "lm"})  # a new submission began at attempt 2
     hang_dir(run_dir, 2).mkdir(parents=True)
-    write_json_atomic(hang_dir(run_dir, 2) / "hang.json", {"reason": "hang: rank 3 on n2 differs (in recv)"})
+    hang = {"reason": "hang: rank 3 on node n2 differs: in recv", "culprit_rank": 3}
+    write_json_atomic(hang_dir(run_dir, 2) / "hang.json", hang)
     events = {e.key: e for e in notify.run_dir_events(run_dir, "42")}
     assert list(events) == [
         "started",
@@ -113,7 +114,9 @@ def test_events_derived_from_the_run_directory(tmp_path: Path) -> None:
     assert (
         events["resumed.attempt_1"].details["step"] == 7 and "from step 7" in events["resumed.attempt_1"].text
     )
-    assert "rank 3 on n2" in events["hang.attempt_2"].text
+    assert (
+        "rank 3 on node n2" in events["hang.attempt_2"].text and events["hang.attempt_2"].details["rank"] == 3
+    )
     failed = notify.end_event(run_dir, "42", "FAILED", "node 0 rank 1 failed: ValueError: boom")
     assert failed is not None and failed.kind == "failed" and "ValueError: boom" in failed.text
     assert notify.end_event(run_dir, "42", "COMPLETED", None).kind == "completed"  # type: ignore[union-attr]

@@ -164,7 +164,7 @@ def attempt_events(
                 f"hang.attempt_{attempt}",
                 "hang",
                 f"{name}: job {job_id} hang detected: {reason}",
-                {**base, "reason": reason},
+                {**base, "reason": reason, "rank": hang.get("culprit_rank")},
             )
         )
     return out
