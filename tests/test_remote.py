@@ -190,7 +190,14 @@ def test_a_password_only_host_fails_at_once_with_the_command_to_open_it(laptop: 
         started = time.monotonic()
         res = laptop.cli("status", env=env, timeout=30)
         took = time.monotonic() - started
+        # The same from a terminal, as a person types it: ssh could open /dev/tty there, and does not.
+        command = shlex.join([sys.executable, "-m", "orchestrator", "status"])
+        script = shutil.which("script") or "/usr/bin/script"  # util-linux: on every Debian
+        typed = subprocess.run([script, "-qec", command, "/dev/null"], env=env, cwd=laptop.project,
+                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)  # fmt: skip
     assert took < 5, took
+    assert typed.returncode == 2 and "'s password" not in typed.stdout.lower(), typed.stdout
+    assert "ssh -fNM" in typed.stdout
     assert res.returncode == 2, res.stdout + res.stderr
     (line,) = res.stderr.splitlines()
     assert "login-pw" in line and "password" in line

@@ -16,7 +16,7 @@ from typing import IO
 
 from orchestrator.config.profile_records import ClusterProfile
 from orchestrator.remote.routing import version
-from orchestrator.remote.ssh import Connection
+from orchestrator.remote.ssh import Connection, no_prompt
 
 
 def _remote_word(path: str) -> str:
@@ -58,25 +58,35 @@ def call(
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             conn.argv(line), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=err,
+            stdout=subprocess.PIPE, stderr=err, **no_prompt(),
         )  # fmt: skip
-        out = b""
-        if stdin is not None:
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        assert proc.stdout is not None
-        if stdout is None:
-            out = proc.stdout.read()
-        else:
-            reader = proc.stdout
-            for chunk in iter(lambda: os.read(reader.fileno(), 65536), b""):
-                stdout.write(chunk)
-                stdout.flush()
-        rc = proc.wait()
+        try:
+            out = _exchange(proc, stdin, stdout)
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C, a closed terminal: ssh (in its own session) goes too
+            proc.kill()
+            proc.wait()
+            raise
         err.seek(0)
         said = err.read().decode(errors="replace")
     return rc, out, said
+
+
+def _exchange(proc: subprocess.Popen[bytes], stdin: bytes | None, stdout: IO[bytes] | None) -> bytes:
+    """Feed ``stdin``, then read ssh's output whole, or stream it to ``stdout`` (b"" then)."""
+    out = b""
+    if stdin is not None:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+    assert proc.stdout is not None
+    if stdout is None:
+        return proc.stdout.read()
+    reader = proc.stdout
+    for chunk in iter(lambda: os.read(reader.fileno(), 65536), b""):
+        stdout.write(chunk)
+        stdout.flush()
+    return out

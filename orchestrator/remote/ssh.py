@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.profile_records import Login
 from orchestrator.contract.errors import UserError
@@ -34,6 +35,15 @@ SSH_FAILED = 255
 _SOCKET_PATH_MAX, _SOCKET_NAME_BYTES = 104, 58
 _UNREACHABLE_WORDS = ("refused", "timed out", "no route", "resolve", "unreachable", "closed by", "reset by")
 _AUTH_WORDS = ("permission denied", "authentication", "password", "keyboard-interactive", "verification code")
+
+
+def no_prompt() -> dict[str, Any]:
+    """How every non-interactive ssh runs: without a terminal (its own session: no /dev/tty to prompt
+    on) and without an askpass program. BatchMode covers the destination, but options given on ssh's
+    command line do not reach a ProxyJump host's own ssh; without a terminal that one cannot ask either."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "SSH_ASKPASS")}
+    env["SSH_ASKPASS_REQUIRE"] = "never"
+    return {"start_new_session": True, "env": env}
 
 
 class NeedsLogin(UserError):
@@ -92,7 +102,7 @@ class Connection:
     def master_alive(self) -> bool:
         res = subprocess.run(
             ["ssh", *self.options(), "-O", "check", self.host],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False,
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False, **no_prompt(),
         )  # fmt: skip
         return res.returncode == 0
 
@@ -112,7 +122,7 @@ class Connection:
             ]
             res = subprocess.run(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                timeout=self.login.connect_timeout + 30, check=False,
+                timeout=self.login.connect_timeout + 30, check=False, **no_prompt(),
             )  # fmt: skip
             log.seek(0)
             said = log.read().decode(errors="replace").strip()
@@ -140,5 +150,5 @@ class Connection:
         """End the master (``ssh -O exit``); nothing when none is open."""
         subprocess.run(
             ["ssh", *self.options(), "-O", "exit", self.host],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False,
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False, **no_prompt(),
         )  # fmt: skip
