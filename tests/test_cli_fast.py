@@ -73,6 +73,7 @@ LIGHT_COMMANDS = [
     pytest.param(["profiles", "validate"], id="profiles-validate"),
     pytest.param(["strategies"], id="strategies"),
     pytest.param(["strategies", "--json"], id="strategies-json"),
+    pytest.param(["export", "--help"], id="export-help"),
 ]
 
 
