@@ -371,3 +371,36 @@ def test_remote_install_pushes_this_laptops_version(laptop: Laptop) -> None:
     assert (
         "pip download --dest wheels" in line and "orchestrator remote install fresh --wheels wheels" in line
     )
+
+
+def test_every_word_is_quoted_for_the_login_hosts_shell(tmp_path: Path) -> None:
+    """The line ssh hands over is split by a POSIX shell into exactly the words given (``~/`` alone
+    is left to that shell to mean its home)."""
+    write_profile(tmp_path, "q", "local", {"host": "h", "python": "~/venv dir/bin/python", "home": "~/o h"})
+    profile = _load(tmp_path / "q.yaml")
+    words = ["run", "--", "submit", "--name", HOSTILE_NAME, "--", "x y.py", *HOSTILE_ARGS, "", "~/literal"]
+    line = agent_command(profile, words)
+    prefix = '"$HOME"/' + shlex.quote("venv dir/bin/python") + " -m orchestrator.remote.agent "
+    assert line.startswith(prefix)  # the interpreter's ~/ is the login host's home
+    echo = "python3 -c " + shlex.quote("import json, sys; print(json.dumps(sys.argv[1:]))") + " "
+    shown = subprocess.run(["sh", "-c", echo + line[len(prefix):]], capture_output=True, text=True, timeout=30,
+                           env={"HOME": "/h", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert json.loads(shown.stdout) == [_version(), *words]
+
+
+def test_the_book_keeps_the_newest_final_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.remote import book
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path))
+    monkeypatch.setattr(book, "MAX_FINAL_ROWS", 3)
+    book.remember("a", ["100"])
+    assert book.profile_of("100_7") == "a"  # an array task belongs to its array's login host
+    book.remember_final("a", [{"job_id": str(i), "state": "COMPLETED"} for i in range(5)])
+    assert [book.final_row(str(i)) is not None for i in range(5)] == [False, False, True, True, True]
+    assert book.profile_of("0") == "a" and book.profile_of("9") is None
+
+
+def _load(path: Path) -> ClusterProfile:
+    from orchestrator.config.profiles import parse_profile
+
+    return parse_profile(path.read_text(), path.name)

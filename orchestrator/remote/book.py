@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 FILE_NAME = "remote_jobs.json"
+#: Ended jobs' rows kept (the newest); an older one is simply asked for again.
+MAX_FINAL_ROWS = 5000
 
 
 def _path() -> Path:
@@ -64,8 +66,12 @@ def remember_final(profile: str, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     data = _load()
+    final = data.setdefault("final", {})
     for row in rows:
         job = str(row["job_id"])
-        data.setdefault("final", {})[job] = row
+        final.pop(job, None)
+        final[job] = row
         data.setdefault("jobs", {})[job] = profile
+    for job in list(final)[: max(0, len(final) - MAX_FINAL_ROWS)]:  # the oldest go: asked again if named
+        del final[job]
     _store(data)
