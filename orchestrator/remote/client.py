@@ -1,7 +1,7 @@
 """The laptop's side: which commands go to a login host, and carrying each one there.
 
-Which commands go there: :mod:`.routing`. A routed command is the login host's own command line (``agent run -- ARGS``), so its checks,
-output and exit codes are the same as there. What the laptop adds: the script's folder is synced
+Which commands go there: :mod:`.routing`. A routed command is the login host's own command line
+(``agent run -- ARGS``), so its checks, output and exit codes are the same as there. What the laptop adds: the script's folder is synced
 first (:mod:`.snapshot`) and the job runs from a ``--snapshot`` of it; ``status --json`` serves
 ended jobs from the book; ``logs`` reconnects after a dropped connection and continues at the byte
 where it was cut.
@@ -112,6 +112,8 @@ def _remote_argv(profile: ClusterProfile, name: str, argv: list[str]) -> list[st
             continue
         if i < cut and word.startswith("--profiles-dir="):
             continue
+        if i < cut and word == f"--profile={name}":
+            word = f"--profile={there}"
         out.append(there if i < cut and i > 0 and argv[i - 1] == "--profile" and word == name else word)
     return out
 
