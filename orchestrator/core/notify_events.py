@@ -9,6 +9,8 @@ folder) and nothing is imported or sent.
 
 from __future__ import annotations
 
+import atexit
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,18 @@ from typing import Any
 from orchestrator.contract import notify
 from orchestrator.contract.job_states import JobState
 from orchestrator.contract.run_dir import NOTIFY_DIR
+
+#: At most this long a command (``status``, ``wait``) stays after its output for its senders: a
+#: receiver that is down must not hold the terminal for a target's whole ``timeout_s``.
+EXIT_WAIT_S = 15.0
+_pending: list[threading.Thread] = []
+
+
+def _outlive(threads: list[threading.Thread]) -> None:
+    """Keep the process alive for ``threads`` at its exit, at most :data:`EXIT_WAIT_S` in all."""
+    if threads and not _pending:
+        atexit.register(lambda: notify.join(_pending, EXIT_WAIT_S))
+    _pending.extend(threads)
 
 
 def run_events(
@@ -33,14 +47,16 @@ def run_events(
 def notify_run(
     run_dir: Path, job_id: str, state: JobState, reason: str | None, continued_as: str | None = None
 ) -> None:
-    """Send this run's unsent events (threads that the process outlives its output for, bounded)."""
+    """Send this run's unsent events from threads the process waits for at its exit (bounded)."""
     run_dir = Path(run_dir)
     if not notify.enabled(run_dir):
         return
     if state.is_terminal() and (run_dir / NOTIFY_DIR / f"end.{job_id}").exists():
         return  # its end was sent, and every event before it was seen then
     try:
-        notify.notify(run_dir, run_events(run_dir, job_id, state, reason, continued_as))
+        _outlive(
+            notify.notify(run_dir, run_events(run_dir, job_id, state, reason, continued_as), daemon=True)
+        )
     except Exception:  # noqa: BLE001 (a notification never breaks status)
         pass
 
@@ -66,8 +82,7 @@ def notify_sweep(status: Any, outcome: JobState | None, sweep_dir: Path) -> None
     try:
         (Path(sweep_dir) / NOTIFY_DIR).mkdir(exist_ok=True)
         target = notify.Target.of_run(Path(status.rows[0].run_dir))
-        notify.notify(
-            Path(sweep_dir), [notify.sweep_event(sweep_dir, status.sweep_id, outcome.value, best)], target
-        )
+        event = notify.sweep_event(sweep_dir, status.sweep_id, outcome.value, best)
+        _outlive(notify.notify(Path(sweep_dir), [event], target, daemon=True))
     except Exception:  # noqa: BLE001
         pass
