@@ -320,3 +320,28 @@ def test_a_scheduler_without_accounting_is_said_not_billed(tmp_path: Path) -> No
         report = cost_report(registry, "41").to_json()
     assert report["allocated_hours"] == 0 and report["goodput"] is None and report["attempts"] == []
     assert any("local scheduler" in n and "not billed" in n for n in report["notes"])
+
+
+def test_a_successor_starting_as_its_predecessor_ends_gets_none_of_its_steps(tmp_path: Path) -> None:
+    """requeue_as: new_job: the successor starts in the second the predecessor ends. Each step belongs
+    to one allocation: the successor's start-up is its own, not zero from the predecessor's last steps."""
+    from orchestrator.core.cost_model import place
+
+    assert place(T0 + 10.0, [(T0, T0 + 10.0), (T0 + 10.0, T0 + 20.0)]) == 0
+    assert place(T0 + 10.5, [(T0, T0 + 10.0), (T0 + 11.0, T0 + 20.0)]) == 1  # nearer the second
+    assert place(T0 + 30.0, [(T0, T0 + 10.0)]) is None
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [
+        {"event": "train", "step": s, "step_time_s": 0.5, "time": T0 + 9.0 + 0.5 * (s - 1)} for s in (1, 2, 3)
+    ]
+    lines += [
+        {"event": "train", "step": s, "step_time_s": 0.5, "time": T0 + 10.0 + 4.0 + 0.5 * (s - 3)}
+        for s in (4, 5)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    first, second = gather(run, [alloc(0, 10.2), alloc(10.2, 20)])
+    assert [s.step for s in first.steps] == [1, 2, 3] and [s.step for s in second.steps] == [4, 5]
+    cost = account_run([first, second], now=T0 + 100)[1]
+    assert cost.seconds["startup"] == pytest.approx(14.0 - 0.5 - 10.2 + 0.5)
+    assert min(cost.seconds.values()) >= 0

@@ -32,7 +32,6 @@ from orchestrator.contract.run_dir import (
     read_json,
 )
 from orchestrator.core.cost_model import (
-    SLACK_S,
     AttemptCost,
     AttemptEvidence,
     Cost,
@@ -41,6 +40,7 @@ from orchestrator.core.cost_model import (
     account_run,
     bill,
     hours_until,
+    place,
 )
 
 if TYPE_CHECKING:
@@ -168,26 +168,34 @@ def read_attempts(run_dir: Path) -> list[AttemptFiles]:
 
 
 def gather(run_dir: Path, allocations: list[Allocation]) -> list[AttemptEvidence]:
-    """Each allocation with the records its time holds: its attempt directory (the one first written
-    during it), its steps and evaluations."""
+    """Each allocation with the records its time holds (:func:`place`): its attempt directory (the
+    one first written during it), its steps and evaluations."""
     steps, evals = read_metrics(run_dir)
     files = read_attempts(run_dir)
+    now = time.time()
+    windows = [
+        (a.start, a.end if a.end is not None else now) if a.start is not None else (0.0, -1.0)
+        for a in allocations
+    ]
+    held: list[dict[str, list[Any]]] = [{"steps": [], "evals": [], "files": []} for _ in allocations]
+    for kind, records in (("steps", steps), ("evals", evals), ("files", files)):
+        for record in records:
+            at = record.first_write if isinstance(record, AttemptFiles) else record.end
+            where = place(at, windows)
+            if where is not None:
+                held[where][kind].append(record)
     evidence = []
-    for alloc in allocations:
-        if alloc.start is None:
-            evidence.append(AttemptEvidence(alloc))
-            continue
-        lo, hi = alloc.start - SLACK_S, (alloc.end if alloc.end is not None else time.time()) + SLACK_S
-        mine = next((f for f in files if lo <= f.first_write <= hi), None)
+    for alloc, mine in zip(allocations, held, strict=True):
+        attempt = mine["files"][0] if mine["files"] else None
         evidence.append(
             AttemptEvidence(
                 alloc,
-                attempt=mine.attempt if mine else None,
-                steps=tuple(s for s in steps if lo <= s.end <= hi),
-                evals=tuple(e for e in evals if lo <= e.end <= hi),
-                start_step=mine.start_step if mine else None,
-                preflight_s=mine.preflight_s if mine else None,
-                hang_last_progress=mine.hang_last_progress if mine else None,
+                attempt=attempt.attempt if attempt else None,
+                steps=tuple(mine["steps"]),
+                evals=tuple(mine["evals"]),
+                start_step=attempt.start_step if attempt else None,
+                preflight_s=attempt.preflight_s if attempt else None,
+                hang_last_progress=attempt.hang_last_progress if attempt else None,
             )
         )
     return evidence

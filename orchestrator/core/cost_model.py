@@ -175,6 +175,20 @@ class Cost:
         }
 
 
+def place(moment: float, windows: Sequence[tuple[float, float]]) -> int | None:
+    """The index of the window that holds ``moment``: the one it falls in, else the nearest within
+    :data:`SLACK_S` (accounting's whole seconds), else None. One window per record, never two: a
+    successor job starts in the second its predecessor ends, and a step of one is not the other's."""
+    best, distance = None, SLACK_S
+    for i, (lo, hi) in enumerate(windows):
+        if lo <= moment <= hi:
+            return i
+        gap = lo - moment if moment < lo else moment - hi
+        if gap <= distance:
+            best, distance = i, gap
+    return best
+
+
 def _unit(allocation: Allocation) -> tuple[int, str]:
     return (allocation.gpus, "gpu") if allocation.gpus else (max(allocation.cpus, 1), "cpu")
 
@@ -231,7 +245,8 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
         else:
             inside += took
     between = sum(
-        max(0.0, min(b.start, end) - min(a.end, end)) for a, b in zip(steps, steps[1:], strict=False)
+        max(0.0, min(b.start, end) - max(min(a.end, end), start))
+        for a, b in zip(steps, steps[1:], strict=False)
     )
     seconds["checkpoint"] = max(0.0, between - inside)
     last_end = min(last_end, end)
