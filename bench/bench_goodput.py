@@ -1,6 +1,7 @@
 """Goodput under preemption on the Slurm test cluster: the product against what users do today.
 
-Three runs of ``train/`` (2 nodes x 1 process, DDP, tiny model, checkpoints every 50 steps) go on at
+Three runs of ``train/`` (2 nodes x 1 process, DDP, tiny model, checkpoints every 1000 steps and on
+the stop signal) go on at
 the same time for ``--duration`` seconds; each attempt is preempted (USR2) ``--every`` seconds after
 its first step:
 
@@ -48,7 +49,7 @@ from orchestrator.schedulers.slurm.accounting import query_allocations  # noqa: 
 TRAIN = str(REPO / "train" / "train.py")
 TRAIN_ARGS = [
     *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64"),
-    *("--log-every", "10", "--max-steps", "10000000", "--ckpt-every", "50", "--eval-every", "0"),
+    *("--log-every", "10", "--max-steps", "10000000", "--ckpt-every", "1000", "--eval-every", "0"),
 ]
 
 
@@ -251,7 +252,12 @@ def main() -> int:
             results["runs"][cfg.name] = {"error": str(exc)}
             continue
         steps = trains(cfg.run_dir)
+        ids = sorted({a["job_id"] for a in bill_json["attempts"]})
+        found = query_allocations(ids, timeout_s=30) or {}
+        productive_s = sum(a["seconds"]["productive"] for a in bill_json["attempts"])
         results["runs"][cfg.name] = {
+            "allocations": [a.to_json() for j in ids for a in found.get(j, [])],
+            "productive_share_of_wall": round(productive_s / args.duration, 4),
             "job": cfg.first_job,
             "preemptions": len(cfg.preemptions),
             "attempts": len(bill_json["attempts"]),
@@ -274,7 +280,7 @@ def main() -> int:
         print(
             f"| {name} | {r['preemptions']} | {r['attempts']} | {100 * (r['goodput'] or 0):.1f} % | "
             f"{share['startup']} | {share['shutdown']} | {share['lost_work']} | {share['checkpoint']} | "
-            f"{r['unbilled_s']['requeue_gap']:.0f} s | {r['last_step']} |"
+            f"{r['unbilled_s']['requeue_gap']:.0f} s | {100 * r['productive_share_of_wall']:.1f} % | {r['last_step']} |"
         )
     return 0
 
