@@ -23,6 +23,7 @@ from orchestrator.config.container import (
     OCI_BUNDLE_DIR,
     TARGET_VERSIONS,
     check_submittable,
+    image_to_check,
     node_package_mounts,
     oci_bundle_files,
     version_report,
@@ -30,7 +31,7 @@ from orchestrator.config.container import (
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profiles import parse_profile
 from orchestrator.config.render import render_sbatch
-from orchestrator.contract.errors import UserError
+from orchestrator.contract.errors import RunFailure, UserError
 from tests.helpers.cli import REPO, run_cli
 
 RUN_DIR = "/RUN dir/it's $(x)"
@@ -263,3 +264,54 @@ def test_container_image_flag_overrides_the_profiles_image(tmp_path: Path) -> No
     res = run_cli(["render", "--profile", "slurm_test", *flags, "/img", "--", SCRIPT], env, timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "--container-image" in res.stderr and "container.runtime: none" in res.stderr
+
+
+def test_a_task_in_slurms_oci_container_takes_its_hosts_place_in_the_node_list() -> None:
+    """Slurm 22.05 hands every OCI container the batch script's SLURM_PROCID=0 and SLURMD_NODENAME."""
+    import socket
+
+    from orchestrator.schedulers.slurm.environment import fill_task_variables
+
+    host = socket.gethostname()
+    env = {
+        "SLURM_STEP_NODELIST": f"zz0,{host}",
+        "SLURM_PROCID": "0",
+        "SLURM_NODEID": "0",
+        "SLURMD_NODENAME": "zz0",
+    }
+    fill_task_variables(env)
+    assert (env["SLURM_PROCID"], env["SLURM_NODEID"], env["SLURM_LOCALID"], env["SLURMD_NODENAME"]) == (
+        "1",
+        "1",
+        "0",
+        host,
+    )
+    with pytest.raises(RunFailure, match="not in the step's node list"):
+        fill_task_variables({"SLURM_STEP_NODELIST": "zz[0-1]"})
+
+
+def test_the_preflight_names_the_node_without_the_image(tmp_path: Path) -> None:
+    """Each node checks the image it will run (node/preflight.image_problems); the verdict names the
+    node where it is missing. A registry reference is pulled at start, not checked."""
+    from orchestrator.config.profile_records import Container
+    from orchestrator.config.profile_records import Preflight as Limits
+    from orchestrator.node.preflight import image_problems
+    from orchestrator.supervise.preflight import judge
+
+    image = tmp_path / "rootfs"
+    image.mkdir()
+    assert image_to_check(Container(runtime="podman", image=str(image))) == ("path", str(image))
+    assert image_to_check(Container(runtime="podman", image="pytorch:2")) == ("podman", "pytorch:2")
+    assert image_to_check(Container(runtime="pyxis", image="nvcr.io#nvidia/pytorch:25.01-py3")) is None
+    assert image_to_check(Container(runtime="apptainer", image="/i/t.sif")) == ("path", "/i/t.sif")
+    assert image_problems(("path", str(image))) == []
+    missing = image_problems(("path", str(tmp_path / "gone")))
+    assert missing == [f"container image {tmp_path / 'gone'} not found on this node"]
+    link = {"rtt_ms": 0.1, "in_mbps": 9000.0}
+    reports = {0: {"problems": [], "peers": {"1": link}}, 1: {"problems": missing, "peers": {"0": link}}}
+    verdict = judge(["n1", "n2"], reports, Limits(), timed_out=False)
+    assert verdict.failed and verdict.bad_nodes == ["n2"]
+    assert (
+        verdict.reason
+        == f"preflight failed: node n2: container image {tmp_path / 'gone'} not found on this node"
+    )

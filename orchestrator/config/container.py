@@ -110,6 +110,20 @@ def with_container_image(profile: ClusterProfile, image: str, source: str) -> Cl
     return ClusterProfile.model_validate(data)
 
 
+def image_to_check(container: Container) -> tuple[str, str] | None:
+    """What the preflight checks on every node: ``("path", P)`` (a root filesystem, bundle, ``.sif``
+    or ``.sqsh`` given by path) or ``("podman", NAME)`` (``podman image exists``); None for a registry
+    reference pyxis or apptainer pulls at start."""
+    image = container.image
+    if container.runtime == "none" or not image:
+        return None
+    if image.startswith("/"):
+        return "path", image
+    if container.runtime == "podman":
+        return "podman", image
+    return None
+
+
 def enabled(plan: LaunchPlan) -> bool:
     return plan.profile.container.runtime != "none"
 
@@ -292,6 +306,9 @@ def oci_bundle_files(plan: LaunchPlan, run_dir: str) -> tuple[dict[str, Any], li
                 mounts.append(_bind(str(child), f"/{child.name}", True))
     for m in all_mounts(plan, run_dir):
         mounts.append(_bind(m.source, m.destination, m.read_only))
+    # Name resolution as on the node (what podman, pyxis and apptainer give by default): the job's
+    # hosts are found by name, and an image's own /etc/hosts knows none of them.
+    mounts += [_bind(f, f, True) for f in _NAME_FILES if Path(f).exists()]
     config = {
         "ociVersion": base.get("ociVersion", "1.0.2"),
         "process": {**base.get("process", {}), "terminal": False, "cwd": workdir(plan, run_dir)},
@@ -314,6 +331,7 @@ def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
     }
 
 
+_NAME_FILES = ("/etc/hosts", "/etc/resolv.conf")
 _SYSTEM_MOUNTS: list[dict[str, Any]] = [
     {"destination": "/proc", "type": "proc", "source": "proc"},
     {"destination": "/dev", "type": "bind", "source": "/dev", "options": ["rbind", "rw"]},

@@ -51,6 +51,23 @@ def local_problems(run_dir: Path, folder: Path, node_rank: int, min_free_mb: int
     return problems
 
 
+def image_problems(check: tuple[str, str] | None) -> list[str]:
+    """The container image is here (``orchestrator.config.container.image_to_check``)."""
+    if check is None:
+        return []
+    kind, image = check
+    if kind == "path":
+        return [] if os.path.exists(image) else [f"container image {image} not found on this node"]
+    try:
+        found = (
+            subprocess.run(["podman", "image", "exists", image], capture_output=True, timeout=60).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"container image {image}: podman image exists failed: {exc}"]
+    return [] if found else [f"container image {image} not in this node's podman storage"]
+
+
 def gpu_problems(expected: int) -> list[str]:
     """GPU count and uncorrected ECC errors from nvidia-smi (GPU profiles only; not exercised by the
     CPU test cluster)."""
@@ -121,6 +138,7 @@ def measure_pair(dist: Any, torch: Any, me: int, peer: int, device: str) -> dict
 
 
 def main(argv: list[str]) -> int:
+    from orchestrator.config.container import image_to_check
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.config.render import port_for_job
     from orchestrator.contract.run_dir import preflight_dir, read_current_plan_json, write_json_atomic
@@ -139,7 +157,8 @@ def main(argv: list[str]) -> int:
         "host": socket.gethostname(),
         "problems": local_problems(
             run_dir, folder, node.node_rank, limits.min_free_mb, plan.profile.gpus_per_node
-        ),
+        )
+        + image_problems(image_to_check(plan.profile.container)),
         "peers": {},
     }
     report["local_s"] = round(time.monotonic() - started, 3)

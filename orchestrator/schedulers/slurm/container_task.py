@@ -16,7 +16,7 @@ import runpy
 import sys
 from importlib import metadata
 
-from orchestrator.config.container import TARGET_VERSIONS, version_report
+from orchestrator.config.container import IN_CONTAINER_ENV, TARGET_VERSIONS, version_report
 from orchestrator.schedulers.slurm.environment import fill_task_variables
 
 #: Exit status for an image that cannot train at all.
@@ -42,7 +42,8 @@ def main(argv: list[str]) -> int:
         print(f"{say} ERROR: {line}", file=sys.stderr)
     if errors:
         return EXIT_BAD_IMAGE
-    fill_task_variables(os.environ)
+    if os.environ.get(IN_CONTAINER_ENV) == "oci":
+        fill_task_variables(os.environ)
     sys.stderr.flush()
     sys.argv = ["submitit.core._submit", *argv]
     runpy.run_module("submitit.core._submit", run_name="__main__", alter_sys=True)

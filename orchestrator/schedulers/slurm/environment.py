@@ -180,10 +180,21 @@ def expand_hostlist(text: str) -> list[str]:
 
 
 def fill_task_variables(env: MutableMapping[str, str]) -> None:
-    """Slurm 22.05's OCI support writes the step's environment into the container before it sets the
-    task's own: SLURM_PROCID and SLURM_LOCALID are missing inside. A job runs one task per node
-    (``--ntasks-per-node=1``), so the task's rank is its node's."""
-    if "SLURM_PROCID" not in env and "SLURM_NODEID" in env:
-        env["SLURM_PROCID"] = env["SLURM_NODEID"]
-    if "SLURM_PROCID" in env:
-        env.setdefault("SLURM_LOCALID", "0")
+    """Inside Slurm 22.05's OCI containers the task's own variables are the batch script's: every
+    node's task saw ``SLURM_NODEID=0``, ``SLURM_PROCID=0`` and the first node's SLURMD_NODENAME
+    (measured), so both nodes took rank 0. A job runs one task per node (``--ntasks-per-node=1``): the
+    task's rank is its host's place in the step's node list (expanded by submitit's own parser: the
+    image has no ``scontrol``; the container shares the node's hostname)."""
+    import socket
+
+    from submitit.slurm.slurm import _parse_node_list
+
+    listed = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    nodes = _parse_node_list(listed) if listed else []
+    host = socket.gethostname()
+    me = host if host in nodes else host.split(".")[0]
+    if me not in nodes:
+        raise RunFailure(f"node {me} is not in the step's node list {listed!r}: cannot tell its rank")
+    env["SLURM_NODEID"] = env["SLURM_PROCID"] = str(nodes.index(me))
+    env["SLURM_LOCALID"] = "0"
+    env["SLURMD_NODENAME"] = me
