@@ -249,7 +249,7 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
         for a, b in zip(steps, steps[1:], strict=False)
     )
     seconds["checkpoint"] = max(0.0, between - inside)
-    last_end = min(last_end, end)
+    last_end = max(min(last_end, end), start)
     if ev.hang_last_progress is not None:
         progress = min(max(last_end, ev.hang_last_progress), end)
         seconds["lost_work"] += progress - last_end  # the step the hang interrupted
