@@ -158,6 +158,7 @@ def test_oci_is_one_srun_flag_and_a_bundle_with_every_mount(tmp_path: Path) -> N
     for d in ("usr", "etc", "proc"):
         (image / d).mkdir(parents=True)
     (image / "bin").symlink_to("usr/bin")
+    (image / "etc" / "hosts").touch()
     plan = _plan({"runtime": "oci", **CONTAINER, "image": str(image)})
     words = _srun_words(plan)
     assert f"--container={RUN_DIR}/{OCI_BUNDLE_DIR}" in words
@@ -168,6 +169,8 @@ def test_oci_is_one_srun_flag_and_a_bundle_with_every_mount(tmp_path: Path) -> N
         (m["source"], m["destination"], "ro" in m["options"]) for m in config["mounts"] if m["type"] == "bind"
     ]
     assert (str(image / "usr"), "/usr", True) in binds and (str(image / "etc"), "/etc", True) in binds
+    # the node's name resolution, over the image's own file (after the image's /etc)
+    assert binds.index(("/etc/hosts", "/etc/hosts", True)) > binds.index((str(image / "etc"), "/etc", True))
     for mount in _expected_mounts(USER_MOUNTS):
         assert mount in binds, mount
     assert config["root"]["path"] == "rootfs" and config["linux"]["namespaces"] == [{"type": "mount"}]

@@ -308,7 +308,8 @@ def oci_bundle_files(plan: LaunchPlan, run_dir: str) -> tuple[dict[str, Any], li
         mounts.append(_bind(m.source, m.destination, m.read_only))
     # Name resolution as on the node (what podman, pyxis and apptainer give by default): the job's
     # hosts are found by name, and an image's own /etc/hosts knows none of them.
-    mounts += [_bind(f, f, True) for f in _NAME_FILES if Path(f).exists()]
+    # Over the image's own files only: its /etc is a read-only mount, where no mount point can be made.
+    mounts += [_bind(f, f, True) for f in _NAME_FILES if Path(f).exists() and (rootfs / f[1:]).exists()]
     config = {
         "ociVersion": base.get("ociVersion", "1.0.2"),
         "process": {**base.get("process", {}), "terminal": False, "cwd": workdir(plan, run_dir)},
