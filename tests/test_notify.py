@@ -200,3 +200,28 @@ def test_the_command_gets_the_event_on_stdin_and_in_its_environment(tmp_path: Pa
         not os.path.exists(run_dir / "notify" / "started")
         or "sent (1 try)" in (run_dir / "notify" / "notify.log").read_text()
     )
+
+
+def test_a_finished_sweep_is_notified_once_naming_its_best_task(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from orchestrator.core.notify_events import notify_sweep
+
+    out = tmp_path / "got.json"
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    task = _run_dir(sweep_dir, {"command": f"cat >> {out}"})
+    rows = [
+        SimpleNamespace(run_dir=str(task), job_id=f"7_{i}", loss=loss) for i, loss in enumerate((2.5, 1.25))
+    ]
+    status = SimpleNamespace(
+        sweep_id="7", rows=rows, params=[{"lr": "0.1"}, {"lr": "0.01"}], tasks=[0, 1], metric="loss", best=1
+    )
+    notify_sweep(status, None, sweep_dir)  # a task still running: nothing yet
+    assert not (sweep_dir / "notify").exists()
+    for _ in range(2):
+        notify_sweep(status, JobState.COMPLETED, sweep_dir)
+    poll(lambda: out.exists() and out.read_text().endswith("}"), 30, "the sweep's notification")
+    sent = json.loads(out.read_text())
+    assert sent["event"] == "sweep_finished" and sent["best"] == "task 1 (lr=0.01), job 7_1, loss 1.25", sent
+    assert sent["text"] == "sweep 7 finished COMPLETED; best task: task 1 (lr=0.01), job 7_1, loss 1.25"
