@@ -225,3 +225,34 @@ def test_a_finished_sweep_is_notified_once_naming_its_best_task(tmp_path: Path) 
     sent = json.loads(out.read_text())
     assert sent["event"] == "sweep_finished" and sent["best"] == "task 1 (lr=0.01), job 7_1, loss 1.25", sent
     assert sent["text"] == "sweep 7 finished COMPLETED; best task: task 1 (lr=0.01), job 7_1, loss 1.25"
+
+
+def test_the_batch_steps_end_event_follows_the_runs_fate(tmp_path: Path) -> None:
+    """Completed, failed with the failure report's reason, or nothing: training asked for a requeue,
+    or the run went on as another job (its events come from that job)."""
+    from orchestrator.contract.run_dir import write_exit_status
+    from orchestrator.schedulers.slurm.step_notify import StepNotifier
+
+    out = tmp_path / "got.jsonl"
+    run_dir = _run_dir(tmp_path, {"command": f"cat >> {out}; echo >> {out}"})
+    attempt_dir(run_dir, 0).mkdir(parents=True)
+    (run_dir / "job_id").write_text("11")
+
+    def sent() -> list[str]:
+        return [json.loads(x)["key"] for x in out.read_text().splitlines() if x] if out.exists() else []
+
+    step = StepNotifier(run_dir, "11", 0, print)
+    step.attempt_events()
+    write_exit_status(run_dir, 75, "stop signal")  # checkpointed on a stop signal: a requeue comes
+    step.ended(1, step_started=0.0)
+    step.flush()
+    assert sent() == ["started"]
+    (run_dir / "job_id").write_text("12")  # handed over to job 12
+    StepNotifier(run_dir, "11", 0, print).ended(1, step_started=1e12)
+    assert sent() == ["started"]
+    (run_dir / "job_id").write_text("11")
+    last = StepNotifier(run_dir, "11", 0, print)
+    last.ended(0, step_started=1e12)
+    last.flush()
+    assert sent() == ["started", "end.11"]
+    assert json.loads(out.read_text().splitlines()[-1])["event"] == "completed"
