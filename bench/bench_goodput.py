@@ -280,6 +280,7 @@ def main() -> int:
         print(
             f"| {name} | {r['preemptions']} | {r['attempts']} | {100 * (r['goodput'] or 0):.1f} % | "
             f"{share['startup']} | {share['shutdown']} | {share['lost_work']} | {share['checkpoint']} | "
+            f"{share['step_overhead']} | "
             f"{r['unbilled_s']['requeue_gap']:.0f} s | {100 * r['productive_share_of_wall']:.1f} % | {r['last_step']} |"
         )
     return 0

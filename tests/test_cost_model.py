@@ -228,7 +228,7 @@ def test_a_step_past_the_recorded_end_counts_only_inside_it() -> None:
     late = AttemptEvidence(alloc(0, 19.5), steps=steps(1, 3, 5.0, gaps={2: 0.2}))
     cost = account_attempt(late, set(), now=T0 + 1000)
     assert cost.seconds["productive"] == pytest.approx(14.3)
-    assert cost.seconds["checkpoint"] == pytest.approx(0.2)
+    assert cost.seconds["checkpoint"] + cost.seconds["step_overhead"] == pytest.approx(0.2)
     assert cost.seconds["unaccounted"] == pytest.approx(0.0, abs=1e-9)
     assert min(cost.seconds.values()) >= 0
     # A cancelled job's recorded end is the cancel: its last steps ran after it (up to KillWait).
@@ -345,3 +345,14 @@ def test_a_successor_starting_as_its_predecessor_ends_gets_none_of_its_steps(tmp
     cost = account_run([first, second], now=T0 + 100)[1]
     assert cost.seconds["startup"] == pytest.approx(14.0 - 0.5 - 10.2 + 0.5)
     assert min(cost.seconds.values()) >= 0
+
+
+def test_a_long_gap_is_a_checkpoint_the_short_ones_the_step_boundary() -> None:
+    """train/ saves between steps; every step boundary also costs a little (the ranks agree on a stop,
+    beat, write the metrics line). Only the gaps far over the usual one are checkpoint stalls."""
+    gaps = {s: 0.01 for s in range(1, 20)} | {10: 1.5}
+    ev = AttemptEvidence(alloc(0, 100), steps=steps(1, 20, 5.0, 0.1, gaps=gaps))
+    s = account_attempt(ev, set(), now=T0 + 1000).seconds
+    assert s["checkpoint"] == pytest.approx(1.5, abs=1e-5)
+    assert s["step_overhead"] == pytest.approx(18 * 0.01, abs=1e-5)
+    assert sum(s.values()) == pytest.approx(100.0)

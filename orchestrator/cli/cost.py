@@ -20,6 +20,7 @@ LABELS = {
     "preflight": "preflight",
     "evaluation": "evaluation",
     "checkpoint": "checkpoint stall",
+    "step_overhead": "between steps (the boundary)",
     "hang": "hang (to the watchdog's end)",
     "shutdown": "shutdown (stop's save, exit)",
     "unaccounted": "unaccounted",

@@ -53,8 +53,9 @@ if TYPE_CHECKING:
 #: What every bill says about its own figures.
 ESTIMATES = (
     "measured from records: allocations (scheduler accounting), startup, steps, evaluation, hang; "
-    "estimated: checkpoint (all time between steps that is no evaluation) and shutdown (the last "
-    "record to the allocation's end, the stop's save included)"
+    "estimated: checkpoint (the long gaps between steps, evaluation taken out) against the step "
+    "boundary's overhead (the short ones), and shutdown (the last record to the allocation's end, the "
+    "stop's save included)"
 )
 NO_STEPS = (
     "no step records (the script writes no metrics.jsonl 'train' lines): productive time, lost work "

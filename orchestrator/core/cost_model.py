@@ -14,8 +14,11 @@ every measured category is taken from the allocation's timeline, and what no rec
 * ``productive``: steps no later attempt trained again; ``lost_work``: steps a later attempt trained
   again (it restarted from an earlier step), plus the unfinished step a hang or stop interrupted;
 * ``evaluation``: from the step an evaluation follows to its record;
-* ``checkpoint``: the rest of the time between steps (train/ saves there; the step boundary's own
-  work is in it too: an estimate, said so in the notes);
+* ``checkpoint``: a gap between steps (evaluation taken out) over :data:`CHECKPOINT_GAP_FACTOR`
+  times the attempt's median gap: train/ saves between steps (an estimate: the steps that saved are
+  not recorded, their long gaps are);
+* ``step_overhead``: the other gaps between steps, the step boundary's own work (the ranks' stop
+  agreement, heartbeats, the metrics line);
 * ``hang``: from the last progress the watchdog saw to the allocation's end;
 * ``shutdown``: from the last step (or evaluation) to the end: the save a stop signal or the end of
   training writes, and the processes' exit.
@@ -27,6 +30,7 @@ GPUs (CPUs where it has none); goodput is productive hours over allocated hours.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,12 +45,15 @@ CATEGORIES = (
     "lost_work",
     "evaluation",
     "checkpoint",
+    "step_overhead",
     "hang",
     "shutdown",
     "unaccounted",
 )
 #: Not billed (no allocation held): reported beside the bill.
 UNBILLED = ("queue_wait", "requeue_gap")
+#: A gap between steps this many times the median gap (and 50 ms over it) is a checkpoint's stall.
+CHECKPOINT_GAP_FACTOR = 5.0
 #: Records within this many seconds outside an allocation still belong to it: accounting times are
 #: whole seconds, the ranks' clocks are the nodes'.
 SLACK_S = 2.0
@@ -233,7 +240,7 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
     cost.lost_steps = sum(1 for s in steps if s.step in lost)
     by_step = {s.step: s for s in steps}
     last_end = steps[-1].end
-    inside = 0.0  # evaluations between two steps (the rest of that gap is the checkpoint's)
+    inside: dict[int, float] = {}  # evaluations between two steps, by the step they follow
     for e in ev.evals:
         after = by_step.get(e.step)
         if after is None or not after.end <= e.end <= end + SLACK_S:
@@ -243,12 +250,15 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
         if e.step == steps[-1].step:
             last_end = max(last_end, e.end)
         else:
-            inside += took
-    between = sum(
-        max(0.0, min(b.start, end) - max(min(a.end, end), start))
+            inside[e.step] = inside.get(e.step, 0.0) + took
+    gaps = [
+        max(0.0, min(b.start, end) - max(min(a.end, end), start) - inside.get(a.step, 0.0))
         for a, b in zip(steps, steps[1:], strict=False)
-    )
-    seconds["checkpoint"] = max(0.0, between - inside)
+    ]
+    typical = statistics.median(gaps) if gaps else 0.0
+    for gap in gaps:
+        stall = gap > CHECKPOINT_GAP_FACTOR * typical and gap > typical + 0.05
+        seconds["checkpoint" if stall else "step_overhead"] += gap
     last_end = max(min(last_end, end), start)
     if ev.hang_last_progress is not None:
         progress = min(max(last_end, ev.hang_last_progress), end)
