@@ -132,7 +132,15 @@ def test_podman_wraps_the_node_command_in_the_hosts_namespaces() -> None:
     plan = _plan({"runtime": "podman", **CONTAINER, "image": "/images/rootfs dir", "workdir": "/w"})
     words = _srun_words(plan)
     start = words.index("podman")
-    assert words[start : start + 6] == ["podman", "run", "--rm", "--network=host", "--ipc=host", "--pid=host"]
+    assert words[start : start + 7] == [
+        "podman",
+        "run",
+        "--rm",
+        "--network=host",
+        "--ipc=host",
+        "--pid=host",
+        "--uts=host",
+    ]
     volumes = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
     assert volumes == [_spec(m) for m in _expected_mounts(USER_MOUNTS)]
     passed = [words[i + 1] for i, w in enumerate(words) if w == "-e"]

@@ -257,7 +257,9 @@ def wrap_command(plan: LaunchPlan, run_dir: str, command: str) -> str:
         words += ["--bind", binds, "--pwd", workdir(plan, run_dir), str(image)]
         return " ".join(shlex.quote(w) for w in words) + " " + command
     if container.runtime == "podman":
-        words = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--pid=host"]
+        # The node's namespaces but the mount one: its hostname (UTS) and pids, so the stacks
+        # collector finds the ranks as on the node itself, and its network for the rendezvous.
+        words = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--pid=host", "--uts=host"]
         for m in all_mounts(plan, run_dir):
             words += ["-v", f"{m.source}:{m.destination}" + (":ro" if m.read_only else "")]
         for pattern in (*PODMAN_ENV_PATTERNS, *sorted(plan.profile.env)):
