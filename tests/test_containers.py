@@ -326,3 +326,25 @@ def test_the_preflight_names_the_node_without_the_image(tmp_path: Path) -> None:
         verdict.reason
         == f"preflight failed: node n2: container image {tmp_path / 'gone'} not found on this node"
     )
+
+
+def test_the_oci_bundle_is_written_into_the_run_directory(tmp_path: Path) -> None:
+    from orchestrator.schedulers.slurm.scheduler import write_oci_bundle
+
+    image = tmp_path / "image"
+    (image / "usr").mkdir(parents=True)
+    (image / "bin").symlink_to("usr/bin")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_oci_bundle(_plan({"runtime": "oci", "image": str(image)}), run_dir)
+    bundle = run_dir / OCI_BUNDLE_DIR
+    assert (bundle / "rootfs" / "usr").is_dir() and not any((bundle / "rootfs" / "usr").iterdir())
+    assert (bundle / "rootfs" / "bin").readlink() == Path("usr/bin")
+    config = json.loads((bundle / "config.json").read_text())
+    assert {
+        "destination": "/usr",
+        "type": "bind",
+        "source": str(image / "usr"),
+        "options": ["rbind", "ro"],
+    } in config["mounts"]
+    assert config["process"]["cwd"] == str(run_dir)

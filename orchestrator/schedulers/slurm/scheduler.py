@@ -187,6 +187,8 @@ class SlurmScheduler(Scheduler):
     ) -> list[Scheduled]:
         from orchestrator.schedulers.slurm.array import submit_array
 
+        if request.plan.profile.container.runtime == "oci":  # one bundle for the sweep's tasks
+            write_oci_bundle(request.plan, request.run_dir)
         return submit_array(self.name, request, task_dirs)
 
     def find_submitted(self, tokens: Sequence[str], since: float) -> dict[str, str] | None:
