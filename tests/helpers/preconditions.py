@@ -75,7 +75,9 @@ def require_debian_packages(*packages: str) -> None:
                 )
             os.chmod(policy, 0o755)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-yq", "--no-install-recommends", *missing]
+        # An apt run outside this lock (a person, another tool) holds dpkg's own lock: wait for it.
+        wait = ["-o", "DPkg::Lock::Timeout=600"]
+        install = ["apt-get", *wait, "install", "-yq", "--no-install-recommends", *missing]
         try:
             with open(APT_LOG, "a") as log:
                 ok = (
@@ -92,7 +94,7 @@ def require_debian_packages(*packages: str) -> None:
                 )
                 if not ok:  # a fresh image's package lists are often empty or stale
                     subprocess.run(
-                        ["apt-get", "update", "-q"],
+                        ["apt-get", *wait, "update", "-q"],
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=log,
