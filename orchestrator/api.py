@@ -365,11 +365,13 @@ def logs(
     out: TextIO | None = None,
     err: TextIO | None = None,
     home: Path | None = None,
+    resume_from: Mapping[str, Any] | None = None,
+    framed: bool = False,
 ) -> JobState | None:
     """``logs``: print the selected node logs (or the last ``tail`` lines of each) to ``out`` (default
     stdout), notes to ``err``. ``follow``: keep printing until the job ends; its final state (None
-    without ``follow``)."""
-    from orchestrator.core.logs import show_logs
+    without ``follow``). ``framed``/``resume_from``: the resumable stream of ``core.logs.Resume``."""
+    from orchestrator.core.logs import Resume, show_logs
 
     with open_registry(home) as registry:
         return show_logs(
@@ -383,6 +385,8 @@ def logs(
             interval=interval,
             out=out,
             err=err,
+            framed=framed,
+            resume_from=Resume(dict(resume_from)) if resume_from else None,
         )
 
 

@@ -223,3 +223,30 @@ def test_follow_job_until_done_returns_final_state(orch_env: dict[str, str], tmp
     state = follow_job_until_done("local-1", out=out, tail=None, interval=0.01)
     assert state is JobState.FAILED
     assert out.getvalue() == "hello\n"
+
+
+def test_a_second_follower_continues_at_each_files_offsets(tmp_path: Path) -> None:
+    """What a laptop's `logs -f` resumes from after a dropped connection (core.logs.Resume): the
+    tail's window starts, then each printed line's end offset. A second follower started there
+    prints exactly the lines the first had not, in each file, though more were written meanwhile
+    and its own tail would have begun elsewhere."""
+    from orchestrator.core.logs import Resume
+
+    for n in (0, 1):
+        append(log_path(tmp_path, 0, n), "".join(f"n{n} line {i}\n" for i in range(30)))
+    first = LogFollower(tmp_path)
+    shown = first.tail(10)
+    state = Resume(
+        {"m": first.min_attempt, "c": {f"{a}.{n}": list(at) for (a, n), at in first.window_starts.items()}}
+    )
+    printed = shown[:3] + shown[10:13]  # 3 lines of each file reached the reader before the drop
+    for line in printed:
+        state.take({"t": line.text, "k": f"{line.attempt}.{line.node}", "e": line.end})
+    for n in (0, 1):
+        append(log_path(tmp_path, 0, n), "".join(f"n{n} line {i}\n" for i in range(30, 35)))
+    second = LogFollower(tmp_path)
+    second.start_at(state.min_attempt, state.offsets())
+    rest = second.poll()
+    for n in (0, 1):
+        got = [t for t in texts(printed) + texts(rest) if t.startswith(f"n{n} ")]
+        assert got == [f"n{n} line {i}" for i in range(20, 35)]

@@ -10,6 +10,7 @@ an attempt that never ran exits 2. The work is :func:`orchestrator.api.logs`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from orchestrator import api
@@ -28,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=float, default=0.25, metavar="S", help="fastest poll interval with -f"
     )
+    # A laptop's `logs -f` through a login host (orchestrator.remote): one JSON record per line, and
+    # the state a stream cut by a dropped connection continues from (core.logs.Resume).
+    parser.add_argument("--framed", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--resume-from", metavar="STATE", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +40,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--tail {args.tail}: must be >= 0")
     if args.interval <= 0:
         raise UserError(f"--interval must be positive, not {args.interval}")
+    resume_from = None
+    if args.resume_from:
+        try:
+            resume_from = json.loads(args.resume_from)
+        except ValueError:
+            raise UserError(
+                f"--resume-from: not the JSON state `logs -f --framed` writes: {args.resume_from!r}"
+            ) from None
     state = api.logs(
         args.job,
         follow=args.follow,
@@ -45,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         interval=args.interval,
         out=sys.stdout,
         err=sys.stderr,
+        framed=args.framed and args.follow,
+        resume_from=resume_from,
     )
     if state is None or state.is_success():
         return EXIT_OK

@@ -34,6 +34,9 @@ class LogLine:
     attempt: int
     node: int
     text: str
+    #: byte offset just after this line's newline in its file (-1: a last line without one); a
+    #: reader that loses the stream resumes there (:meth:`LogFollower.start_at`)
+    end: int = -1
 
 
 @dataclass
@@ -77,6 +80,24 @@ class LogFollower:
         existing = attempt_dirs(self.run_dir)
         self.min_attempt = attempt if attempt is not None else (existing[-1][0] if existing else 0)
         self._cursors: dict[Path, _FileCursor] = {}
+        #: ``{(attempt, node): (inode, offset)}``: where the last :meth:`tail` began in each file
+        self.window_starts: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def start_at(self, min_attempt: int, offsets: dict[tuple[int, int], tuple[int, int]]) -> None:
+        """Continue a follow another process began: the same first attempt, and each file from the
+        offset its reader had printed up to (``(inode, offset)``; inode -1: any). A file replaced
+        since (another inode) or not listed starts from byte 0, as :meth:`stream` does."""
+        self.min_attempt = min_attempt
+        for a, n, path in self.sources():
+            if (a, n) not in offsets:
+                continue
+            inode, offset = offsets[(a, n)]
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if inode in (-1, st.st_ino) and offset <= st.st_size:
+                self._cursors[path] = _FileCursor(st.st_ino, offset)
 
     # ------------------------------------------------------------------ selection
     def sources(self) -> list[tuple[int, int, Path]]:
@@ -116,9 +137,13 @@ class LogFollower:
                 continue
             cut = data.rfind(b"\n") + 1  # a torn last line is left for the next poll
             self._cursors[path] = _FileCursor(st.st_ino, start + cut)
-            texts = [t for t in _decode_lines(data[:cut]) if self._keep(t)]
-            if k > 0:
-                lines.extend(LogLine(a, n, t) for t in texts[-k:])
+            kept = [(t, e) for t, e in zip(_decode_lines(data[:cut]), _line_ends(data[:cut], start))
+                    if self._keep(t)]  # fmt: skip
+            shown = kept[-k:] if k > 0 else []
+            before = len(kept) - len(shown) - 1  # the kept line just before the shown ones
+            window = start + cut if not shown else kept[before][1] if before >= 0 else start
+            self.window_starts[(a, n)] = (st.st_ino, window)
+            lines.extend(LogLine(a, n, t, e) for t, e in shown)
         return lines
 
     def poll(self, final: bool = False) -> list[LogLine]:
@@ -152,13 +177,14 @@ class LogFollower:
                         if not chunk:
                             break
                         remaining -= len(chunk)
+                        base = cur.offset - len(cur.partial)  # where ``data`` begins in the file
                         cur.offset += len(chunk)
                         data = cur.partial + chunk
                         cut = data.rfind(b"\n") + 1
                         cur.partial = data[cut:]
-                        for t in _decode_lines(data[:cut]):
+                        for t, e in zip(_decode_lines(data[:cut]), _line_ends(data[:cut], base)):
                             if self._keep(t):
-                                yield LogLine(a, n, t)
+                                yield LogLine(a, n, t, e)
                 finally:
                     fh.close()
             if final and cur.partial:
@@ -209,6 +235,15 @@ def _decode_lines(data: bytes) -> list[str]:
     if text.endswith("\n"):
         text = text[:-1]
     return [_as_shown(ln) for ln in text.split("\n")]
+
+
+def _line_ends(data: bytes, base: int) -> list[int]:
+    """File offsets just after each newline of ``data``, which begins at offset ``base``."""
+    ends, at = [], data.find(b"\n")
+    while at >= 0:
+        ends.append(base + at + 1)
+        at = data.find(b"\n", at + 1)
+    return ends
 
 
 def _as_shown(line: str) -> str:

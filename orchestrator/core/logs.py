@@ -9,6 +9,8 @@ deleted run directory is a run failure, an attempt that never ran a user error.
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +59,59 @@ def _printer(out: TextIO, prefixed: bool) -> Callable[[LogLine], None]:
     return emit
 
 
+def _framed_printer(out: TextIO, prefixed: bool) -> Callable[[LogLine], None]:
+    """``logs -f --framed``: each line as the JSON record a remote reader resumes from (:class:`Resume`)."""
+    shown = io.StringIO()
+    render = _printer(shown, prefixed)
+
+    def emit(line: LogLine) -> None:
+        shown.seek(0)
+        shown.truncate()
+        render(line)
+        record = {"t": shown.getvalue(), "k": f"{line.attempt}.{line.node}", "e": line.end}
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    return emit
+
+
+class Resume:
+    """Where a ``logs -f`` reader is: the first attempt it follows and, per file, the offset it has
+    printed up to. ``logs -f --framed`` writes the starting point (``{"m": A, "c": {"A.N": [inode,
+    offset]}}``), then one record per line (``{"t": text, "k": "A.N", "e": end}``); a reader that
+    loses the stream starts a new one with ``--resume-from`` this state: nothing twice, nothing lost,
+    however the files' lines interleaved (``orchestrator.remote`` over a dropped SSH connection)."""
+
+    def __init__(self, state: dict[str, object] | None = None) -> None:
+        state = state or {}
+        self.min_attempt = int(state.get("m", -1))  # type: ignore[call-overload]
+        self.cursors: dict[str, list[int]] = dict(state.get("c", {}))  # type: ignore[call-overload]
+
+    def take(self, record: dict[str, object]) -> str | None:
+        """Fold one framed record in; the text to print, if it is a line."""
+        if "m" in record:
+            self.min_attempt = int(record["m"])  # type: ignore[call-overload]
+            self.cursors.update(record.get("c", {}))  # type: ignore[call-overload]
+            return None
+        key, end = str(record["k"]), int(record["e"])  # type: ignore[call-overload]
+        if end >= 0:
+            inode = self.cursors.get(key, [-1, 0])[0]
+            self.cursors[key] = [inode, end]
+        return str(record["t"])
+
+    def started(self) -> bool:
+        return self.min_attempt >= 0
+
+    def to_json(self) -> str:
+        return json.dumps({"m": self.min_attempt, "c": self.cursors}, separators=(",", ":"))
+
+    def offsets(self) -> dict[tuple[int, int], tuple[int, int]]:
+        out = {}
+        for key, (inode, offset) in self.cursors.items():
+            a, n = key.split(".")
+            out[(int(a), int(n))] = (int(inode), int(offset))
+        return out
+
+
 def make_follower(
     job: JobRecord, *, node: int | None = None, rank: int | None = None, attempt: int | None = None
 ) -> LogFollower:
@@ -93,6 +148,8 @@ def follow_job_until_done(
     max_interval: float = 2.0,
     state_every_s: float = 5.0,
     query_timeout_s: float = 5.0,
+    framed: bool = False,
+    resume_from: Resume | None = None,
 ) -> JobState:
     """Print the job's logs as they grow until it reaches a terminal state; return that state.
 
@@ -106,7 +163,8 @@ def follow_job_until_done(
     try:
         job = reg.get(job_id)
         follower = make_follower(job, node=node, rank=rank, attempt=attempt)
-        emit = _printer(stream, prefixed=node is None and rank is None and job.nodes > 1)
+        prefixed = node is None and rank is None and job.nodes > 1
+        emit = (_framed_printer if framed else _printer)(stream, prefixed)
         final: list[JobState] = [job.last_state]
 
         def is_done() -> bool:
@@ -117,9 +175,18 @@ def follow_job_until_done(
             final[0] = state
             return state.is_terminal()
 
-        if tail is not None:
-            for line in follower.tail(tail):
-                emit(line)
+        shown = []
+        if resume_from is not None and resume_from.started():
+            follower.start_at(resume_from.min_attempt, resume_from.offsets())
+        elif tail is not None:
+            shown = follower.tail(tail)
+        if framed:  # where this stream starts, before its first line
+            start = {f"{a}.{n}": list(at) for (a, n), at in follower.window_starts.items()}
+            if resume_from is not None and resume_from.started():
+                start = resume_from.cursors
+            stream.write(json.dumps({"m": follower.min_attempt, "c": start}) + "\n")
+        for line in shown:
+            emit(line)
         stream.flush()
         for line in follower.follow(
             is_done, interval=interval, max_interval=max_interval, done_check_s=state_every_s
@@ -161,9 +228,12 @@ def show_logs(
     interval: float = 0.25,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    framed: bool = False,
+    resume_from: Resume | None = None,
 ) -> JobState | None:
     """``logs``: print the selected logs to ``out`` (notes to ``err``). ``follow``: until the job
-    ends, and its final state; otherwise what is there now, and None."""
+    ends, and its final state; otherwise what is there now, and None. ``framed``/``resume_from``
+    (with ``follow``): the resumable stream of :class:`Resume`."""
     stdout = sys.stdout if out is None else out
     stderr = sys.stderr if err is None else err
     job = registry.get(job_id)
@@ -180,6 +250,8 @@ def show_logs(
             tail=DEFAULT_FOLLOW_TAIL if tail is None else tail,
             interval=interval,
             max_interval=max(2.0, interval),
+            framed=framed,
+            resume_from=resume_from,
         )
     follower = make_follower(job, node=node, rank=rank, attempt=attempt)
     sources = follower.sources()

@@ -3,12 +3,13 @@
 Which commands go there: :mod:`.routing`. A routed command is the login host's own command line
 (``agent run -- ARGS``), so its checks, output and exit codes are the same as there. What the laptop adds: the script's folder is synced
 first (:mod:`.snapshot`) and the job runs from a ``--snapshot`` of it; ``status --json`` serves
-ended jobs from the book; ``logs`` reconnects after a dropped connection and continues at the byte
-where it was cut.
+ended jobs from the book; ``logs`` reconnects after a dropped connection and continues where it was
+cut (``logs -f``: at each file's offset).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import tempfile
@@ -127,10 +128,13 @@ def _submitted_ids(text: str) -> list[str]:
 
 def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
     """``logs`` through the connection; a dropped connection is reopened (bounded) and the output
-    continues at the byte it was cut: nothing printed twice, nothing lost. Exact when the stream's
-    start is reproducible: the remote command is run again with the same flags and its first bytes
-    dropped, so ``--tail K`` must reach the start of each followed log (a fresh job, or K large);
-    a job whose logs were longer than K when following began may repeat or skip lines there."""
+    continues where it was cut: nothing printed twice, nothing lost. ``logs -f`` streams framed
+    records (``core.logs.Resume``: each line with its file and offset), so the stream that follows a
+    drop starts at each file's own offset, however the node logs' lines interleaved and however long
+    they were when following began. A one-shot ``logs`` is run again with its first bytes dropped."""
+    from orchestrator.core.logs import Resume
+
+    follow = any(w in ("-f", "--follow") for w in argv)
 
     class Counting:
         def __init__(self) -> None:
@@ -143,9 +147,35 @@ def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
         def flush(self) -> None:
             sys.stdout.buffer.flush()
 
-    sink = Counting()
+    class Framed:
+        """Prints each record's line as it arrives and keeps where every file is."""
+
+        def __init__(self) -> None:
+            self.resume, self.partial = Resume(), b""
+
+        def write(self, data: bytes) -> None:
+            *records, self.partial = (self.partial + data).split(b"\n")
+            for raw in records:
+                try:
+                    text = self.resume.take(json.loads(raw))
+                except (ValueError, KeyError, TypeError):  # not a record: shown as it came
+                    text = raw.decode(errors="replace") + "\n"
+                if text is not None:
+                    sys.stdout.write(text)
+            sys.stdout.flush()
+
+        def flush(self) -> None:
+            sys.stdout.flush()
+
+    counting, framed = Counting(), Framed()
     while True:
-        words = [*run_words(profile, skip=sink.count), "--", *argv]
+        if follow:
+            state = ["--resume-from", framed.resume.to_json()] if framed.resume.started() else []
+            words = [*run_words(profile), "--", *argv, "--framed", *state]
+            framed.partial = b""  # a record cut by the drop comes again, whole
+        else:
+            words = [*run_words(profile, skip=counting.count), "--", *argv]
+        sink = framed if follow else counting
         rc, _, said = call(conn, agent_command(profile, words), stdout=sink)  # type: ignore[arg-type]
         if rc != SSH_FAILED:
             sys.stderr.write(said)
