@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.contract.run_dir import preflight_dir, read_json
 from orchestrator.core.run_summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
 from tests.helpers.container_image import MARKER, build_image, forbidden_in_image, image_python
@@ -209,3 +210,51 @@ def test_slurm_oci_container_two_node_full_shard_equals_outside(
     assert waited.returncode == 0, waited.stdout + waited.stderr + _node_logs(run_dir)[-4000:]
     assert "--container=" in (run_dir / "sbatch.sh").read_text()
     _check_losses(run_dir, _reference_losses(reference))
+
+
+def test_an_image_missing_on_one_node_fails_the_preflight_naming_that_node(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path
+) -> None:
+    """Each node's podman storage is its own (a node-local image store, as on a real cluster): the
+    profile's set-up lines pick ``storage-<node>.conf``, and only the first node's store holds the
+    image. The preflight's tasks run the set-up lines as the node tasks do, so the node without it
+    is named, the job FAILS before any rank starts, and status says why."""
+    require_debian_packages("podman", "runc")
+    names = slurm_cluster["ORCHESTRATOR_TEST_CLUSTER_NODE_NAMES"].split(",")
+    image = "localhost/orchestrator-preflight-test:1"
+    for node in names:
+        store = tmp_path / f"store-{node}"
+        (tmp_path / f"storage-{node}.conf").write_text(
+            f'[storage]\ndriver = "vfs"\ngraphroot = "{store}"\nrunroot = "{store}-run"\n'
+        )
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "marker").write_text("a one-file image: the preflight only asks if it is there\n")
+    subprocess.run(
+        ["tar", "-C", str(tmp_path / "image"), "-cf", str(tmp_path / "image.tar"), "."], check=True
+    )
+    podman_env = {**os.environ, "CONTAINERS_CONF": str(_podman_conf(tmp_path)),
+                  "CONTAINERS_STORAGE_CONF": str(tmp_path / f"storage-{names[0]}.conf")}  # fmt: skip
+    imported = subprocess.run(["podman", "import", str(tmp_path / "image.tar"), image], env=podman_env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    setup = [f'export CONTAINERS_STORAGE_CONF={tmp_path}/storage-"${{SLURMD_NODENAME:-$(hostname)}}".conf']
+    profiles = user_profile_dir(tmp_path, container={"runtime": "podman", "image": image}, setup=setup,
+                                preflight={"enabled": True, "timeout_s": 60})  # fmt: skip
+    job_id, run_dir = _submit(orch_env, profiles, {"CONTAINERS_CONF": str(_podman_conf(tmp_path))})
+    try:
+        waited = run_cli(["wait", job_id, "--timeout", "180"], orch_env, timeout=200)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    verdict = read_json(preflight_dir(run_dir, 0) / "preflight.json")
+    assert verdict is not None and verdict["failed"], verdict
+    allocated = verdict["nodes"]
+    assert names[0] in allocated, verdict
+    missing = [n for n in allocated if n != names[0]]
+    assert verdict["bad_nodes"] == missing, verdict
+    for node in missing:
+        assert f"node {node}: container image {image} not in this node's podman storage" in verdict["reason"]
+    assert f"node {names[0]}:" not in verdict["reason"], verdict
+    rows = json.loads(run_cli(["status", job_id, "--json"], orch_env).stdout)["jobs"]
+    assert f"preflight failed: node {missing[0]}" in rows[0]["reason"], rows
+    assert not list(run_dir.glob("checkpoints/step_*")), "no rank may have trained"

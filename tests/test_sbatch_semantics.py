@@ -120,7 +120,8 @@ def check_script(plan: LaunchPlan, script: str, attempt_base: int = 0) -> None:
     assert rest[1] == f"export {PYTHON_VAR}"
     node_setup: list[str] = []
     if setup:
-        (assignment,) = shlex.split(rest[-2])
+        export, assignment = shlex.split(rest[-2])  # exported: the preflight's tasks run it too
+        assert export == "export"
         name, _, node_script = assignment.partition("=")
         assert name == NODE_SETUP_VAR
         node_lines = statements(node_script.splitlines())

@@ -185,12 +185,16 @@ def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: boo
     """The preflight (:mod:`orchestrator.supervise.preflight`) before training; when it names bad nodes the job
     ends FAILED with the reason and, with ``--auto-resume``, comes back without them (the hang
     watchdog's path). A preflight that breaks by itself never stops the training."""
+    from orchestrator.config.render import NODE_SETUP_VAR
     from orchestrator.schedulers.slurm.auto_resume import after_hang, current_plan
     from orchestrator.supervise.preflight import run_preflight
 
     try:
         nodes = allocation_nodes()
         prefix = srun_on_every_node(nodes, overlap=False)  # the only step: nothing to share with
+        setup = os.environ.get(NODE_SETUP_VAR)
+        if setup:  # the profile's set-up lines, as each node's task runs them (sbatch.sh.j2)
+            prefix += ["bash", "-c", setup, "orchestrator-node-setup"]
         verdict = run_preflight(run_dir, attempt, current_plan(run_dir), nodes, prefix, say)
     except Exception as exc:  # noqa: BLE001
         say(f"preflight skipped after an error: {exc!r}")
