@@ -10,7 +10,8 @@ version with the laptop's (the run directories, registry and snapshot format are
   files into the mirror DIR (``--sync``; deletions listed in its first member; ``--freeze``: then
   run from a copy of it), then run
   ``orchestrator ARGS`` there as the login host's own command would, dropping the first N bytes of
-  its output (``--skip``: a ``logs -f`` that reconnects continues where it was cut).
+  its output (``--skip``: a one-shot ``logs`` that reconnects continues where it was cut; ``logs -f``
+  resumes per file instead, from ``--framed`` records: ``core.logs.Resume``).
 
 Standard library only besides orchestrator itself; it never asks which scheduler runs the jobs.
 """
