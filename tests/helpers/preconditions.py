@@ -77,43 +77,18 @@ def require_debian_packages(*packages: str) -> None:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         # An apt run outside this lock (a person, another tool) holds dpkg's own lock: wait for it.
         wait = ["-o", "DPkg::Lock::Timeout=600"]
-        install = ["apt-get", *wait, "install", "-yq", "--no-install-recommends", *missing]
         try:
             with open(APT_LOG, "a") as log:
-                ok = (
-                    subprocess.run(
-                        install,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=log,
-                        env=env,
-                        timeout=900,
-                        check=False,
-                    ).returncode
-                    == 0
-                )
+
+                def apt(*args: str, timeout: float = 900) -> bool:
+                    return subprocess.run(["apt-get", *wait, *args], stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=log, env=env, timeout=timeout, check=False).returncode == 0  # fmt: skip
+
+                install = ["install", "-yq", "--no-install-recommends", *missing]
+                ok = apt(*install)
                 if not ok:  # a fresh image's package lists are often empty or stale
-                    subprocess.run(
-                        ["apt-get", *wait, "update", "-q"],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=log,
-                        env=env,
-                        timeout=600,
-                        check=False,
-                    )
-                    ok = (
-                        subprocess.run(
-                            install,
-                            stdin=subprocess.DEVNULL,
-                            stdout=log,
-                            stderr=log,
-                            env=env,
-                            timeout=900,
-                            check=False,
-                        ).returncode
-                        == 0
-                    )
+                    apt("update", "-q", timeout=600)
+                    ok = apt(*install)
         finally:
             if own_policy:
                 os.unlink(policy)
