@@ -105,7 +105,10 @@ class Metrics:
             "time": time.time(),
         }
         self._write(record)
-        if self.main:
+        if self.main and (step % self.log_every == 0 or step == self.max_steps):
+            # Trackers get every --log-every'th step (metrics.jsonl keeps them all): Accelerate's
+            # TensorBoard tracker flushes its file at every log() call, which made most of the step
+            # boundary's cost (bench/bench_step_boundary.py).
             self.accelerator.log(
                 {
                     "train/loss": loss,
@@ -115,6 +118,7 @@ class Metrics:
                 },
                 step=step,
             )
+        if self.main:
             self._progress(step, loss, tokens_per_s)
 
     def eval(self, step: int, val_loss: float) -> None:

@@ -24,9 +24,11 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import datetime
@@ -63,6 +65,9 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 _STOP_SIGNAL = {"signum": 0}
+#: The time budget's check takes the median of this many latest step times (a bounded window: sorting
+#: every step time so far at every step grew with the run).
+RECENT_STEPS = 100
 
 
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -147,20 +152,18 @@ def resolve_run_dir(args: argparse.Namespace, accelerator: Accelerator) -> Path:
     return Path(value[0]).resolve()
 
 
-def agree(accelerator: Accelerator, local: list[float]) -> list[float]:
-    """Element-wise MAX over ranks (one small all_reduce)."""
-    t = torch.tensor(local, dtype=torch.float64)
-    if accelerator.num_processes > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+def mean_over_ranks(accelerator: Accelerator, value: float, *flags: bool) -> tuple[float, ...]:
+    """The mean of ``value`` over ranks, and each flag true on any rank, in one small all_reduce.
 
-
-def mean_over_ranks(accelerator: Accelerator, value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
+    Why one: the step's loss is reduced anyway, and the ranks' stop agreement (a signal on any rank,
+    the time budget) rides along in the same SUM instead of a second collective at every step
+    boundary (bench/bench_step_boundary.py)."""
+    t = torch.tensor([value, *map(float, flags)], dtype=torch.float64)
     if accelerator.num_processes > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= accelerator.num_processes
-    return float(t[0])
+        t[0] /= accelerator.num_processes
+    mean, *anywhere = t.tolist()
+    return (mean, *(float(f > 0) for f in anywhere))
 
 
 def checksums(
@@ -195,7 +198,7 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, batcher: Batcher,
             with accelerator.autocast():
                 total += float(model(x.to(accelerator.device), y.to(accelerator.device)))
     model.train()
-    return mean_over_ranks(accelerator, total / n_batches)
+    return mean_over_ranks(accelerator, total / n_batches)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -444,19 +447,25 @@ def main(argv: list[str] | None = None) -> int:
     # Train.
     model.train()
     tokens_per_step = batcher.global_batch * args.seq_len
-    step_times: list[float] = []
+    recent_step_times: deque[float] = deque(maxlen=RECENT_STEPS)
     stop_reason = None
     loss_value = train_state.last_loss
     first_step = train_state.step + 1
+
+    def out_of_time() -> bool:
+        """Would the next step (twice the recent median, plus a second) overrun the time budget?"""
+        if not args.time_budget:
+            return False
+        typical = statistics.median(recent_step_times) if recent_step_times else 0.0
+        return time.monotonic() - t_start + 2 * typical + 1.0 > args.time_budget
+
+    # Every rank agrees whether to stop (a signal on any rank, or the time budget): here once for a
+    # signal that came during start-up, then at the end of every step, with its loss.
+    _, signalled, timed_out = mean_over_ranks(accelerator, 0.0, _STOP_SIGNAL["signum"] != 0, out_of_time())
     while True:
         if async_ckpt is not None:
             report_async(async_ckpt.poll())
-        # Step boundary: every rank agrees whether to stop (signal on any rank, or time budget).
         beat(train_state.step + 1, "data")
-        elapsed = time.monotonic() - t_start
-        typical = sorted(step_times)[len(step_times) // 2] if step_times else 0.0
-        out_of_time = bool(args.time_budget) and elapsed + 2 * typical + 1.0 > args.time_budget
-        signalled, timed_out = agree(accelerator, [float(_STOP_SIGNAL["signum"] != 0), float(out_of_time)])
         if signalled:
             stop_reason = "signal"
             break
@@ -496,10 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         train_state.step = step
         train_state.samples_seen += batcher.global_batch
-        loss_value = mean_over_ranks(accelerator, loss_sum / args.grad_accum)
+        loss_value, signalled, timed_out = mean_over_ranks(
+            accelerator, loss_sum / args.grad_accum, _STOP_SIGNAL["signum"] != 0, out_of_time()
+        )
         train_state.last_loss = loss_value
         step_time = time.monotonic() - t0
-        step_times.append(step_time)
+        recent_step_times.append(step_time)
         metrics.train(step, loss_value, lr, float(grad_norm), tokens_per_step, step_time)
 
         if args.eval_every and step % args.eval_every == 0:
