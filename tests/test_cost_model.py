@@ -143,6 +143,22 @@ def test_cpu_hours_without_gpus_and_money() -> None:
     assert data["money"]["allocated"] == pytest.approx(2.0)
 
 
+def test_status_cost_line_names_goodput_money_and_the_largest_waste() -> None:
+    """``status --cost``'s line under the table: the bill's own figures, never recomputed."""
+    from orchestrator.cli.cost import bill_line
+
+    a = alloc(0, 100)  # 10 s start-up, 50 s of steps, a 40 s tail to the end (shutdown)
+    data = bill(account_run([AttemptEvidence(a, steps=steps(1, 10, 10.0))], now=T0 + 1000), 2.0).to_json()
+    line = bill_line("7", data)
+    assert line.startswith(f"job 7: {data['allocated_hours']:.4f} GPU-hours allocated, goodput 50.0 %")
+    assert f"{data['money']['allocated']:.2f} at 2/hour" in line
+    assert line.endswith("most waste: shutdown (stop's save, exit) 40.0 %"), line
+    nothing = bill(account_run([], now=T0), None).to_json()
+    nothing["notes"] = ["no allocations from the local scheduler"]
+    assert bill_line("local-1", nothing) == "job local-1: no bill: no allocations from the local scheduler"
+    assert bill_line("9", {"error": "9: no such job"}) == "job 9: no bill: 9: no such job"
+
+
 def test_the_sum_rule_holds_for_skewed_clocks() -> None:
     """Records a little outside the allocation (sacct's whole seconds) still sum to its length."""
     ev = AttemptEvidence(

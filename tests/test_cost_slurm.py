@@ -217,3 +217,17 @@ def test_cost_reports_injected_startup_hang_and_lost_work(
     text = run_cli(["cost", job_id, "--run"], orch_env, timeout=60)
     assert text.returncode == 0 and "goodput" in text.stdout, text.stdout + text.stderr
     print(text.stdout)
+
+    # The same bill under `status --cost` (JSON and the table's line) and on the dashboard.
+    listed = run_cli(["status", job_id, "--cost", "--json"], orch_env, timeout=60)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    [row] = json.loads(listed.stdout)["jobs"]
+    for key in ("allocated_hours", "hours", "goodput", "attempts"):
+        assert row["cost"][key] == bill[key], (key, row["cost"], bill)
+    table = run_cli(["status", job_id, "--cost"], orch_env, timeout=60)
+    assert f"job {job_id}: {bill['allocated_hours']:.4f} CPU-hours allocated" in table.stdout, table.stdout
+    assert f"goodput {100 * bill['goodput']:.1f} %" in table.stdout, table.stdout
+    from orchestrator.ui.views import Views
+
+    shown = Views(Path(orch_env["ORCHESTRATOR_HOME"])).cost(job_id)
+    assert (shown["allocated_hours"], shown["hours"]) == (bill["allocated_hours"], bill["hours"])

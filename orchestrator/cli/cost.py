@@ -76,6 +76,26 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bill_line(job_id: str, data: dict[str, Any]) -> str:
+    """One line of a run's bill under ``status --cost``: goodput, hours, money, the largest waste."""
+    if "error" in data:
+        return f"job {job_id}: no bill: {data['error']}"
+    if not data["attempts"]:
+        return f"job {job_id}: no bill: {data['notes'][0] if data['notes'] else 'no allocation recorded'}"
+    unit = data["unit"].upper() if data["unit"] in ("gpu", "cpu") else data["unit"]
+    total = data["allocated_hours"]
+    line = f"job {job_id}: {total:.4f} {unit}-hours allocated"
+    if data["goodput"] is not None:
+        line += f", goodput {100 * data['goodput']:.1f} %"
+    if data["money"] is not None:
+        line += f", {data['money']['allocated']:.2f} at {data['price_per_hour']:g}/hour"
+    waste = {k: v for k, v in data["hours"].items() if k != "productive" and v > 0}
+    if waste and total:
+        worst = max(waste, key=lambda k: waste[k])
+        line += f"; most waste: {LABELS[worst]} {100 * waste[worst] / total:.1f} %"
+    return line
+
+
 def run(args: argparse.Namespace) -> int:
     report = api.cost(args.target, whole_run=args.run, timeout_s=args.timeout)
     data = report.to_json()

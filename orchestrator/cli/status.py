@@ -16,9 +16,10 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import api
+from orchestrator.cli.cost import bill_line
 from orchestrator.cli.table import dumps_indented
 from orchestrator.contract.errors import UserError
 
@@ -106,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=5.0, metavar="S", help="bound on the scheduler query (default 5)"
     )
     parser.add_argument(
+        "--cost",
+        action="store_true",
+        help="add each job's bill (`orchestrator cost JOB --run`: goodput, allocated hours, waste by "
+        "cause); one accounting query per shown run",
+    )
+    parser.add_argument(
         "--metric",
         default="loss",
         choices=["loss", "val_loss", "tokens_per_s"],
@@ -140,8 +147,12 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     print("no active or recent jobs (see `orchestrator list`)")
                 return 0
+            bills = _bills(report.rows, args.timeout) if args.cost else {}
             if args.json:
                 data = report.to_json()
+                for job in data["jobs"]:
+                    if job["job_id"] in bills:
+                        job["cost"] = bills[job["job_id"]]
                 print(json.dumps(data) if args.watch else dumps_indented(data), flush=True)
             else:
                 if args.watch and sys.stdout.isatty():
@@ -149,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
                 if args.watch:
                     print(time.strftime("%Y-%m-%d %H:%M:%S"))
                 print(render_status_table(report.rows))
+                for job_id, bill in bills.items():
+                    print(bill_line(job_id, bill))
                 for line in report.failure_lines():
                     print(line)
                 for line in report.liveness_lines():
@@ -166,3 +179,15 @@ def run(args: argparse.Namespace) -> int:
                 # --watch ends with the outcome, like `wait`: 0 only if every shown run completed.
                 return 0 if report.all_completed() else 1
             time.sleep(args.interval)
+
+
+def _bills(rows: Sequence[StatusRow], timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Each shown job's run bill (``cost JOB --run --json``), or ``{"error": why}`` where there is
+    none (no accounting, no step yet): ``status`` still shows every row."""
+    bills: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        try:
+            bills[row.job_id] = api.cost(row.job_id, whole_run=True, timeout_s=timeout_s).to_json()
+        except UserError as exc:
+            bills[row.job_id] = {"error": str(exc)}
+    return bills

@@ -130,6 +130,8 @@ class Handler(BaseHTTPRequestHandler):
             return views.job(parts[1])
         if len(parts) == 3 and parts[0] == "job" and parts[2] == "chart":
             return views.chart(parts[1])
+        if len(parts) == 3 and parts[0] == "job" and parts[2] == "cost":
+            return views.cost(parts[1])
         if len(parts) == 3 and parts[0] == "job" and parts[2] == "logs":
             return views.logs(parts[1], _int(query, "node"), _int(query, "rank"), query.get("q", ""))
         if len(parts) == 2 and parts[0] == "sweep":

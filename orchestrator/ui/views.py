@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ LOG_TAIL = 200
 SEARCH_LINES = 20_000
 #: Run pages whose curves are followed at once (least recently asked dropped first).
 MAX_FOLLOWED = 64
+#: A job's bill is asked of the scheduler's accounting at most this often.
+COST_EVERY_S = 30.0
 
 _COMMAND = re.compile(r"`(orchestrator [^`]+)`")
 
@@ -47,6 +50,7 @@ class Views:
     def __init__(self, home: Path | None = None) -> None:
         self.home = home
         self._followers: dict[str, Any] = {}
+        self._bills: dict[str, tuple[float, dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------ jobs
@@ -121,6 +125,21 @@ class Views:
             "strategy": series.strategy,
             "world_size": series.world_size,
         }
+
+    def cost(self, job_id: str) -> dict[str, Any]:
+        """The job's run bill (``orchestrator cost JOB --run``), asked of the scheduler's accounting at
+        most every ``COST_EVERY_S`` per job however often pages poll."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._bills.get(job_id)
+        if cached is not None and now - cached[0] < COST_EVERY_S:
+            return cached[1]
+        bill: dict[str, Any] = api.cost(job_id, whole_run=True, home=self.home).to_json()
+        with self._lock:
+            self._bills[job_id] = (now, bill)
+            while len(self._bills) > MAX_FOLLOWED:
+                self._bills.pop(next(iter(self._bills)))
+        return bill
 
     def _follower(self, job_id: str) -> Any:
         with self._lock:

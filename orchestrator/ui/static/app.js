@@ -235,6 +235,26 @@ function attemptsTable(details) {
   return el("section", {}, parts);
 }
 
+const COST_LABELS = { productive: "productive (steps kept)", lost_work: "lost work (trained again)", startup: "start-up (to the first step)",
+  preflight: "preflight", evaluation: "evaluation", checkpoint: "checkpoint stall", step_overhead: "between steps (the boundary)",
+  hang: "hang (to the watchdog's end)", shutdown: "shutdown (stop's save, exit)", unaccounted: "unaccounted" };
+
+function costTable(bill) {
+  const parts = [el("h2", {}, "where the hours went")];
+  if (!bill.attempts.length) return el("section", {}, parts, el("p", { class: "muted" }, "no bill: " + (bill.notes[0] || "no allocation recorded")));
+  const unit = bill.unit.toUpperCase();
+  parts.push(el("p", { id: "cost-total" }, bill.allocated_hours.toFixed(4) + " " + unit + "-hours allocated" +
+    (bill.goodput === null ? "" : ", goodput " + (100 * bill.goodput).toFixed(1) + " %") +
+    (bill.money ? ", " + bill.money.allocated.toFixed(2) + " at " + bill.price_per_hour + "/hour" : "")));
+  const rows = Object.entries(COST_LABELS).filter(([k]) => k === "productive" || bill.hours[k] > 0).map(([k, label]) => el("tr", {},
+    el("td", {}, label), el("td", {}, bill.hours[k].toFixed(4) + " h"),
+    el("td", {}, bill.allocated_hours ? (100 * bill.hours[k] / bill.allocated_hours).toFixed(1) + " %" : "-")));
+  parts.push(el("table", { class: "attempts" }, el("tbody", {}, rows)),
+    el("p", { class: "muted" }, "not billed: queue wait " + Math.round(bill.unbilled_s.queue_wait) + " s, requeue gaps " +
+      Math.round(bill.unbilled_s.requeue_gap) + " s"));
+  return el("section", {}, parts);
+}
+
 function logsBox(nodes) {
   const nodeSel = el("select", { id: "log-node", onchange: (e) => { log.node = e.target.value; refreshLogs(); } },
     el("option", { value: "" }, "all nodes"), Array.from({ length: nodes }, (_, i) => el("option", { value: String(i) }, "node " + i)));
@@ -259,6 +279,7 @@ function jobPage() {
     replace("summary", jobSummary(data));
     drawCharts(data.chart);
     replace("attempts", attemptsTable(data.details));
+    replace("cost", costTable(await getJSON("/api/job/" + encodeURIComponent(ID) + "/cost")));
     if (!built) {
       main.append(logsBox(data.job.nodes));
       built = true;
