@@ -98,8 +98,9 @@ class Config:
 
 
 class Product(Config):
-    def __init__(self, name: str, tmp: Path, requeue_as: str | None) -> None:
+    def __init__(self, name: str, tmp: Path, requeue_as: str | None, train: str = TRAIN) -> None:
         super().__init__(name, tmp)
+        self.train = train
         self.profiles = self.tmp / "profiles"
         self.profiles.mkdir()
         text = (REPO / "cluster_profiles" / "slurm_test.yaml").read_text()
@@ -113,7 +114,7 @@ class Product(Config):
     def submit(self) -> None:
         res = self.cli(
             *("submit", "--profile", "slurm_test", "--profiles-dir", str(self.profiles)),
-            *("--strategy", "ddp", "--nodes", "2", "--max-requeues", "100", "--", TRAIN, *TRAIN_ARGS),
+            *("--strategy", "ddp", "--nodes", "2", "--max-requeues", "100", "--", self.train, *TRAIN_ARGS),
         )
         if res.returncode != 0:
             raise RuntimeError(f"{self.name}: submit failed: {res.stdout}{res.stderr}")
@@ -225,6 +226,12 @@ def main() -> int:
         "2-core test machine that triples every attempt's CPU-bound start-up); default: one after another",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results_goodput.json")
+    parser.add_argument(
+        "--train-ref",
+        default=None,
+        help="also run the defaults with train/ as of this git ref (name: default@REF), to show what a "
+        "change to train/ did",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_goodput_"))
     configs: list[Config] = []
@@ -233,6 +240,11 @@ def main() -> int:
             configs.append(Baseline(name, tmp))
         else:
             configs.append(Product(name, tmp, None if name == "default" else "new_job"))
+    if args.train_ref:
+        from bench_step_boundary import baseline_tree
+
+        old = baseline_tree(args.train_ref, tmp / "train_ref")
+        configs.append(Product(f"default@{args.train_ref}", tmp, None, str(old)))
     log: list[str] = []
     groups = [configs] if args.together else [[c] for c in configs]
     for group in groups:

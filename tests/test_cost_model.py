@@ -364,8 +364,8 @@ def test_a_successor_starting_as_its_predecessor_ends_gets_none_of_its_steps(tmp
 
 
 def test_a_long_gap_is_a_checkpoint_the_short_ones_the_step_boundary() -> None:
-    """train/ saves between steps; every step boundary also costs a little (the ranks agree on a stop,
-    beat, write the metrics line). Only the gaps far over the usual one are checkpoint stalls."""
+    """train/ saves between steps; every step boundary also costs a little (the ranks beat and write
+    the metrics line). Only the gaps far over the usual one are checkpoint stalls."""
     gaps = {s: 0.01 for s in range(1, 20)} | {10: 1.5}
     ev = AttemptEvidence(alloc(0, 100), steps=steps(1, 20, 5.0, 0.1, gaps=gaps))
     s = account_attempt(ev, set(), now=T0 + 1000).seconds

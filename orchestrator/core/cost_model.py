@@ -17,8 +17,8 @@ every measured category is taken from the allocation's timeline, and what no rec
 * ``checkpoint``: a gap between steps (evaluation taken out) over :data:`CHECKPOINT_GAP_FACTOR`
   times the attempt's median gap: train/ saves between steps (an estimate: the steps that saved are
   not recorded, their long gaps are);
-* ``step_overhead``: the other gaps between steps, the step boundary's own work (the ranks' stop
-  agreement, heartbeats, the metrics line);
+* ``step_overhead``: the other gaps between steps, the step boundary's own work (heartbeats, the
+  metrics line, a tracker's log; the ranks' stop agreement where it is a collective of its own);
 * ``hang``: from the last progress the watchdog saw to the allocation's end;
 * ``shutdown``: from the last step (or evaluation) to the end: the save a stop signal or the end of
   training writes, and the processes' exit.
