@@ -187,6 +187,24 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     listed = run_cli(["list", "--sweeps"], orch_env, timeout=60).stdout
     assert sweep_id in listed and "lr=0.3,0.1,0.2" in listed, listed
 
+    # The sweep's bill (`cost SWEEP`) is the sum of its tasks', each task's the one `cost TASK --run`
+    # gives (task 1: both incarnations of its requeued array task), and its allocations are sacct's.
+    bill = cli_json(["cost", sweep_id, "--json"], orch_env)
+    assert [t["job_id"] for t in bill["tasks"]] == jobs
+    assert bill["allocated_hours"] == pytest.approx(
+        sum(t["allocated_hours"] for t in bill["tasks"]), abs=1e-5
+    )
+    for key, hours in bill["hours"].items():
+        assert hours == pytest.approx(sum(t["hours"][key] for t in bill["tasks"]), abs=1e-5), key
+    for task in bill["tasks"]:
+        own = cli_json(["cost", task["job_id"], "--run", "--json"], orch_env)
+        assert (own["allocated_hours"], own["hours"]) == (task["allocated_hours"], task["hours"]), task
+    spans = [datetime.fromisoformat(r["end"]) - datetime.fromisoformat(r["start"]) for r in rows]
+    assert [len(t["attempts"]) for t in bill["tasks"]] == [1, 2, 1]
+    assert sum(a["allocated_s"] for a in bill["attempts"]) == sum(d.total_seconds() for d in spans)
+    lowest = min((e["loss"], i) for i, t in enumerate(tasks) for e in events(t, "train"))
+    assert (bill["best"]["loss"], bill["best"]["task"]) == lowest, bill["best"]
+
 
 def test_dependencies_and_a_100_task_sweep_through_the_api(
     slurm_cluster: dict, orch_env: dict, monkeypatch: pytest.MonkeyPatch, cleanup: list[str]
