@@ -132,8 +132,9 @@ def _stacks_of_both_ranks(job_id: str, orch_env: dict) -> None:
     host, through the shared pid namespace): rank 0 stopped in training, rank 1 waiting for it."""
     res = run_cli(["stacks", job_id], orch_env, timeout=90)
     assert res.returncode == 0, res.stdout + res.stderr
-    found = [x for x in res.stdout.splitlines() if x.startswith(("rank 0 node ", "rank 1 node "))]
-    assert len(found) == 2 and all("inside a collective" in x for x in found), res.stdout
+    found = sorted(x for x in res.stdout.splitlines() if x.startswith(("rank 0 node ", "rank 1 node ")))
+    # Rank 0 is stopped wherever the SIGSTOP landed (in a collective or not); rank 1 waits in one.
+    assert len(found) == 2 and " stopped, " in found[0] and "inside a collective" in found[1], res.stdout
     folder = Path(res.stdout.split(" in ")[-1].strip())
     for rank in (0, 1):
         text = (folder / f"rank_{rank}.txt").read_text()
