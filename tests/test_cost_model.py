@@ -13,6 +13,7 @@ import pytest
 from orchestrator.core.cost import gather, read_metrics
 from orchestrator.core.cost_model import (
     CATEGORIES,
+    LABELS,
     AttemptEvidence,
     EvalRecord,
     StepRecord,
@@ -157,6 +158,26 @@ def test_status_cost_line_names_goodput_money_and_the_largest_waste() -> None:
     nothing["notes"] = ["no allocations from the local scheduler"]
     assert bill_line("local-1", nothing) == "job local-1: no bill: no allocations from the local scheduler"
     assert bill_line("9", {"error": "9: no such job"}) == "job 9: no bill: 9: no such job"
+
+
+def test_every_bill_carries_one_label_per_category() -> None:
+    """The command line and the dashboard read a category's label from the bill itself (one place)."""
+    from orchestrator.cli.cost import render
+
+    assert set(LABELS) == set(CATEGORIES) and next(iter(LABELS)) == "productive"
+    a = alloc(0, 100)
+    data = {
+        "kind": "job",
+        "target": "7",
+        **bill(account_run([AttemptEvidence(a, steps=steps(1, 10, 10.0))], now=T0 + 1000)).to_json(),
+    }
+    assert data["labels"] == LABELS
+    listed = [
+        line.split("  ")[1].strip()
+        for line in render(data).splitlines()[1:]
+        if line.startswith("  ") and " h " in line
+    ]
+    assert listed == [LABELS[k] for k in LABELS if k == "productive" or data["hours"][k] > 0], listed
 
 
 def test_the_sum_rule_holds_for_skewed_clocks() -> None:

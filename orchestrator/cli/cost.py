@@ -12,20 +12,6 @@ from typing import Any
 
 from orchestrator import api
 
-#: How each category reads in the table.
-LABELS = {
-    "productive": "productive (steps kept)",
-    "lost_work": "lost work (trained again)",
-    "startup": "start-up (to the first step)",
-    "preflight": "preflight",
-    "evaluation": "evaluation",
-    "checkpoint": "checkpoint stall",
-    "step_overhead": "between steps (the boundary)",
-    "hang": "hang (to the watchdog's end)",
-    "shutdown": "shutdown (stop's save, exit)",
-    "unaccounted": "unaccounted",
-}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="JOB|RUN_DIR|SWEEP", help="a job id, a run directory or a sweep id")
@@ -42,7 +28,7 @@ def render(data: dict[str, Any]) -> str:
     lines = [f"{data['kind']} {data['target']}: {total:.4f} {unit}-hours allocated"]
     if data["goodput"] is not None:
         lines[0] += f", goodput {100 * data['goodput']:.1f} %"
-    for key, label in LABELS.items():
+    for key, label in data["labels"].items():
         hours = data["hours"][key]
         if hours == 0 and key not in ("productive",):
             continue
@@ -92,7 +78,7 @@ def bill_line(job_id: str, data: dict[str, Any]) -> str:
     waste = {k: v for k, v in data["hours"].items() if k != "productive" and v > 0}
     if waste and total:
         worst = max(waste, key=lambda k: waste[k])
-        line += f"; most waste: {LABELS[worst]} {100 * waste[worst] / total:.1f} %"
+        line += f"; most waste: {data['labels'][worst]} {100 * waste[worst] / total:.1f} %"
     return line
 
 

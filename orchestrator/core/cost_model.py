@@ -50,6 +50,20 @@ CATEGORIES = (
     "shutdown",
     "unaccounted",
 )
+#: How each category reads, in the order a bill lists them (productive first). Sent with every bill
+#: (``labels``), so the command line and the dashboard read them from one place.
+LABELS = {
+    "productive": "productive (steps kept)",
+    "lost_work": "lost work (trained again)",
+    "startup": "start-up (to the first step)",
+    "preflight": "preflight",
+    "evaluation": "evaluation",
+    "checkpoint": "checkpoint stall",
+    "step_overhead": "between steps (the boundary)",
+    "hang": "hang (to the watchdog's end)",
+    "shutdown": "shutdown (stop's save, exit)",
+    "unaccounted": "unaccounted",
+}
 #: Not billed (no allocation held): reported beside the bill.
 UNBILLED = ("queue_wait", "requeue_gap")
 #: A gap between steps this many times the median gap (and 50 ms over it) is a checkpoint's stall.
@@ -179,6 +193,7 @@ class Cost:
             },
             "attempts": [a.to_json() for a in self.attempts],
             "notes": self.notes,
+            "labels": dict(LABELS),
         }
 
 

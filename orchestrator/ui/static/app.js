@@ -235,10 +235,6 @@ function attemptsTable(details) {
   return el("section", {}, parts);
 }
 
-const COST_LABELS = { productive: "productive (steps kept)", lost_work: "lost work (trained again)", startup: "start-up (to the first step)",
-  preflight: "preflight", evaluation: "evaluation", checkpoint: "checkpoint stall", step_overhead: "between steps (the boundary)",
-  hang: "hang (to the watchdog's end)", shutdown: "shutdown (stop's save, exit)", unaccounted: "unaccounted" };
-
 function costTable(bill) {
   const parts = [el("h2", {}, "where the hours went")];
   if (!bill.attempts.length) return el("section", {}, parts, el("p", { class: "muted" }, "no bill: " + (bill.notes[0] || "no allocation recorded")));
@@ -246,7 +242,7 @@ function costTable(bill) {
   parts.push(el("p", { id: "cost-total" }, bill.allocated_hours.toFixed(4) + " " + unit + "-hours allocated" +
     (bill.goodput === null ? "" : ", goodput " + (100 * bill.goodput).toFixed(1) + " %") +
     (bill.money ? ", " + bill.money.allocated.toFixed(2) + " at " + bill.price_per_hour + "/hour" : "")));
-  const rows = Object.entries(COST_LABELS).filter(([k]) => k === "productive" || bill.hours[k] > 0).map(([k, label]) => el("tr", {},
+  const rows = Object.entries(bill.labels).filter(([k]) => k === "productive" || bill.hours[k] > 0).map(([k, label]) => el("tr", {},
     el("td", {}, label), el("td", {}, bill.hours[k].toFixed(4) + " h"),
     el("td", {}, bill.allocated_hours ? (100 * bill.hours[k] / bill.allocated_hours).toFixed(1) + " %" : "-")));
   parts.push(el("table", { class: "attempts" }, el("tbody", {}, rows)),
