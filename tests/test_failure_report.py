@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.supervise.failure_report import explain_failure, scan_errors
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli
@@ -266,6 +267,33 @@ def test_local_sigkilled_rank_is_blamed_not_its_peer(orch_env: dict[str, str]) -
         "reason"
     ]
     assert reason.startswith("node 0 rank 1 failed: rank 1 died of SIGKILL"), reason
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_an_aborted_rank_under_torchrun_is_blamed_not_the_peer_torchrun_stopped(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A real SIGABRT of rank 1 under torchrun (``launcher: torchrun``, as every DeepSpeed job runs):
+    torchrun SIGTERMs rank 0 and lists it first, under "Failures:", and rank 1 under "Root Cause".
+    The job must name rank 1's abort, never rank 0's SIGTERM."""
+    data = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
+    data["launcher"] = "torchrun"
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "local.yaml").write_text(yaml.safe_dump(data))
+    res = run_cli(
+        ["submit", "--profile", "local", "--profiles-dir", str(profiles), "--nodes", "1", "--procs-per-node", "2",
+         "--strategy", "ddp", "--wait", "--poll", "0.3", "--", CRASH, "--crash-rank", "1", "--abort"],
+        orch_env,
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    log = (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
+    assert log.index("Failures:") < log.index("Root Cause"), log  # the order this test is about
+    assert "rank 1 died of SIGABRT (exit code 134): aborted by native code" in res.stdout, res.stdout
+    assert f"orchestrator logs {job_id} --node 0 --rank 1" in res.stdout and "rank 0 died" not in res.stdout
 
 
 @pytest.mark.slurm

@@ -59,6 +59,9 @@ _LAUNCHER_EXIT = re.compile(r"^\[orchestrator launch\] rank (\d+) \(local (\d+)\
 #: torchrun's summary of its first failed child: ``rank : 1 (local_rank: 1)``, ``exitcode : -9``.
 _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+#: The heading of torchrun's own pick among them; its "Failures:" list (the peers it then stopped,
+#: by SIGTERM) comes first in the summary.
+_TORCHRUN_ROOT = re.compile(r"^\s*Root Cause \(first observed failure\):")
 #: The signal a supervisor sends a rank's peers once one failed: a death by it is a consequence.
 _SIGTERM = 15
 
@@ -228,11 +231,16 @@ class RankDeath:
 
 
 def rank_deaths(lines: Iterable[str], node: int) -> list[RankDeath]:
-    """The launcher's record of the first rank of ``node`` that ended badly (direct launcher or
-    torchrun's root-cause block)."""
+    """The launcher's record of the ranks of ``node`` that ended badly, the first one first (direct
+    launcher), or torchrun's root-cause rank first: torchrun lists the peers it stopped before it."""
     out: list[RankDeath] = []
     pending: tuple[int, int] | None = None
+    root: RankDeath | None = None
+    in_root = False
     for number, raw in enumerate(lines):
+        if _TORCHRUN_ROOT.match(raw):
+            in_root = True
+            continue
         m = _LAUNCHER_EXIT.match(raw)
         if m:
             code = int(m.group(3))
@@ -252,7 +260,12 @@ def rank_deaths(lines: Iterable[str], node: int) -> list[RankDeath]:
                 code = 128 - code
             if code not in (0, EXIT_REQUEUE):
                 out.append(RankDeath(node, pending[0], code, pending[1]))
+                if in_root and root is None:
+                    root = out[-1]
             pending = None
+    if root is not None:
+        out.remove(root)
+        out.insert(0, root)
     return out
 
 

@@ -2,7 +2,8 @@
 
 ``--crash-rank R`` raises ``ValueError`` on global rank R after the process group is up; the other
 ranks wait in a collective (as training would), so they only end when the job ends them.
-``--error TEXT`` sets the exception's message. ``--others-succeed``: the other ranks return at once
+``--error TEXT`` sets the exception's message; ``--abort``: the rank aborts (SIGABRT, as a native
+crash in torch or at its teardown does) instead of raising. ``--others-succeed``: the other ranks return at once
 instead, so the healthy nodes' torchrun sits in its 300 s exit barrier unless the job ends them.
 """
 
@@ -23,11 +24,14 @@ def main() -> None:
         action="store_true",
         help="the other ranks return at once: their nodes' torchrun then waits in its exit barrier",
     )
+    parser.add_argument("--abort", action="store_true", help="os.abort() instead of raising")
     args = parser.parse_args()
     accelerator = Accelerator()
     accelerator.wait_for_everyone()
     if accelerator.process_index == args.crash_rank:
         time.sleep(0.5)
+        if args.abort:
+            os.abort()
         raise ValueError(f"{args.error} (rank {accelerator.process_index})")
     if args.others_succeed:
         return
