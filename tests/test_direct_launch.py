@@ -87,6 +87,8 @@ def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
             assert (out / f"thread_{rank}.txt").read_text() == "joined"
             assert (out / f"atexit_{rank}.txt").read_text() == "ran"
             assert (out / f"left_open_{rank}.txt").read_text() == "written, never flushed by the script"
+            # ... and without the interpreter's teardown, under either launcher (contract/rank_exit.py).
+            assert (out / f"teardown_{rank}.txt").read_text() == "", launcher
         if launcher == "direct":
             log = _node_log(run_dir, 0)
             assert "[orchestrator launch] started 2 rank(s) by fork" in log, log
@@ -166,3 +168,39 @@ def test_a_process_left_behind_does_not_keep_the_node_running(
         if (out / "child.pid").exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int((out / "child.pid").read_text()), signal.SIGKILL)
+
+
+def test_without_the_fix_a_torchrun_rank_goes_through_teardown(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The control of the teardown marker: with the workarounds disabled, torchrun's ranks run the
+    script as plain ``python script.py`` does and reach the teardown (where torch can abort a rank
+    that has finished: 1 DeepSpeed run in 10 measured), so the marker is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**orch_env, "ORCHESTRATOR_DISABLE_WORKAROUNDS": "1"}
+    code, text, run_dir = _submit(
+        env, _profiles(tmp_path, "torchrun"), "ddp", PROBE, "--out", str(out), nodes=1
+    )
+    assert code == 0, text
+    for rank in range(2):
+        assert (out / f"teardown_{rank}.txt").read_text() == "teardown ran"
+        assert (out / f"atexit_{rank}.txt").read_text() == "ran"
+
+
+def test_a_torchrun_rank_fails_with_the_scripts_own_traceback_and_code(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Under torchrun the rank runs the script from its ``sitecustomize``: an uncaught error still
+    reads as ``python script.py`` prints it (no frame of ours or runpy's) and exits 1."""
+    code, text, run_dir = _submit(
+        orch_env, _profiles(tmp_path, "torchrun"), "ddp", CRASH, "--crash-rank", "1", "--error", "torchrun boom",
+        nodes=1,
+    )  # fmt: skip
+    assert code != 0, text
+    log = _node_log(run_dir, 0)
+    assert "[default1]:[rank1]: ValueError: torchrun boom (rank 1)" in log, log
+    ranks = "\n".join(line for line in log.splitlines() if line.startswith("[default"))  # not the launcher's
+    assert "Traceback" in ranks and "crash_rank.py" in ranks, ranks
+    assert not any(name in ranks for name in ("runpy", "rank_exit.py", "sitecustomize.py")), ranks
+    assert "torchrun boom (rank 1)" in text and "--node 0 --rank 1" in text, text

@@ -14,8 +14,9 @@ What torchrun did and this module does too: every rank's output goes to the node
 ``[default<L>]:`` prefix (``--tee``) and to its own file; the first rank that fails ends the
 others (SIGTERM, then SIGKILL after a grace period). What it does differently: a rank leaves with
 ``os._exit`` once the script, its non-daemon threads, its ``atexit`` functions and the flush of
-every open file are done: no interpreter teardown, where torch 2.13 + gloo aborts or hangs after a
-job trained to the end (FIELD_NOTES). The node exits with the first failing rank's own code.
+every open file are done (:mod:`orchestrator.contract.rank_exit`, which torchrun's ranks use too):
+no interpreter teardown, where torch 2.13 + gloo aborts or hangs after a job trained to the end
+(FIELD_NOTES). The node exits with the first failing rank's own code.
 
 Fork safety: the parent has imported modules only (no CUDA context, no process group, no thread
 pool); each child sets up CUDA and its thread count from its own environment.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import gc
 import io
 import os
 import selectors
@@ -33,12 +33,12 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import run_alive
 from orchestrator.contract.env import FORKED_RANK_ENV, LAUNCHER_ENV, RUN_DIR_ENV
+from orchestrator.contract.rank_exit import leave, run_script
 from orchestrator.node.cuda_driver import driver_initialized
 
 #: The environment variable carrying the profile's ``launcher`` to the node's launcher.
@@ -347,12 +347,12 @@ def _rank_main(script: str, script_args: list[str], env: dict[str, str], out_fd:
         _reset_signals()
         _become(script, script_args, env)
         _set_title(script, script_args)
-        code = _run_script(script)
+        code = run_script(script)
     except BaseException:  # noqa: BLE001 (anything before the script: report it, never return)
         import traceback
 
         traceback.print_exc()
-    _leave(code)
+    leave(code)
 
 
 def _reset_signals() -> None:
@@ -429,71 +429,3 @@ def _node_site(pythonpath: list[str]) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.apply(chain=False)
-
-
-def _run_script(script: str) -> int:
-    import runpy
-
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
-        return _exit_code(stop.code)
-    except KeyboardInterrupt:
-        import traceback
-
-        traceback.print_exc()
-        return 128 + int(signal.SIGINT)
-    except BaseException as error:  # noqa: BLE001 (what Python prints for an uncaught exception)
-        trimmed = _from_the_script(error.__traceback__)
-        sys.excepthook(type(error), error.with_traceback(trimmed), trimmed)
-        return 1
-    return 0
-
-
-def _from_the_script(tb: Any) -> Any:
-    """The traceback without this module's and runpy's frames, as ``python script.py`` shows it."""
-    while tb is not None and tb.tb_next is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if name != __file__ and "runpy" not in name:
-            break
-        tb = tb.tb_next
-    return tb
-
-
-def _exit_code(code: object) -> int:
-    if code is None or isinstance(code, int):
-        return (code or 0) & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _leave(code: int) -> None:
-    """Python's exit without its teardown: threads joined, atexit run, every open file flushed."""
-    import atexit
-    import threading
-
-    steps: list[Callable[[], Any]] = [atexit._run_exitfuncs, _flush_open_files]
-    shutdown = getattr(threading, "_shutdown", None)  # private: what Python's exit runs first
-    if shutdown is not None:
-        steps.insert(0, shutdown)
-    for step in steps:
-        try:
-            step()
-        except BaseException:  # noqa: BLE001
-            import traceback
-
-            traceback.print_exc()
-    os._exit(code)
-
-
-def _flush_open_files() -> None:
-    """Teardown would flush files the script left open; ``os._exit`` does not."""
-    buffered = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
-    for obj in gc.get_objects():
-        if issubclass(type(obj), buffered):  # type(), not isinstance: no attribute of obj is read
-            with contextlib.suppress(Exception):
-                if not obj.closed and obj.writable():
-                    obj.flush()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()

@@ -26,17 +26,19 @@ from types import ModuleType
 from typing import Any
 
 from orchestrator.config.strategies import STRATEGIES
-from orchestrator.contract.env import FORKED_RANK_ENV, RUN_DIR_ENV, SCRIPT_HOOKS_ENV
+from orchestrator.contract import rank_exit
+from orchestrator.contract.env import RUN_DIR_ENV, SCRIPT_HOOKS_ENV
 
 #: The switch: "1" set by the node entry, "0" to opt out.
 
 
-#: A forked rank's Accelerator and everything it prepared, never freed (see _keep_until_exit).
+#: A rank's Accelerator and everything it prepared, never freed (see _keep_until_exit).
 _KEPT_UNTIL_EXIT: list[Any] = []
 
 
 def _keep_until_exit(obj: Any) -> Any:
-    """In a rank the direct launcher forked, keep ``obj`` until the rank's ``os._exit``.
+    """In a rank that leaves by ``os._exit`` (every rank the product starts: forked by the direct
+    launcher, or started by torchrun and run by its ``sitecustomize``), keep ``obj`` until then.
 
     After ``end_training()`` destroyed the process group, DDP's Reducer holds the last reference to it.
     Freed when the script's ``main()`` returned, the Reducer destroyed ``ProcessGroupGloo``, whose
@@ -45,7 +47,7 @@ def _keep_until_exit(obj: Any) -> Any:
     runs, native stacks in FIELD_NOTES). The DDP wrapper is what ``prepare`` returns, the Accelerator
     keeps only the bare model, so both are kept: nothing of them is destroyed before the process ends.
     """
-    if os.environ.get(FORKED_RANK_ENV) == "1":
+    if rank_exit.running_a_script():
         _KEPT_UNTIL_EXIT.append(obj)
     return obj
 

@@ -4,7 +4,9 @@ Every rank writes ``rank_<RANK>.json``: its whole environment, ``sys.argv``, ``s
 ``__name__``, torch's thread count and the world as the process group reports it. Then, to show
 that the process ends as Python would end it: a file is left open with unflushed text, an
 ``atexit`` function and a non-daemon thread each write a marker after ``main()`` has returned.
-``--exit-code N`` leaves with ``sys.exit(N)`` on every rank. ``--leave-child``: rank 0 leaves a
+A fourth marker, ``teardown_<RANK>.txt``, is written only by the interpreter's teardown (an object
+hung on ``sys``, released when the ``sys`` module is cleared): a rank the product started never
+reaches it. ``--exit-code N`` leaves with ``sys.exit(N)`` on every rank. ``--leave-child``: rank 0 leaves a
 process behind that holds its stdout (``sleep 600``; its pid in ``child.pid``).
 """
 
@@ -21,6 +23,17 @@ from pathlib import Path
 import numpy
 import torch
 import torch.distributed as dist
+
+
+class AtTeardown:
+    """Writes its marker when freed; kept on ``sys``, it is freed by the interpreter's teardown only."""
+
+    def __init__(self, path: Path) -> None:
+        # os.write bound now: by teardown the module globals may be gone.
+        self.fd, self.write = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), os.write
+
+    def __del__(self) -> None:
+        self.write(self.fd, b"teardown ran")
 
 
 def main() -> None:
@@ -59,6 +72,7 @@ def main() -> None:
         (out / f"thread_{rank}.txt").write_text("joined")
 
     threading.Thread(target=late).start()
+    sys.orchestrator_probe_teardown = AtTeardown(out / f"teardown_{rank}.txt")  # type: ignore[attr-defined]
     dist.destroy_process_group()
     if args.leave_child and rank == "0":
         child = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stdout: inherited
