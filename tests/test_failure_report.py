@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.supervise.failure_report import explain_failure, scan_errors
-from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, user_profile_dir
 
 CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")
 TRAIN = str(REPO / "train" / "train.py")
@@ -277,11 +276,7 @@ def test_an_aborted_rank_under_torchrun_is_blamed_not_the_peer_torchrun_stopped(
     """A real SIGABRT of rank 1 under torchrun (``launcher: torchrun``, as every DeepSpeed job runs):
     torchrun SIGTERMs rank 0 and lists it first, under "Failures:", and rank 1 under "Root Cause".
     The job must name rank 1's abort, never rank 0's SIGTERM."""
-    data = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
-    data["launcher"] = "torchrun"
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "local.yaml").write_text(yaml.safe_dump(data))
+    profiles = user_profile_dir(tmp_path, "local", launcher="torchrun")
     res = run_cli(
         ["submit", "--profile", "local", "--profiles-dir", str(profiles), "--nodes", "1", "--procs-per-node", "2",
          "--strategy", "ddp", "--wait", "--poll", "0.3", "--", CRASH, "--crash-rank", "1", "--abort"],
