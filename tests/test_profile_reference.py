@@ -1,4 +1,4 @@
-"""The README's profile reference is generated from the one declaration of profile keys
+"""docs/profiles.md's profile reference is generated from the one declaration of profile keys
 (orchestrator/config/profile_reference.py), and is never stale."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from pathlib import Path
 
 from orchestrator.config.options import OPTIONS
 from orchestrator.config.profile_records import ClusterProfile
-from orchestrator.config.profile_reference import README, readme_section, reference_markdown, write_readme
+from orchestrator.config.profile_reference import PAGE, page_section, reference_markdown, write_page
 
 
-def test_readme_copy_is_current() -> None:
-    current = readme_section(README.read_text())
-    assert current is not None, "README.md lost its profile-reference markers"
+def test_the_pages_copy_is_current() -> None:
+    current = page_section(PAGE.read_text())
+    assert current is not None, "docs/profiles.md lost its profile-reference markers"
     assert current == reference_markdown(), (
-        "README.md's profile reference is stale: run `python -m orchestrator.config.profile_reference --write`"
+        "docs/profiles.md's profile reference is stale: run `python -m orchestrator.config.profile_reference --write`"
     )
 
 
@@ -30,19 +30,19 @@ def test_every_key_is_listed_with_its_doc() -> None:
 
 
 def test_a_changed_declaration_makes_the_copy_stale(tmp_path: Path) -> None:
-    """The check can fail: a README whose table misses a row is stale, and --write repairs it."""
+    """The check can fail: a page whose table misses a row is stale, and --write repairs it."""
     fresh = reference_markdown()
-    stale_readme = tmp_path / "README.md"
+    stale_page = tmp_path / "profiles.md"
     start, end = (
-        README.read_text().split("<!-- profile-reference:start", 1)[0],
+        PAGE.read_text().split("<!-- profile-reference:start", 1)[0],
         "<!-- profile-reference:end -->",
     )
     from orchestrator.config.profile_reference import END, START
 
     body = "\n".join(line for line in fresh.splitlines() if "`max_requeues`" not in line) + "\n"
-    stale_readme.write_text(f"{start}{START}\n{body}{end}\n")
+    stale_page.write_text(f"{start}{START}\n{body}{end}\n")
     assert end == END
-    assert readme_section(stale_readme.read_text()) != fresh
-    assert write_readme(stale_readme) is True
-    assert readme_section(stale_readme.read_text()) == fresh
-    assert write_readme(stale_readme) is False
+    assert page_section(stale_page.read_text()) != fresh
+    assert write_page(stale_page) is True
+    assert page_section(stale_page.read_text()) == fresh
+    assert write_page(stale_page) is False
