@@ -1,4 +1,4 @@
-"""Profile keys the README promises, each doing what its table row says (issue 33 item 7).
+"""Profile keys docs/profiles.md promises, each doing what its table row says (issue 33 item 7).
 
 * ``max_procs_per_node``: a launch over it is refused at planning (exit 2, one line, nothing created);
   raising it lifts the CPU default of 256.

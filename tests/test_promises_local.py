@@ -1,4 +1,4 @@
-"""README promises that had no launched test (issue 33, item 7), and two of issue 27's polish items, on the
+"""Promises of the docs (docs/*.md) that had no launched test (issue 33, item 7), and two of issue 27's polish items, on the
 ``local`` profile through ``orchestrator submit``: small jobs (1 node x 2 processes, a few steps).
 
 Each test asserts what a broken implementation gets wrong: the hooks still installed under
@@ -112,7 +112,7 @@ def test_a_run_without_any_throughput_gets_no_empty_panel(tmp_path: Path) -> Non
 
 def test_no_script_hooks_runs_the_script_exactly_as_written(orch_env: dict[str, str], tmp_path: Path) -> None:
     # With the hooks this job stops at start (exit 3: the model has no NoSuchBlock). Without them the
-    # script meets Accelerate alone: on CPU it drops FSDP and runs DDP, as the README warns.
+    # script meets Accelerate alone: on CPU it drops FSDP and runs DDP, as docs/your-script.md warns.
     options = ["--strategy", "full_shard", "--wrap-cls", "NoSuchBlock", "--no-script-hooks"]
     res, records = probe(orch_env, tmp_path, options)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -1,4 +1,4 @@
-"""``orchestrator resume`` on the real cluster: each refusal the README promises (nothing submitted),
+"""``orchestrator resume`` on the real cluster: each refusal docs/resume-and-faults.md promises (nothing submitted),
 and each option (``--strategy``, ``--profile``, ``--nodes``) reaching the new job."""
 
 from __future__ import annotations

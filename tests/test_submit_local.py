@@ -229,8 +229,8 @@ def test_resumed_local_job_keeps_each_jobs_own_state(orch_env: dict[str, str]) -
     assert refused.returncode == 2 and f"orchestrator cancel {new}" in refused.stderr, refused.stderr
     assert not (run_dir / "cancel_requested.json").exists()
 
-    # A resume of a COMPLETED run exits 2 with the reason and submits nothing (README, "How resume
-    # works"): by the new id, by the old one, and through the API's Job.status and Job.resume.
+    # A resume of a COMPLETED run exits 2 with the reason and submits nothing (docs/resume-and-faults.md,
+    # "How resume works"): by the new id, by the old one, and through the API's Job.status and Job.resume.
     attempts = sorted(p.name for p in run_dir.glob("job.attempt_*.json"))
     for job in (new, old):
         done = run_cli(["resume", job], orch_env)

@@ -2,7 +2,7 @@
 chromedriver, against real local jobs (a sweep, a failed job with a hostile name, a running job).
 
 One registry, one dashboard process and one browser for the module. Screenshots of every page go to
-``build/test-artifacts/ui/``; ``UPDATE_SCREENSHOTS=1`` also writes the README's ``docs/ui_job.png``
+``build/test-artifacts/ui/``; ``UPDATE_SCREENSHOTS=1`` also writes docs/dashboard.md's ``docs/ui_job.png``
 and ``docs/ui_sweep.png`` from the same pages.
 """
 

@@ -59,7 +59,7 @@ def test_allowance_is_longer_in_the_first_step_and_while_checkpointing(tmp_path:
         0: {"step": 5, "phase": "forward", "step_s": 0.1},
         1: {"step": 5, "phase": "backward", "step_s": 0.1},
     }
-    # The README's numbers, written out (not the module's constants): x10 while a rank checkpoints,
+    # docs/resume-and-faults.md's numbers, written out (not the module's constants): x10 while a rank checkpoints,
     # x5 until every rank finished its first step, else 20 median step times but at least 300 s.
     assert dog.allowance(running) == (60, "")
     saving = {**running, 1: {"step": 5, "phase": "checkpoint", "step_s": 0.1}}
