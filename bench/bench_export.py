@@ -13,7 +13,7 @@ sha256), so the export finds and checks it as it does a training run's.
 
 Variants:
 
-* ``export``: ``orchestrator.core.export.export`` to safetensors (DCP ``load`` one tensor at a time,
+* ``export``: ``orchestrator.runner.export.export`` to safetensors (DCP ``load`` one tensor at a time,
   the safetensors file streamed);
 * ``export --verify``: the same, then every tensor read back and compared, and the checksum;
 * ``naive safetensors``: DCP's whole-checkpoint load (``_EmptyStateDictLoadPlanner``, as
@@ -40,7 +40,7 @@ CHILD = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, {repo!r})
 import torch, safetensors.torch, torch.distributed.checkpoint as dcp
-from orchestrator.core import export as export_mod
+from orchestrator.runner import export as export_mod
 def rss_kb():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):

@@ -14,7 +14,7 @@ seconds; each attempt is preempted (USR2) ``--every`` seconds after its first st
   Lightning/submitit way).
 
 Goodput = productive / allocated CPU-hours, by the same accounting for all three
-(:mod:`orchestrator.core.cost_model` over ``sacct -D`` and each run's ``metrics.jsonl``; the
+(:mod:`orchestrator.runner.cost_model` over ``sacct -D`` and each run's ``metrics.jsonl``; the
 product's through ``orchestrator cost RUN --json``). Run it at Slurm's default ``cred_expire``::
 
     NODES=7 CRED_EXPIRE=default bash tests/cluster/run_with_cluster.sh \\
@@ -40,9 +40,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.core.cost import gather  # noqa: E402
-from orchestrator.core.cost_model import account_run, bill  # noqa: E402
-from orchestrator.core.run_summary import iter_metrics  # noqa: E402
+from orchestrator.rundir.summary import iter_metrics  # noqa: E402
+from orchestrator.runner.cost import gather  # noqa: E402
+from orchestrator.runner.cost_model import account_run, bill  # noqa: E402
 from orchestrator.schedulers.slurm.accounting import query_allocations  # noqa: E402
 
 TRAIN = str(REPO / "train" / "train.py")

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import soak_preemption as soak  # noqa: E402
 
-from orchestrator.core.run_summary import iter_metrics  # noqa: E402
+from orchestrator.rundir.summary import iter_metrics  # noqa: E402
 
 PHASES = ("checkpoint", "exit", "scheduler_requeue", "startup", "load", "first_step")
 

@@ -56,7 +56,7 @@ import soak_preemption as soak  # noqa: E402
 import yaml  # noqa: E402
 from bench_requeue import c10d_stamps, cluster_up  # noqa: E402
 
-from orchestrator.core.run_summary import iter_metrics  # noqa: E402
+from orchestrator.rundir.summary import iter_metrics  # noqa: E402
 
 NODES = 2
 STAMP = "bench_job_start"

@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from orchestrator.contract.job_states import JobState  # noqa: E402
-from orchestrator.core.run_summary import summarize  # noqa: E402
 from orchestrator.registry.store import Registry  # noqa: E402
+from orchestrator.rundir.summary import summarize  # noqa: E402
 
 
 def make_run_dir(run_dir: Path, steps: int) -> None:

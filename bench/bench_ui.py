@@ -123,7 +123,7 @@ def get(port: int, path: str) -> tuple[float, dict[str, Any]]:
 
 def per_line_read(run_dir: Path) -> int:
     """The baseline: every line parsed on its own (iter_metrics, plot's reader before the follower)."""
-    from orchestrator.core.run_summary import iter_metrics
+    from orchestrator.rundir.summary import iter_metrics
 
     return sum(1 for _ in iter_metrics(run_dir))
 

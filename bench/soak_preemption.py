@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from orchestrator.contract.run_dir import verify_checkpoint  # noqa: E402
-from orchestrator.core.run_summary import iter_metrics  # noqa: E402
+from orchestrator.rundir.summary import iter_metrics  # noqa: E402
 
 TRAIN = str(REPO / "train" / "train.py")
 CKPT_EVERY = 5

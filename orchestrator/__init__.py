@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 #: Names of orchestrator.api reachable as orchestrator.<name>.
 _API = frozenset(
     {"Job", "Sweep", "cancel", "dry_run", "get_job", "get_sweep", "make_plan", "resume", "submit", "sweep"}
@@ -18,6 +16,14 @@ _API = frozenset(
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # declared once, in the leaf orchestrator.version
+        from orchestrator.version import __version__
+
+        return __version__
+    if name == "UserError":  # a user's mistake: one line, exit 2 (the README's API example)
+        from orchestrator.contract.errors import UserError
+
+        return UserError
     if name in _API:
         from orchestrator import api
 

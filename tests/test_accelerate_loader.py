@@ -30,7 +30,7 @@ from accelerate.commands.config.config_args import load_config_from_file  # noqa
 from accelerate.utils import DistributedType  # noqa: E402
 
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options  # noqa: E402
-from orchestrator.config.profiles import ClusterProfile, parse_profile  # noqa: E402
+from orchestrator.config.profile.load import ClusterProfile, parse_profile  # noqa: E402
 from orchestrator.config.render import NodeRuntime, render_accelerate_config, sample_runtime  # noqa: E402
 from orchestrator.config.strategies import STRATEGIES  # noqa: E402
 from orchestrator.contract.errors import UserError  # noqa: E402

@@ -18,7 +18,7 @@ SCRIPT = str(REPO / "tests" / "scripts" / "sweep_task.py")
 def test_import_orchestrator_and_its_api_import_no_torch() -> None:
     code = (
         "import sys, orchestrator; orchestrator.submit; orchestrator.sweep; orchestrator.get_job; "
-        "import orchestrator.api, orchestrator.core.sweep_submit, orchestrator.core.sweep_status; "
+        "import orchestrator.api, orchestrator.runner.sweep_submit, orchestrator.runner.sweep_status; "
         "print(sorted(m for m in ('torch', 'accelerate', 'transformers', 'deepspeed', 'submitit') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)

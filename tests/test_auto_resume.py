@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.plan import build_plan, merge_options
-from orchestrator.config.profiles import load_profile
+from orchestrator.config.profile.load import load_profile
 from orchestrator.schedulers.slurm import auto_resume as ar
 from orchestrator.schedulers.slurm.batch_step import TASK_FAILURE_RE
 

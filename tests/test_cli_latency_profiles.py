@@ -1,6 +1,6 @@
 """The fast profile check (no pydantic) against the pydantic schema it stands in for.
 
-``orchestrator.config.profiles`` validates plainly valid profiles without importing pydantic (CLI start-up
+``orchestrator.config.profile.load`` validates plainly valid profiles without importing pydantic (CLI start-up
 time) and hands everything else to the pydantic schema. That is only sound if the fast path
 accepts a subset of what pydantic accepts, with identical values, and if both layers declare the
 same keys and defaults. Checked here on the fuzz generators of test_profile_fuzz.py and on the
@@ -20,9 +20,9 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
-from orchestrator.config import profile_records as R
-from orchestrator.config import profile_schema as S
-from orchestrator.config import profiles as P
+from orchestrator.config.profile import load as P
+from orchestrator.config.profile import records as R
+from orchestrator.config.profile import schema as S
 from tests.helpers.profile_docs import FAST, documents, profile_like
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.run_summary import summarize
-from orchestrator.core.summary_cache import SummaryCache
+from orchestrator.rundir.summary import summarize
+from orchestrator.rundir.summary_cache import SummaryCache
 from tests.helpers.run_dirs import make_checkpoint, train_event, write_metrics
 
 _AGES = itertools.count(1)
@@ -143,7 +143,7 @@ def test_bad_cache_file_is_ignored(tmp_path: Path, content: str) -> None:
 def test_resume_scan_progress_carries_over_between_processes(tmp_path: Path) -> None:
     """A live run is re-summarised on every call; its whole-file resume count must not mean reading
     the whole metrics.jsonl every time: the scan position is kept in the cache file."""
-    from orchestrator.core import run_summary as R
+    from orchestrator.rundir import summary as R
 
     R._resume_cache.clear()  # this process's earlier tests
     R._resume_touched.clear()

@@ -29,7 +29,7 @@ from orchestrator.config.container import (
     version_report,
 )
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.config.profiles import parse_profile
+from orchestrator.config.profile.load import parse_profile
 from orchestrator.config.render import render_sbatch
 from orchestrator.contract.errors import RunFailure, UserError
 from tests.helpers.cli import REPO, run_cli
@@ -304,8 +304,8 @@ def test_a_task_in_slurms_oci_container_takes_its_hosts_place_in_the_node_list()
 def test_the_preflight_names_the_node_without_the_image(tmp_path: Path) -> None:
     """Each node checks the image it will run (node/preflight.image_problems); the verdict names the
     node where it is missing. A registry reference is pulled at start, not checked."""
-    from orchestrator.config.profile_records import Container
-    from orchestrator.config.profile_records import Preflight as Limits
+    from orchestrator.config.profile.records import Container
+    from orchestrator.config.profile.records import Preflight as Limits
     from orchestrator.node.preflight import image_problems
     from orchestrator.supervise.preflight import judge
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.run_dir import preflight_dir, read_json
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
 from tests.helpers.container_image import MARKER, build_image, forbidden_in_image, image_python
 from tests.helpers.hold import held, rank_pid

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.cost import gather, read_metrics
-from orchestrator.core.cost_model import (
+from orchestrator.runner.cost import gather, read_metrics
+from orchestrator.runner.cost_model import (
     CATEGORIES,
     LABELS,
     AttemptEvidence,
@@ -276,7 +276,7 @@ def test_a_step_past_the_recorded_end_counts_only_inside_it() -> None:
 
 
 def test_the_price_comes_from_the_profile_the_run_was_submitted_with(tmp_path: Path) -> None:
-    from orchestrator.core.cost import _price
+    from orchestrator.runner.cost import _price
 
     (tmp_path / "job.json").write_text(json.dumps({"profile": {"price_per_cpu_hour": 0.25}}))
     assert _price(tmp_path, "cpu") == 0.25 and _price(tmp_path, "gpu") is None
@@ -284,7 +284,7 @@ def test_the_price_comes_from_the_profile_the_run_was_submitted_with(tmp_path: P
 
 @pytest.mark.parametrize("value", ["-1.0", "-3", "cheap", ".inf"])
 def test_a_bad_price_is_one_line_naming_the_key(value: str) -> None:
-    from orchestrator.config.profiles import parse_profile
+    from orchestrator.config.profile.load import parse_profile
     from orchestrator.contract.errors import UserError
 
     text = f"scheduler: local\nprice_per_gpu_hour: {value}\n"
@@ -305,7 +305,7 @@ def test_cost_of_an_unknown_job_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_hours_until_a_moment_count_what_every_allocation_had_spent() -> None:
-    from orchestrator.core.cost_model import hours_until
+    from orchestrator.runner.cost_model import hours_until
 
     costs = account_run(
         [
@@ -337,8 +337,8 @@ def test_the_table_names_every_category_spent_and_the_best_task() -> None:
 
 def test_a_scheduler_without_accounting_is_said_not_billed(tmp_path: Path) -> None:
     """A local job: its records are there, its allocation is not: the bill says so instead of guessing."""
-    from orchestrator.core.cost import cost_report
     from orchestrator.registry.store import Registry
+    from orchestrator.runner.cost import cost_report
 
     run = tmp_path / "run"
     run.mkdir()
@@ -362,7 +362,7 @@ def test_a_scheduler_without_accounting_is_said_not_billed(tmp_path: Path) -> No
 def test_a_successor_starting_as_its_predecessor_ends_gets_none_of_its_steps(tmp_path: Path) -> None:
     """requeue_as: new_job: the successor starts in the second the predecessor ends. Each step belongs
     to one allocation: the successor's start-up is its own, not zero from the predecessor's last steps."""
-    from orchestrator.core.cost_model import place
+    from orchestrator.runner.cost_model import place
 
     assert place(T0 + 10.0, [(T0, T0 + 10.0), (T0 + 10.0, T0 + 20.0)]) == 0
     assert place(T0 + 10.5, [(T0, T0 + 10.0), (T0 + 11.0, T0 + 20.0)]) == 1  # nearer the second

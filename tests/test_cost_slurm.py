@@ -29,7 +29,7 @@ import pytest
 
 from orchestrator.contract.heartbeat import read_heartbeats
 from orchestrator.contract.run_dir import attempt_dir, read_json
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from orchestrator.schedulers.slurm.accounting import parse_accounting
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.config.plan import build_plan, merge_options
-from orchestrator.config.profiles import load_profile
+from orchestrator.config.profile.load import load_profile
 from orchestrator.node.entry import training_environment
 from orchestrator.node.site_path import NODE_SITE_DIR
 from tests.helpers import train_launch as tl

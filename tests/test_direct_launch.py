@@ -87,7 +87,7 @@ def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
             assert (out / f"thread_{rank}.txt").read_text() == "joined"
             assert (out / f"atexit_{rank}.txt").read_text() == "ran"
             assert (out / f"left_open_{rank}.txt").read_text() == "written, never flushed by the script"
-            # ... and without the interpreter's teardown, under either launcher (contract/rank_exit.py).
+            # ... and without the interpreter's teardown, under either launcher (rank/run_script.py).
             assert (out / f"teardown_{rank}.txt").read_text() == "", launcher
         if launcher == "direct":
             log = _node_log(run_dir, 0)

@@ -22,7 +22,7 @@ import pytest
 from orchestrator.contract.checkpoints import removed_if_unfinished, temp_folder
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.run_dir import RUN_LOCK_FILE, check_checkpoint
-from orchestrator.core.run_lock import run_lock
+from orchestrator.rundir.lock import run_lock
 from orchestrator.supervise.failure_report import explain_failure
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli
 

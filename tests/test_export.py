@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator import api
 from orchestrator.contract.errors import UserError
-from orchestrator.core.export_verify import VerifyFailed, weights_checksum
+from orchestrator.rundir.export.verify import VerifyFailed, weights_checksum
 from tests.helpers import train_launch as tl
 from tests.helpers.cli import run_cli
 

@@ -1,4 +1,4 @@
-"""Failures explain themselves (orchestrator/core/failure_report.py): the failing node and rank, the
+"""Failures explain themselves (orchestrator/runner/failure_reasons.py): the failing node and rank, the
 first error lines, and the exact `orchestrator logs` command, in `--wait`, `status` and end_reason.
 
 The end-to-end tests crash a real rank (tests/scripts/crash_rank.py) under real local and Slurm

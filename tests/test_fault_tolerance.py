@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from orchestrator.contract.run_dir import last_complete_checkpoint
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from orchestrator.schedulers.slurm.auto_resume import read_decisions
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state, user_profile_dir
 from tests.helpers.hold import held, rank_pid

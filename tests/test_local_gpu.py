@@ -19,12 +19,12 @@ import yaml
 from orchestrator.config import gpus
 from orchestrator.config.gpus import GpuCount, count_gpus, visible_devices_env
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.config.profiles import load_profile
+from orchestrator.config.profile.load import load_profile
 from orchestrator.config.render import render_accelerate_config, sample_runtime
 from orchestrator.contract.errors import UserError
-from orchestrator.core import planning
-from orchestrator.core.planning import fit_to_this_machine
 from orchestrator.node.entry import training_environment
+from orchestrator.runner import planning
+from orchestrator.runner.planning import fit_to_this_machine
 from orchestrator.schedulers.base import NodeEnvironment
 from orchestrator.schedulers.local.scheduler import LocalNodeEnvironment
 from tests.helpers.cli import REPO, run_cli
@@ -165,7 +165,7 @@ def test_cli_without_gpus_says_so_and_imports_no_torch(orch_env: dict[str, str])
     assert "Traceback" not in res.stderr
     probe = (
         "import sys; from orchestrator.config.gpus import count_gpus; count_gpus(); "
-        "import orchestrator.core.planning; assert 'torch' not in sys.modules"
+        "import orchestrator.runner.planning; assert 'torch' not in sys.modules"
     )
     import subprocess
 

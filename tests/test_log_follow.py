@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.contract.job_states import JobState
-from orchestrator.core.log_follow import LogFollower, LogLine
 from orchestrator.registry.store import Registry
+from orchestrator.rundir.log_follow import LogFollower, LogLine
 from tests.helpers.cli import run_cli
 
 
@@ -212,7 +212,7 @@ def test_logs_follow_stops_when_job_is_terminal(orch_env: dict[str, str], tmp_pa
 def test_follow_job_until_done_returns_final_state(orch_env: dict[str, str], tmp_path: Path) -> None:
     import io
 
-    from orchestrator.core.logs import follow_job_until_done
+    from orchestrator.runner.logs import follow_job_until_done
 
     rd = tmp_path / "runs" / "local-1"
     append(log_path(rd, 0, 0), "hello\n")
@@ -230,7 +230,7 @@ def test_a_second_follower_continues_at_each_files_offsets(tmp_path: Path) -> No
     tail's window starts, then each printed line's end offset. A second follower started there
     prints exactly the lines the first had not, in each file, though more were written meanwhile
     and its own tail would have begun elsewhere."""
-    from orchestrator.core.logs import Resume
+    from orchestrator.runner.logs import Resume
 
     for n in (0, 1):
         append(log_path(tmp_path, 0, n), "".join(f"n{n} line {i}\n" for i in range(30)))

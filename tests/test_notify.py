@@ -18,9 +18,8 @@ import pytest
 import yaml
 
 from orchestrator.config.plan import build_plan, merge_options
-from orchestrator.config.profiles import parse_profile
+from orchestrator.config.profile.load import parse_profile
 from orchestrator.config.render import render_sbatch
-from orchestrator.contract import notify
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import JobState
 from orchestrator.contract.run_dir import (
@@ -30,7 +29,9 @@ from orchestrator.contract.run_dir import (
     write_json_atomic,
     write_plan,
 )
-from orchestrator.core.notify_events import notify_run
+from orchestrator.notify import events as notify
+from orchestrator.notify import send
+from orchestrator.notify.login import notify_run
 from tests.helpers.cli import REPO, poll
 from tests.helpers.webhook import SECRET, Receiver
 
@@ -179,7 +180,7 @@ def test_a_receiver_down_is_retried_within_the_bound_and_logged(tmp_path: Path) 
     import time
 
     t0 = time.monotonic()
-    ok = notify.send(run_dir, notify.Target.of_run(run_dir), notify.Event("started", "started", "x"))  # type: ignore[arg-type]
+    ok = send.send(run_dir, notify.Target.of_run(run_dir), notify.Event("started", "started", "x"))  # type: ignore[arg-type]
     took = time.monotonic() - t0
     log = (run_dir / "notify" / "notify.log").read_text()
     assert not ok and took < 4, took
@@ -192,7 +193,7 @@ def test_the_command_gets_the_event_on_stdin_and_in_its_environment(tmp_path: Pa
     command = f'cat > {out}.json; printf %s "$ORCHESTRATOR_EVENT|$ORCHESTRATOR_EVENT_TEXT" > {out}.env'
     run_dir = _run_dir(tmp_path, {"command": command})
     attempt_dir(run_dir, 0).mkdir(parents=True)
-    for thread in notify.notify(run_dir, notify.run_dir_events(run_dir, "5")):
+    for thread in send.notify(run_dir, notify.run_dir_events(run_dir, "5")):
         thread.join(30)
     assert json.loads(Path(f"{out}.json").read_text())["event"] == "started"
     assert Path(f"{out}.env").read_text() == "started|lm: job 5 started"
@@ -205,7 +206,7 @@ def test_the_command_gets_the_event_on_stdin_and_in_its_environment(tmp_path: Pa
 def test_a_finished_sweep_is_notified_once_naming_its_best_task(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from orchestrator.core.notify_events import notify_sweep
+    from orchestrator.notify.login import notify_sweep
 
     out = tmp_path / "got.json"
     sweep_dir = tmp_path / "sweep"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, user_profile_dir
 from tests.helpers.slurm_cluster import require_cluster, slurm
 from tests.helpers.webhook import SECRET, Receiver

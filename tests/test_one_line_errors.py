@@ -177,7 +177,7 @@ def test_a_new_registry_numbers_local_ids_after_the_run_directories(
 
 
 def test_progress_bars_show_their_last_redraw(tmp_path: Path) -> None:
-    from orchestrator.core.log_follow import LogFollower
+    from orchestrator.rundir.log_follow import LogFollower
 
     node_log = tmp_path / "logs" / "attempt_0" / "node_0.log"
     node_log.parent.mkdir(parents=True)
@@ -190,7 +190,7 @@ def test_progress_bars_show_their_last_redraw(tmp_path: Path) -> None:
 
 
 def test_sweep_summary_counts_add_up() -> None:
-    from orchestrator.core.sweep_status import SweepStatus
+    from orchestrator.runner.sweep_status import SweepStatus
 
     status = SweepStatus("9", [], [], None, "loss", None, [], [(0, {"lr": "1"}), (1, {"lr": "2"})])  # type: ignore[arg-type]
     assert status.total == 2 and sum(status.counts().values()) == status.total

@@ -19,14 +19,14 @@ import yaml
 from orchestrator.cli.plan_args import add_plan_arguments, plan_from_args
 from orchestrator.cli.resume import resume_plan
 from orchestrator.config import options as O
-from orchestrator.config import profile_schema as S
 from orchestrator.config.options import OPTIONS, TrainingOptions
 from orchestrator.config.plan import LaunchPlan, build_plan, check_combination, merge_options
-from orchestrator.config.profile_records import ClusterProfile, TrainingDefaults
-from orchestrator.config.profiles import load_profile, parse_profile
+from orchestrator.config.profile import schema as S
+from orchestrator.config.profile.load import load_profile, parse_profile
+from orchestrator.config.profile.records import ClusterProfile, TrainingDefaults
 from orchestrator.config.strategies import STRATEGIES, STRATEGY_NAMES
 from orchestrator.contract.errors import UserError
-from orchestrator.core.planning import _PROFILE_KEYS
+from orchestrator.runner.planning import _PROFILE_KEYS
 
 NAMES = [f.name for f in dataclasses.fields(TrainingOptions)]
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainingOptions)}

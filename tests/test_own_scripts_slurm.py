@@ -30,8 +30,8 @@ import pytest
 
 from orchestrator.contract.attempt_start import NO_HOOK, read_attempt_start
 from orchestrator.contract.run_dir import read_exit_status
-from orchestrator.core.run_summary import iter_metrics
 from orchestrator.node.entry import tracker_run_id
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, job_ended, kill_tree, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm
 

@@ -10,8 +10,8 @@ import pytest
 
 from orchestrator.contract.errors import RunFailure
 from orchestrator.contract.job_states import JobState
-from orchestrator.core.plotting import load_series, plot_run
 from orchestrator.registry.store import Registry
+from orchestrator.rundir.plotting import load_series, plot_run
 from tests.helpers.cli import run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

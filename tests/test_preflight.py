@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config.profile_records import Preflight
+from orchestrator.config.profile.records import Preflight
 from orchestrator.supervise.preflight import judge
 
 LIMITS = Preflight.model_validate({"max_latency_ms": 20.0, "min_bandwidth_mbps": 200.0})

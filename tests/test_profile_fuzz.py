@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.config.plan import build_plan, merge_options
-from orchestrator.config.profiles import (
+from orchestrator.config.profile.load import (
     ClusterProfile,
     parse_profile,
 )

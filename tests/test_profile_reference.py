@@ -1,20 +1,20 @@
 """docs/profiles.md's profile reference is generated from the one declaration of profile keys
-(orchestrator/config/profile_reference.py), and is never stale."""
+(orchestrator/config/profile/reference.py), and is never stale."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from orchestrator.config.options import OPTIONS
-from orchestrator.config.profile_records import ClusterProfile
-from orchestrator.config.profile_reference import PAGE, page_section, reference_markdown, write_page
+from orchestrator.config.profile.records import ClusterProfile
+from orchestrator.config.profile.reference import PAGE, page_section, reference_markdown, write_page
 
 
 def test_the_pages_copy_is_current() -> None:
     current = page_section(PAGE.read_text())
     assert current is not None, "docs/profiles.md lost its profile-reference markers"
     assert current == reference_markdown(), (
-        "docs/profiles.md's profile reference is stale: run `python -m orchestrator.config.profile_reference --write`"
+        "docs/profiles.md's profile reference is stale: run `python -m orchestrator.config.profile.reference --write`"
     )
 
 
@@ -37,7 +37,7 @@ def test_a_changed_declaration_makes_the_copy_stale(tmp_path: Path) -> None:
         PAGE.read_text().split("<!-- profile-reference:start", 1)[0],
         "<!-- profile-reference:end -->",
     )
-    from orchestrator.config.profile_reference import END, START
+    from orchestrator.config.profile.reference import END, START
 
     body = "\n".join(line for line in fresh.splitlines() if "`max_requeues`" not in line) + "\n"
     stale_page.write_text(f"{start}{START}\n{body}{end}\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.config.profiles import (
+from orchestrator.config.profile.load import (
     ClusterProfile,
     available_profiles,
     builtin_profiles_dir,

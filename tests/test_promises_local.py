@@ -79,7 +79,7 @@ def test_trainer_and_loop_runs_log_no_deepspeed_warning_and_plot_steps_per_s(
     assert "self-check ok" in logs, logs[-3000:]
     assert DEEPSPEED_WARNING not in logs, [line for line in logs.splitlines() if DEEPSPEED_WARNING in line]
 
-    from orchestrator.core.plotting import load_series
+    from orchestrator.rundir.plotting import load_series
 
     series = load_series(run_dir)
     assert not series.tps_steps and series.sps_steps, series  # no tokens/s logged: steps/s from step times
@@ -96,7 +96,7 @@ def test_trainer_and_loop_runs_log_no_deepspeed_warning_and_plot_steps_per_s(
 def test_a_run_without_any_throughput_gets_no_empty_panel(tmp_path: Path) -> None:
     import matplotlib.image as mpimg
 
-    from orchestrator.core.plotting import plot_run
+    from orchestrator.rundir.plotting import plot_run
 
     run = tmp_path / "r"
     run.mkdir()

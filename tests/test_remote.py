@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config.profile_records import ClusterProfile
-from orchestrator.remote import snapshot as remote_snapshot
+from orchestrator.config.profile.records import ClusterProfile
+from orchestrator.remote import sync as remote_snapshot
 from orchestrator.remote.calls import agent_command
 from tests.helpers.cli import REPO, kill_tree, poll
 from tests.helpers.login_host import LoginHost, free_port, laptop_path, login_host
@@ -257,7 +257,7 @@ def test_only_changed_files_are_sent_and_links_stay_links(laptop: Laptop) -> Non
     profile = _profile(laptop)
     snap = remote_snapshot.plan_snapshot(laptop.project / "job.py")
     mirror = Path(remote_snapshot.mirror_of(snap.source, profile))
-    from orchestrator.remote.agent import manifest
+    from orchestrator.cli.login_agent import manifest
 
     assert remote_snapshot.changes(snap.source, snap.files, manifest(mirror)) == ([], [])
     (laptop.project / "helper.py").write_text("VALUE = 3\n")
@@ -288,7 +288,7 @@ def test_the_laptop_routes_only_what_belongs_to_a_login_host(laptop: Laptop) -> 
 
 
 def _profile(laptop: Laptop) -> ClusterProfile:
-    from orchestrator.config.profiles import parse_profile
+    from orchestrator.config.profile.load import parse_profile
 
     return parse_profile((laptop.tmp / "profiles" / "cluster.yaml").read_text(), "cluster.yaml")
 
@@ -388,7 +388,7 @@ def test_every_word_is_quoted_for_the_login_hosts_shell(tmp_path: Path) -> None:
     profile = _load(tmp_path / "q.yaml")
     words = ["run", "--", "submit", "--name", HOSTILE_NAME, "--", "x y.py", *HOSTILE_ARGS, "", "~/literal"]
     line = agent_command(profile, words)
-    prefix = '"$HOME"/' + shlex.quote("venv dir/bin/python") + " -m orchestrator.remote.agent "
+    prefix = '"$HOME"/' + shlex.quote("venv dir/bin/python") + " -m orchestrator.cli.login_agent "
     assert line.startswith(prefix)  # the interpreter's ~/ is the login host's home
     echo = "python3 -c " + shlex.quote("import json, sys; print(json.dumps(sys.argv[1:]))") + " "
     shown = subprocess.run(["sh", "-c", echo + line[len(prefix):]], capture_output=True, text=True, timeout=30,
@@ -409,6 +409,6 @@ def test_the_book_keeps_the_newest_final_rows(tmp_path: Path, monkeypatch: pytes
 
 
 def _load(path: Path) -> ClusterProfile:
-    from orchestrator.config.profiles import parse_profile
+    from orchestrator.config.profile.load import parse_profile
 
     return parse_profile(path.read_text(), path.name)

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.contract.attempt_start import read_attempt_start
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, poll
 from tests.helpers.login_host import LoginHost, laptop_path, login_host, login_namespace
 from tests.helpers.slurm_cluster import require_cluster, slurm

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from orchestrator.contract.run_dir import RUN_LOCK_FILE
-from orchestrator.core.run_lock import RunLocked, run_lock
 from orchestrator.registry.store import Registry
+from orchestrator.rundir.lock import RunLocked, run_lock
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, sacct_state
 from tests.helpers.run_dirs import make_checkpoint
 from tests.helpers.slurm_cluster import job_state
@@ -24,7 +24,7 @@ from tests.helpers.slurm_cluster import job_state
 def test_run_lock_is_exclusive_across_processes_and_names_its_holder(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from orchestrator.core.run_lock import run_lock\n"
+         "import sys; from orchestrator.rundir.lock import run_lock\n"
          f"with run_lock({str(tmp_path)!r}, what='holder-test'):\n"
          "    print('held', flush=True); sys.stdin.read()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import controller_job_ids
 

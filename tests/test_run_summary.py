@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core.run_summary import TAIL_BYTES_CAP, count_resumes, iter_lines_reversed, summarize
+from orchestrator.rundir.summary import TAIL_BYTES_CAP, count_resumes, iter_lines_reversed, summarize
 from tests.helpers.run_dirs import make_checkpoint, train_event, write_metrics
 
 

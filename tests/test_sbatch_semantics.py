@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.config.profiles import parse_profile
+from orchestrator.config.profile.load import parse_profile
 from orchestrator.config.render import NODE_SETUP_VAR, PYTHON_VAR, render_sbatch
 from orchestrator.contract.errors import UserError
 from tests.helpers.golden import PYTHON, REPO, RUN_DIR, SUBMITIT, Combo, builtin_profiles, combos, plan_for

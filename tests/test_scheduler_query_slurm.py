@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.job_states import JobState
-from orchestrator.core.refresh import FINAL_AFTER_S, refresh_states
 from orchestrator.registry.store import Registry, SchedulerKind
+from orchestrator.runner.refresh import FINAL_AFTER_S, refresh_states
 from orchestrator.schedulers.slurm.query import query_states
 from tests.helpers.cli import poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import sbatch, slurm, wait_for_job_state

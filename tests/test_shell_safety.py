@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from orchestrator.config.plan import build_plan, merge_options
-from orchestrator.config.profiles import parse_profile
+from orchestrator.config.profile.load import parse_profile
 from orchestrator.config.render import render_accelerate_config, render_sbatch, sample_runtime
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import (
     REPO,
     first_train_event,

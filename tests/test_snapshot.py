@@ -1,4 +1,4 @@
-"""``submit --snapshot`` (orchestrator/core/snapshot.py): links copied as links and never followed,
+"""``submit --snapshot`` (orchestrator/runner/snapshot.py): links copied as links and never followed,
 the run directory's modes whatever the source's, git-aware, bounded, and a refusal that leaves
 nothing behind (issue #35 item 5, issue #27 item 11)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.errors import UserError
-from orchestrator.core.snapshot import copy_snapshot, plan_snapshot
 from orchestrator.registry.store import Registry
+from orchestrator.runner.snapshot import copy_snapshot, plan_snapshot
 from tests.helpers.cli import job_and_run_dir, run_cli
 
 SCRIPT = "import sys\nprint('snapshot ran', sys.argv[1:])\n"

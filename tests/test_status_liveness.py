@@ -1,4 +1,4 @@
-"""``status``'s liveness of a running job (orchestrator.core.liveness): seconds since any rank's last output,
+"""``status``'s liveness of a running job (orchestrator.rundir.liveness): seconds since any rank's last output,
 from the newest attempt's node logs, and the slowest rank, from the heartbeats. ``status`` keeps the
 listing of ``logs/`` and of that attempt's folder in its summary cache while neither folder changes:
 the answer itself must be read fresh on every call (a heartbeat rewritten in place and a node log
@@ -15,9 +15,9 @@ from typing import Any
 
 from orchestrator.contract.heartbeat import RECORD_BYTES
 from orchestrator.contract.job_states import JobState
-from orchestrator.core.liveness import SILENT_NOTE_S, liveness
-from orchestrator.core.summary_cache import SUMMARY_CACHE_FILE, SummaryCache
 from orchestrator.registry.store import Registry
+from orchestrator.rundir.liveness import SILENT_NOTE_S, liveness
+from orchestrator.rundir.summary_cache import SUMMARY_CACHE_FILE, SummaryCache
 from tests.helpers.cli import run_cli
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.contract.attempt_start import read_attempt_start
 from orchestrator.contract.run_dir import attempt_dirs, last_complete_checkpoint
-from orchestrator.core.run_summary import iter_metrics
+from orchestrator.rundir.summary import iter_metrics
 from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import slurm

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.contract.errors import UserError
-from orchestrator.core.run_series import SeriesFollower, downsample, load_series
+from orchestrator.rundir.series import SeriesFollower, downsample, load_series
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.preconditions import require_modules
 
@@ -164,9 +164,9 @@ def test_run_details_read_attempts_and_the_watchdogs_hang_report(
     """The job page's attempts and hang report, read back from files written by the contract's and the
     watchdog's own writers (the stack texts are made up: a real hang costs a minute; the watchdog's
     tests make them)."""
+    from orchestrator.api.handles import Job
     from orchestrator.contract.attempt_start import write_attempt_start
     from orchestrator.contract.run_dir import attempt_dir, hang_dir, node_exit_file, node_log_file
-    from orchestrator.core.handles import Job
     from orchestrator.supervise.watchdog import write_report
 
     run = tmp_path / "run"

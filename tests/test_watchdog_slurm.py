@@ -298,7 +298,7 @@ def test_uneven_inputs_hang_without_heartbeats_status_silence_and_stacks(env: di
     """A script without hooks hangs in collectives: ``status`` shows how long no rank wrote anything,
     and ``orchestrator stacks`` shows both ranks inside a collective (rank 0 in the barrier, rank 1
     in the backward whose all-reduce rank 0 never joins)."""
-    from orchestrator.core.liveness import SILENT_NOTE_S
+    from orchestrator.rundir.liveness import SILENT_NOTE_S
 
     script = str(REPO / "tests" / "scripts" / "uneven_inputs.py")
     res = run_cli(["submit", "--profile", "slurm_test", *TWO_NODES, "--", script], env, timeout=90)

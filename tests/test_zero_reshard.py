@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.errors import UserError
-from orchestrator.core.resume import check_resharding
+from orchestrator.runner.resume import check_resharding
 from tests.helpers import train_launch as tl
 
 STEPS, SAVED = 12, 6

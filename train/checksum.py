@@ -21,7 +21,7 @@ from typing import cast
 
 import torch
 
-from orchestrator.core.export_verify import weights_checksum
+from orchestrator.rundir.export.verify import weights_checksum
 
 #: Above this many parameters, gathering full state on every rank costs too much memory: skip.
 MAX_PARAMS_FOR_CHECKSUM = 200_000_000

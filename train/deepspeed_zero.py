@@ -16,7 +16,7 @@
   checksum is compared on restore).
 
 ``orchestrator export RUN --out DIR`` writes a ZeRO checkpoint's consolidated weights (any stage, no
-process group needed; DeepSpeed's ``zero_to_fp32`` reads it: ``orchestrator.core.export_read``).
+process group needed; DeepSpeed's ``zero_to_fp32`` reads it: ``orchestrator.rundir.export.read``).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from orchestrator import __version__
 from orchestrator.contract.errors import EXIT_USAGE, OrchestratorError
+from orchestrator.version import __version__
 
 #: name -> one-line help. Order is the order shown in --help.
 COMMANDS: dict[str, str] = {

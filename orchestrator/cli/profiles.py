@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import yaml
 
 from orchestrator.cli.table import format_table
-from orchestrator.config.profiles import available_profiles, display_path, load_profile, parse_profile
+from orchestrator.config.profile.load import available_profiles, display_path, load_profile, parse_profile
 from orchestrator.contract.errors import EXIT_USAGE, OrchestratorError, UserError
 
 if TYPE_CHECKING:
-    from orchestrator.config.profiles import ClusterProfile
+    from orchestrator.config.profile.load import ClusterProfile
 
 
 PROFILES_DIR_HELP = "folder of your own profiles; overrides built-ins by name (also $ORCHESTRATOR_PROFILES, ./cluster_profiles)"

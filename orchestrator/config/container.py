@@ -29,12 +29,17 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.profile_container import check_container, check_path, check_single_line, parse_mount
+from orchestrator.config.profile.container_keys import (
+    check_container,
+    check_path,
+    check_single_line,
+    parse_mount,
+)
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
-    from orchestrator.config.profile_records import ClusterProfile, Container
+    from orchestrator.config.profile.records import ClusterProfile, Container
 
 #: Where orchestrator's node-side packages are mounted inside the container (first on PYTHONPATH).
 NODE_SITE = "/opt/orchestrator/site"
@@ -93,7 +98,7 @@ def version_report(found: dict[str, str | None], python: str) -> tuple[list[str]
 
 def with_container_image(profile: ClusterProfile, image: str, source: str) -> ClusterProfile:
     """``--container-image``: the profile with this job's image (its runtime, mounts and env kept)."""
-    from orchestrator.config.profile_records import ClusterProfile
+    from orchestrator.config.profile.records import ClusterProfile
 
     if profile.container.runtime == "none":
         raise UserError(

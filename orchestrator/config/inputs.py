@@ -1,7 +1,7 @@
 """The checks of every value a caller hands the product, shared by the Python API and the CLI.
 
 argparse turns flags into typed values, so most of these never fire from the command line; the
-API takes whatever Python hands it, and the same planning path (``core/planning.py``) checks it
+API takes whatever Python hands it, and the same planning path (``runner/planning.py``) checks it
 here before anything is created. A wrong type or value is a :class:`UserError` naming the keyword
 and what was expected: never a TypeError from deep inside, never a value silently reinterpreted.
 

@@ -19,7 +19,7 @@ from orchestrator.config.options import (
     options_from_json,
 )
 from orchestrator.config.options import merge_options as _merge
-from orchestrator.config.profiles import ClusterProfile
+from orchestrator.config.profile.load import ClusterProfile
 from orchestrator.config.scheduler_kinds import scheduler_kind
 from orchestrator.config.strategies import STRATEGIES, Strategy
 from orchestrator.contract.errors import UserError
@@ -111,7 +111,7 @@ class LaunchPlan:
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             from pydantic import ValidationError
 
-            from orchestrator.config.profile_errors import format_validation_error
+            from orchestrator.config.profile.messages import format_validation_error
 
             if not isinstance(exc, ValidationError):
                 raise

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ class Heartbeat:
         self.path = path
         # The job's umask decides (0600, or 0640 with share_with_group): status may run as a group member.
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
-        self._base = {"rank": rank, "node": node, "host": socket.gethostname(), "pid": os.getpid()}
+        self._base = {"rank": rank, "node": node, "host": os.uname().nodename, "pid": os.getpid()}
         self._step = -1
         self._step_started = 0.0
         self._phase = ""

@@ -14,7 +14,7 @@ What torchrun did and this module does too: every rank's output goes to the node
 ``[default<L>]:`` prefix (``--tee``) and to its own file; the first rank that fails ends the
 others (SIGTERM, then SIGKILL after a grace period). What it does differently: a rank leaves with
 ``os._exit`` once the script, its non-daemon threads, its ``atexit`` functions and the flush of
-every open file are done (:mod:`orchestrator.contract.rank_exit`, which torchrun's ranks use too):
+every open file are done (:mod:`orchestrator.rank.run_script`, which torchrun's ranks use too):
 no interpreter teardown, where torch 2.13 + gloo aborts or hangs after a job trained to the end
 (FIELD_NOTES). The node exits with the first failing rank's own code.
 
@@ -38,8 +38,8 @@ from typing import Any
 
 from orchestrator.contract import run_alive
 from orchestrator.contract.env import FORKED_RANK_ENV, LAUNCHER_ENV, RUN_DIR_ENV
-from orchestrator.contract.rank_exit import leave, run_script
 from orchestrator.node.cuda_driver import driver_initialized
+from orchestrator.rank.run_script import leave, run_script
 
 #: The environment variable carrying the profile's ``launcher`` to the node's launcher.
 #: Seconds the other ranks get to leave after one failed, before SIGKILL (torchrun: 30).

@@ -26,8 +26,8 @@ from types import ModuleType
 from typing import Any
 
 from orchestrator.config.strategies import STRATEGIES
-from orchestrator.contract import rank_exit
 from orchestrator.contract.env import RUN_DIR_ENV, SCRIPT_HOOKS_ENV
+from orchestrator.rank import run_script as rank_exit
 
 #: The switch: "1" set by the node entry, "0" to opt out.
 

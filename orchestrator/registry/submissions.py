@@ -2,7 +2,7 @@
 
 A mixin of :class:`orchestrator.registry.store.Registry` (kept apart to keep that module to one job). The
 reconciling itself (ask the scheduler for the token, adopt or clean up) is
-:func:`orchestrator.core.submission.reconcile_pending`; this module only reads and writes the rows.
+:func:`orchestrator.runner.submission.reconcile_pending`; this module only reads and writes the rows.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import IO
 
-from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.remote.routing import version
 from orchestrator.remote.ssh import Connection, no_prompt
 
@@ -28,7 +28,7 @@ def _remote_word(path: str) -> str:
 
 def agent_command(profile: ClusterProfile, words: Sequence[str]) -> str:
     """The shell line running the agent with ``words`` on the login host, every word quoted."""
-    return " ".join([_remote_word(profile.login.python), "-m", "orchestrator.remote.agent",
+    return " ".join([_remote_word(profile.login.python), "-m", "orchestrator.cli.login_agent",
                      shlex.quote(version()), *map(shlex.quote, words)])  # fmt: skip
 
 

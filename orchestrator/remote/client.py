@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.contract.errors import UserError
 from orchestrator.remote import book
 from orchestrator.remote.calls import agent_command, call, run_words
@@ -62,7 +62,7 @@ def run_captured(name: str, argv: Sequence[str], stream: bool = False) -> tuple[
     tee = _Tee() if stream else None
     sink: IO[bytes] | None = tee  # type: ignore[assignment]
     if words[0] in ("submit", "sweep"):
-        from orchestrator.remote.snapshot import send_and_run
+        from orchestrator.remote.sync import send_and_run
 
         rc, out, said = send_and_run(conn, profile, words, stdout=sink)
     else:
@@ -132,7 +132,7 @@ def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
     records (``core.logs.Resume``: each line with its file and offset), so the stream that follows a
     drop starts at each file's own offset, however the node logs' lines interleaved and however long
     they were when following began. A one-shot ``logs`` is run again with its first bytes dropped."""
-    from orchestrator.core.logs import Resume
+    from orchestrator.runner.logs import Resume
 
     follow = any(w in ("-f", "--follow") for w in argv)
 
@@ -242,7 +242,7 @@ def _plot(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
     import json
     from pathlib import Path
 
-    from orchestrator.core.plotting import plot_run
+    from orchestrator.rundir.plotting import plot_run
 
     parser = argparse.ArgumentParser(prog="orchestrator plot")
     parser.add_argument("job")

@@ -18,7 +18,7 @@ import tarfile
 from importlib import metadata
 from pathlib import Path
 
-from orchestrator.config.profile_records import ClusterProfile
+from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.contract.errors import UserError
 from orchestrator.remote.calls import call
 from orchestrator.remote.routing import version

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from orchestrator.contract.errors import UserError
 from orchestrator.remote import book
+from orchestrator.version import __version__
 
 if TYPE_CHECKING:
-    from orchestrator.config.profile_records import ClusterProfile
+    from orchestrator.config.profile.records import ClusterProfile
 
 #: Environment variable naming the profile whose login host every command goes to.
 LOGIN_ENV = "ORCHESTRATOR_LOGIN"
@@ -44,7 +45,7 @@ def _flag(argv: Sequence[str], name: str) -> str | None:
 def login_profile(name: str, profiles_dir: str | None = None) -> ClusterProfile | None:
     """The profile ``name`` when it has a login host; None otherwise (or when it does not load:
     the command then reports that itself)."""
-    from orchestrator.config.profiles import load_profile
+    from orchestrator.config.profile.load import load_profile
 
     try:
         _, _, profile = load_profile(name, profiles_dir)
@@ -74,8 +75,5 @@ def route(argv: Sequence[str]) -> str | None:
 
 
 def version() -> str:
-    """This orchestrator's version. Read from the package by name: the package's ``__init__`` imports
-    the API, which imports this layer (a plain import would be a cycle)."""
-    import importlib
-
-    return str(importlib.import_module("orchestrator").__version__)
+    """This orchestrator's version (:mod:`orchestrator.version`, a leaf: no cycle through the package)."""
+    return __version__

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.profile_records import Login
+from orchestrator.config.profile.records import Login
 from orchestrator.contract.errors import UserError
 
 #: How long an idle master stays open after its last call.

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import signal
 
     from orchestrator.config.plan import LaunchPlan
-    from orchestrator.config.profiles import ClusterProfile
+    from orchestrator.config.profile.load import ClusterProfile
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
     from orchestrator.schedulers.query import Allocation, QueryResult
@@ -106,6 +106,13 @@ class Scheduler(ABC):
             cls.needs_partition = kind.needs_partition
             cls.writes_batch_script = kind.writes_batch_script
             cls.has_arrays = kind.has_arrays
+
+    @staticmethod
+    def normalize_state(raw: str) -> str:
+        """This scheduler's own word for a state, reduced to the spelling of a ``JobState`` value:
+        ``status`` shows the word as ``state_detail`` only where it says more than the state. Each
+        scheduler answers for its own words (Slurm's ``CANCELLED by 1234``, ``CA``)."""
+        return raw.strip().upper()
 
     # ---------------------------------------------------------------- planning (pure)
     @abstractmethod

@@ -20,7 +20,7 @@ from orchestrator.contract.job_states import JobState
 #: (:attr:`~orchestrator.schedulers.base.Scheduler.source_ranks`: its live queue before its history);
 #: these two are every scheduler's.
 Source = str
-#: A recorded end, not asked about again (:mod:`orchestrator.core.refresh`).
+#: A recorded end, not asked about again (:mod:`orchestrator.runner.refresh`).
 FINAL_SOURCE: Source = "final"
 #: The registry's last word, when the scheduler did not answer: stale.
 REGISTRY_SOURCE: Source = "registry"

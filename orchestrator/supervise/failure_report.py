@@ -9,7 +9,7 @@ names the *root* failure: when one rank raises, its peers die of "Connection clo
 SIGTERM a moment later, and those consequences must not hide the cause.
 
 ``status``, ``submit --wait`` / ``wait`` and the registry's ``end_reason`` all show
-:meth:`Explanation.summary` (:mod:`orchestrator.core.failure_report`); a local job's node 0 writes it. Standard library only: the CLI imports it without torch.
+:meth:`Explanation.summary` (:mod:`orchestrator.runner.failure_reasons`); a local job's node 0 writes it. Standard library only: the CLI imports it without torch.
 """
 
 from __future__ import annotations

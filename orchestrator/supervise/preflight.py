@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
-    from orchestrator.config.profile_records import Preflight
+    from orchestrator.config.profile.records import Preflight
 
 #: Bytes of one bandwidth transfer, and how many of them each direction gets (the best counts).
 PAYLOAD_BYTES = 1 << 20

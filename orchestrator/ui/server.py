@@ -23,6 +23,7 @@ import html
 import json
 import mimetypes
 import os
+import socket
 import sys
 import threading
 import time
@@ -67,7 +68,7 @@ class Dashboard(ThreadingHTTPServer):
         self.loopback = host in LOOPBACK
         self.plotly = plotly_js()
         if ":" in host:
-            self.address_family = __import__("socket").AF_INET6
+            self.address_family = socket.AF_INET6
         super().__init__((host, port), Handler)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
-from orchestrator.config.profiles import ClusterProfile, parse_profile
+from orchestrator.config.profile.load import ClusterProfile, parse_profile
 from orchestrator.config.render import (
     needs_deepspeed_config_file,
     render_accelerate_config,

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from orchestrator.config.options import OPTIONS
-from orchestrator.config.profiles import (
+from orchestrator.config.profile.load import (
     ClusterProfile,
     NodeLimits,
     PortRange,

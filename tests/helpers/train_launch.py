@@ -58,7 +58,7 @@ def render_configs(
     options: dict | None = None,
 ) -> list[Path]:
     from orchestrator.config.plan import build_plan, merge_options
-    from orchestrator.config.profiles import load_profile
+    from orchestrator.config.profile.load import load_profile
     from orchestrator.config.render import (
         NodeRuntime,
         needs_deepspeed_config_file,

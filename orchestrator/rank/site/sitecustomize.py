@@ -191,7 +191,7 @@ def _script_to_run() -> str | None:
 
 def run_the_script_and_leave() -> None:
     """A rank torchrun started (every DeepSpeed launch, ``launcher: torchrun``) runs the job's script
-    here and leaves by ``os._exit`` (:mod:`orchestrator.contract.rank_exit`), as a forked rank does:
+    here and leaves by ``os._exit`` (:mod:`orchestrator.rank.run_script`), as a forked rank does:
     the interpreter's teardown can abort a rank whose script has finished (measured: 1 DeepSpeed
     ZeRO-3 run in 10 on CPU failed so). The script runs as ``python script.py`` would run it: its own
     folder first on ``sys.path`` (the interpreter adds it only after ``site``), ``__main__``, its exit
@@ -200,7 +200,7 @@ def run_the_script_and_leave() -> None:
     script = _script_to_run()
     if script is None:
         return
-    from orchestrator.contract.rank_exit import leave, run_script
+    from orchestrator.rank.run_script import leave, run_script
 
     if not getattr(sys.flags, "safe_path", False):  # -P (Python 3.11)
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.config.profile_records import time_minutes
+from orchestrator.config.profile.records import time_minutes
 from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
@@ -355,7 +355,7 @@ class LocalScheduler(Scheduler):
                 continue
             if not Path(job.run_dir).is_dir():
                 # Everything a local job is lives there: without it, say so and keep what the
-                # registry recorded (an ended job stays ended: orchestrator.core.refresh.settle).
+                # registry recorded (an ended job stays ended: orchestrator.runner.refresh.settle).
                 recorded = job.last_state if job.last_state.is_terminal() else JobState.UNKNOWN
                 missing = f"run directory {job.run_dir} is missing"
                 errors.append(f"job {job.job_id}: {missing}")

@@ -1,4 +1,4 @@
-"""Slurm job arrays: a sweep's tasks as one ``sbatch --array=0-N%K`` (:mod:`orchestrator.core.sweep_submit`).
+"""Slurm job arrays: a sweep's tasks as one ``sbatch --array=0-N%K`` (:mod:`orchestrator.runner.sweep_submit`).
 
 Kept apart from :mod:`orchestrator.schedulers.slurm.scheduler` (one job each). The array's batch script is the
 single job's (:func:`orchestrator.config.render.render_sbatch` with ``array``), so a task runs exactly like a

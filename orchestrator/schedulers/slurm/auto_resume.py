@@ -188,8 +188,8 @@ def resubmit(
     """A new attempt without the lost nodes, from the last complete checkpoint (or from the start);
     ``after_job``: it starts once that job has ended."""
     from orchestrator.contract.run_dir import last_complete_checkpoint
-    from orchestrator.core.submission import submit
     from orchestrator.registry.store import Registry
+    from orchestrator.runner.submission import submit
 
     checkpoint = last_complete_checkpoint(run_dir)
     decision.checkpoint = str(checkpoint.path) if checkpoint else None

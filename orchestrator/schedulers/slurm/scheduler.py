@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.profile_records import time_minutes
+from orchestrator.config.profile.records import time_minutes
 from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
@@ -41,6 +41,7 @@ from orchestrator.schedulers.slurm.environment import (
     srun_on_every_node,
 )
 from orchestrator.schedulers.slurm.query import SOURCE_RANKS
+from orchestrator.schedulers.slurm.states import normalize_slurm_state
 
 if TYPE_CHECKING:
     import signal
@@ -92,6 +93,7 @@ def write_oci_bundle(plan: LaunchPlan, run_dir: Path) -> None:
 class SlurmScheduler(Scheduler):
     kind = SCHEDULER_KINDS["slurm"]
     source_ranks = SOURCE_RANKS
+    normalize_state = staticmethod(normalize_slurm_state)
 
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None

@@ -1,6 +1,6 @@
 """The batch step's side of notifications (a profile's ``notify:``): it sees an attempt start, the
 training resume from a checkpoint, the hang watchdog fire and the step end before anyone runs
-``status``, so it sends those events itself, each claimed once (:mod:`orchestrator.contract.notify`;
+``status``, so it sends those events itself, each claimed once (:mod:`orchestrator.notify.events`;
 ``status``/``wait`` on the login host send what it did not).
 
 Sending never stops or slows the training: senders are daemon threads; before the batch step exits
@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.contract import notify
 from orchestrator.contract.run_dir import JOB_ID_FILE, attempt_dirs, requeue_recorded_since
+from orchestrator.notify import events as notify
+from orchestrator.notify import send
 
 #: Most seconds the batch step waits for its senders at its end (each sender gives up by its own
 #: ``timeout_s`` anyway).
@@ -43,7 +44,7 @@ class StepNotifier:
             return
         self.seen.update(e.key for e in fresh)
         try:
-            self.threads += notify.notify(self.run_dir, fresh, self.target, daemon=True)
+            self.threads += send.notify(self.run_dir, fresh, self.target, daemon=True)
         except Exception as exc:  # noqa: BLE001 (a notifier bug must never end the training)
             self.say(f"notification not sent after an error: {exc!r}")
 
@@ -106,7 +107,7 @@ class StepNotifier:
         """Wait for the senders, bounded: the job ends on time whatever the receiver does."""
         if not self.threads or self.target is None:
             return
-        notify.join(self.threads, min(FLUSH_S, self.target.timeout_s + 1.0))
+        send.join(self.threads, min(FLUSH_S, self.target.timeout_s + 1.0))
         left = [t.name for t in self.threads if t.is_alive()]
         if left:
             self.say(f"notifications still sending at the step's end, left behind: {', '.join(left)}")

@@ -1,0 +1,237 @@
+"""Notifications of a run's events (a profile's ``notify:``), each sent exactly once.
+
+Two sides see a run change: the Slurm batch step on the cluster (it starts each attempt, sees the
+hang watchdog fire and the step end) and ``status``/``wait`` on the login host (they see every
+state the scheduler reports, and a sweep end). Whichever sees an event first sends it: before
+sending, it *claims* the event by creating ``<run_dir>/notify/<key>`` with ``O_EXCL``, which
+exactly one process can do on a shared filesystem; the loser sends nothing. An event's key names
+what it is about (``started``, ``requeued.attempt_2``, ``end.<job id>``...), so both sides derive
+the same key from the same facts (:func:`attempt_events`, :func:`end_event`).
+
+The webhook URL is a secret: the profile names an environment variable or a file, read here at
+send time. The URL is never written anywhere: the claim file holds the event, and the log
+(``notify/notify.log``) says what was sent and how each try ended, with the URL scrubbed.
+
+A failed notification never fails or delays a job: senders run in threads; sending retries with
+backoff within the target's ``timeout_s``; whoever waits for them waits a bounded time.
+Standard library only: the batch step and ``status`` import it without anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.run_dir import (
+    ATTEMPT_START_FILE,
+    HANG_REPORT_FILE,
+    NOTIFY_DIR,
+    attempt_dir,
+    attempt_dirs,
+    hang_dir,
+    plan_file,
+    read_json,
+)
+
+#: The sending log inside ``notify/``: one line per try, never the URL.
+LOG_NAME = "notify.log"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where events go: a profile's ``notify:`` values (the names of the secret, not the secret)."""
+
+    webhook_env: str | None = None
+    webhook_file: str | None = None
+    command: str | None = None
+    timeout_s: float = 60.0
+
+    @classmethod
+    def from_profile(cls, notify: Any) -> Target | None:
+        """From ``profile.notify`` as a plan records it (a dict); None when nothing is configured."""
+        if not isinstance(notify, dict):
+            return None
+        target = cls(
+            webhook_env=notify.get("webhook_env") or None,
+            webhook_file=notify.get("webhook_file") or None,
+            command=notify.get("command") or None,
+            timeout_s=float(notify.get("timeout_s") or 60),
+        )
+        return target if target.webhook_env or target.webhook_file or target.command else None
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> Target | None:
+        """The target of the run's current plan (``job.json``)."""
+        from orchestrator.contract.run_dir import read_current_plan_json
+
+        profile = read_current_plan_json(run_dir).get("profile")
+        return cls.from_profile(profile.get("notify") if isinstance(profile, dict) else None)
+
+    def webhook_url(self) -> tuple[str | None, str | None]:
+        """``(url, None)`` or ``(None, why not)``, read now: from the environment or the file."""
+        if self.webhook_env:
+            url = os.environ.get(self.webhook_env, "").strip()
+            if url:
+                return url, None
+            if not self.webhook_file:
+                return None, f"the environment variable {self.webhook_env} is not set here"
+        if self.webhook_file:
+            path = Path(os.path.expanduser(self.webhook_file))
+            try:
+                url = path.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                return None, f"cannot read the webhook file {path}: {exc.strerror or type(exc).__name__}"
+            return (url, None) if url else (None, f"the webhook file {path} is empty")
+        return None, None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened to a run; ``key`` is unique within the run directory."""
+
+    key: str
+    kind: str
+    text: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> dict[str, Any]:
+        return {"event": self.kind, "key": self.key, "text": self.text, **self.details}
+
+
+# ------------------------------------------------------------------------------- the events
+def _name(run_dir: Path) -> str:
+    from orchestrator.contract.run_dir import read_current_plan_json
+
+    return str(read_current_plan_json(run_dir).get("job_name") or Path(run_dir).name)
+
+
+def attempt_events(
+    run_dir: Path, attempt: int, first: int, job_id: str, name: str | None = None
+) -> list[Event]:
+    """What attempt ``attempt`` of a run (first attempt ``first``) says about itself so far: it
+    started (the run's first), came back as the same job (a requeue) or as another one (a new
+    submission began at it: ``job.attempt_<A>.json``), resumed from a step, or hung."""
+    run_dir = Path(run_dir)
+    name = name or _name(run_dir)
+    base = {"run_dir": str(run_dir), "name": name, "job_id": job_id, "attempt": attempt}
+    out: list[Event] = []
+    if attempt <= first:
+        out.append(Event("started", "started", f"{name}: job {job_id} started", base))
+    elif plan_file(run_dir, attempt).exists():
+        out.append(
+            Event(
+                f"continued.attempt_{attempt}",
+                "continued",
+                f"{name}: continued as job {job_id} (attempt {attempt})",
+                base,
+            )
+        )
+    else:
+        out.append(
+            Event(
+                f"requeued.attempt_{attempt}",
+                "requeued",
+                f"{name}: job {job_id} requeued (attempt {attempt})",
+                base,
+            )
+        )
+    start = read_json(attempt_dir(run_dir, attempt) / ATTEMPT_START_FILE) or {}
+    step = start.get("step")
+    if start.get("checkpoint") and isinstance(step, int) and step > 0:
+        out.append(
+            Event(
+                f"resumed.attempt_{attempt}",
+                "resumed",
+                f"{name}: job {job_id} resumed from step {step} (attempt {attempt})",
+                {**base, "step": step},
+            )
+        )
+    hang = read_json(hang_dir(run_dir, attempt) / HANG_REPORT_FILE)
+    if hang is not None:
+        reason = str(hang.get("reason") or "the hang watchdog fired")
+        out.append(
+            Event(
+                f"hang.attempt_{attempt}",
+                "hang",
+                f"{name}: job {job_id} hang detected: {reason}",
+                {**base, "reason": reason, "rank": hang.get("culprit_rank")},
+            )
+        )
+    return out
+
+
+def run_dir_events(run_dir: Path, job_id: str) -> list[Event]:
+    """Every attempt's events (:func:`attempt_events`) as the run directory says them now."""
+    attempts = [a for a, _ in attempt_dirs(Path(run_dir))]
+    if not attempts:
+        return []
+    name = _name(Path(run_dir))
+    return [e for a in attempts for e in attempt_events(run_dir, a, attempts[0], job_id, name)]
+
+
+def end_event(
+    run_dir: Path, job_id: str, state: str, reason: str | None, name: str | None = None
+) -> Event | None:
+    """A job's end: ``completed``, or ``failed`` with the one-line reason ``status`` gives. A
+    cancelled job (the user's own doing) and a job still running have none."""
+    name = name or _name(Path(run_dir))
+    details = {"run_dir": str(run_dir), "name": name, "job_id": job_id, "state": state}
+    if state == "COMPLETED":
+        return Event(f"end.{job_id}", "completed", f"{name}: job {job_id} completed", details)
+    if state in ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
+        why = reason or state
+        return Event(
+            f"end.{job_id}", "failed", f"{name}: job {job_id} {state}: {why}", {**details, "reason": why}
+        )
+    return None
+
+
+def sweep_event(sweep_dir: Path, sweep_id: str, outcome: str, best: str | None) -> Event:
+    """A sweep whose every task ended, naming its best task."""
+    best_text = f"; best task: {best}" if best else ""
+    return Event(
+        "sweep_finished",
+        "sweep_finished",
+        f"sweep {sweep_id} finished {outcome}{best_text}",
+        {"run_dir": str(sweep_dir), "sweep_id": sweep_id, "outcome": outcome, "best": best},
+    )
+
+
+# ------------------------------------------------------------------------------- once
+def enabled(run_dir: str | Path) -> bool:
+    """Whether the run sends notifications: its submission made ``notify/`` (one stat: ``status``
+    asks it of every row, so no ``Path`` objects)."""
+    return os.path.isdir(os.path.join(run_dir, NOTIFY_DIR))
+
+
+def prepare(run_dir: Path, plan: dict[str, Any]) -> None:
+    """At submission: make ``notify/`` when the plan's profile has a target (see :func:`enabled`)."""
+    profile = plan.get("profile")
+    if isinstance(profile, dict) and Target.from_profile(profile.get("notify")) is not None:
+        (Path(run_dir) / NOTIFY_DIR).mkdir(exist_ok=True)
+
+
+def claim(run_dir: Path, event: Event) -> bool:
+    """Exactly one caller, across processes and hosts sharing the run directory, gets True."""
+    folder = Path(run_dir) / NOTIFY_DIR
+    try:
+        fd = os.open(folder / event.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    except OSError:
+        return False  # no notify/ folder (not enabled) or an unwritable run directory: send nothing
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump({**event.payload(), "claimed_by": os.uname().nodename, "pid": os.getpid()}, fh)
+    return True
+
+
+def log(run_dir: Path, line: str) -> None:
+    try:
+        with open(Path(run_dir) / NOTIFY_DIR / LOG_NAME, "a", encoding="utf-8") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.uname().nodename} {line}\n")
+    except OSError:
+        pass

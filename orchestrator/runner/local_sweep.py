@@ -1,0 +1,146 @@
+"""A local sweep: its tasks run K at a time on this machine (the local scheduler has no job arrays).
+
+``orchestrator sweep --profile local`` prepares the sweep (its directory, each task's run directory
+and plan in ``sweep.json``) and starts this module detached (:func:`start`); it submits each task as
+an ordinary local job into its run directory, in grid order, as soon as fewer than ``max_parallel``
+of the sweep's jobs are running, and records it as the sweep's task. A task not started yet is
+QUEUED in ``status SWEEP``. It ends when every task has been submitted, or when the sweep was
+cancelled (``sweep_dir/cancel_requested.json``: ``Sweep.cancel``).
+
+Whether the starter lives is the run rule of :mod:`orchestrator.contract.run_alive`: it holds the
+sweep directory's alive lock, taken by the command that starts it before it exists (so there is no
+moment without a holder). A starter that died (``kill -9``, a failed submit) leaves its unstarted
+tasks FAILED in ``status SWEEP`` with the reason (measured before: QUEUED "waiting for a free slot"
+forever); ``resume SWEEP --failed`` starts a new starter, which skips every task that has a job
+already (in the registry's sweep tasks, or a job in its run directory that a killed starter had
+submitted but not yet recorded) and takes the others K at a time. At most one starter works on a
+sweep: each holds :data:`STARTER_LOCK` exclusively.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.contract import run_alive
+from orchestrator.contract.run_dir import (
+    CANCEL_MARKER,
+    LOCAL_PIDS_FILE,
+    SWEEP_FILE,
+    SWEEP_LOG,
+    read_json,
+    write_json_atomic,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.registry.store import Registry
+
+#: Seconds between looks at the running tasks.
+POLL_S = 0.5
+#: In the sweep directory: held exclusively by the one starter working on the sweep.
+STARTER_LOCK = ".starter.lock"
+
+
+def start(sweep_dir: Path, sweep_id: str) -> int:
+    """Start the detached starter of a local sweep; its pid (also in ``local_pids.json``). The
+    sweep's alive lock is taken here and handed to it, so the sweep never looks abandoned while it
+    starts."""
+    import fcntl
+    import subprocess
+
+    fd = os.open(sweep_dir / run_alive.ALIVE_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with open(sweep_dir / SWEEP_LOG, "ab") as log:
+            driver = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.runner.local_sweep", str(sweep_dir), sweep_id, str(fd)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                pass_fds=(fd,),
+            )
+    finally:
+        os.close(fd)
+    write_json_atomic(sweep_dir / LOCAL_PIDS_FILE, {"controller": driver.pid})
+    return driver.pid
+
+
+def starter_gone(sweep_dir: Path) -> bool:
+    """Whether no starter of the sweep lives (every process holding its alive lock is gone)."""
+    if (sweep_dir / run_alive.ALIVE_FILE).exists():
+        return run_alive.holders(sweep_dir) is None
+    pid = (read_json(sweep_dir / LOCAL_PIDS_FILE) or {}).get("controller")  # a sweep from before the lock
+    return not (isinstance(pid, int) and Path(f"/proc/{pid}").exists())
+
+
+def starter_pid(sweep_dir: Path) -> int | None:
+    pid = (read_json(sweep_dir / LOCAL_PIDS_FILE) or {}).get("controller")
+    return pid if isinstance(pid, int) else None
+
+
+def job_in(registry: Registry, run_dir: Path) -> str | None:
+    """The last job that trains in a task's run directory (a killed starter may have submitted it
+    without recording it as the sweep's task), None when none was submitted there."""
+    run = registry.run_at(run_dir)
+    return run.job_ids[-1] if run is not None else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import fcntl
+
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.registry.store import Registry
+    from orchestrator.runner.refresh import refresh_states
+    from orchestrator.runner.submission import submit
+
+    args = argv if argv is not None else sys.argv[1:]
+    sweep_dir, sweep_id = Path(args[0]), args[1]
+    run_alive.hold(sweep_dir)  # our own lock (named in /proc/locks), then drop the one handed to us
+    if len(args) > 2:
+        with contextlib.suppress(OSError):
+            os.close(int(args[2]))
+    only = os.open(sweep_dir / STARTER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(only, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"sweep {sweep_id}: another starter works on it; this one ends", flush=True)
+        return 0
+    data = read_json(sweep_dir / SWEEP_FILE) or {}
+    limit = int(data["max_parallel"])
+    with Registry.open() as registry:
+        recorded = {t.task: t.job_id for t in registry.get_sweep(sweep_id).tasks}
+        started: list[str] = list(recorded.values())
+        for task in data["tasks"]:
+            number, run_dir = int(task["task"]), Path(task["run_dir"])
+            if number in recorded:
+                continue
+            orphan = job_in(registry, run_dir)
+            if orphan is not None:  # submitted by a starter killed before it recorded the task
+                registry.add_sweep_task(sweep_id, number, orphan, task["params"])
+                started.append(orphan)
+                print(f"task {number}: job {orphan} (submitted earlier, recorded now)", flush=True)
+                continue
+            while True:
+                if (sweep_dir / CANCEL_MARKER).exists():
+                    print(f"sweep {sweep_id} cancelled: task {number} and later not started", flush=True)
+                    return 0
+                jobs = registry.get_many(started)
+                states = refresh_states(registry, jobs).states
+                if sum(1 for j in started if not states[j].state.is_terminal()) < limit:
+                    break
+                time.sleep(POLL_S)
+            plan = LaunchPlan.from_json(task["plan"])
+            done = submit(plan, registry=registry, existing_run_dir=run_dir)
+            registry.add_sweep_task(sweep_id, number, done.job_id, task["params"])
+            started.append(done.job_id)
+            print(f"task {number}: job {done.job_id}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
