@@ -3,7 +3,8 @@ links every page; every relative link, image and anchor resolves; every reposito
 ``orchestrator.`` name the text shows in backticks exists; and every ``orchestrator ...`` command line
 shown in a code block parses with the real CLI parser (the one ``orchestrator/cli/main.py`` builds,
 each subcommand's own ``add_arguments``, abbreviations refused), so a renamed or removed flag fails
-here. Flags named in inline synopses (``orchestrator logs JOB [-f] [--node N]``) must exist too.
+here. Flags named in inline synopses (``orchestrator logs JOB [-f] [--node N]``) and in the prose
+(``--hang-timeout S``) must be some command's too.
 
 What the quick start's commands do when run is ``tests/test_readme_quickstart.py``'s to prove.
 """
@@ -41,6 +42,13 @@ REPO_TOPS = (
     "cluster_profiles/",
     ".ci/",
 )
+
+#: Other tools' flags the text quotes (sbatch, srun, pyxis, podman, apptainer): not orchestrator's.
+FOREIGN_FLAGS = {
+    *("--array", "--kill-on-invalid-dep", "--dependency", "--requeue", "--comment", "--partition"),
+    *("--account", "--qos", "--gres", "--constraint", "--exclusive", "--container", "--container-mounts"),
+    *("--container-workdir", "--no-container-mount-home", "--container-env", "--nv", "--rootfs"),
+}
 
 
 def pages() -> list[Path]:
@@ -310,6 +318,23 @@ def test_every_flag_of_an_inline_synopsis_exists() -> None:
     assert not failures, "\n".join(failures)
 
 
+def all_flags() -> set[str]:
+    """Every option string of every command (each command's module imported: none imports torch)."""
+    return set().union(*(_options(build_parser(name)) for name in COMMANDS))
+
+
+def test_every_flag_named_in_the_text_exists() -> None:
+    """A flag the prose names on its own (`--hang-timeout S`, `--fsdp-version 1|2`) is some command's."""
+    known = all_flags() | FOREIGN_FLAGS
+    failures = []
+    for page in pages():
+        for span in inline_code(page.read_text()):
+            flag = re.match(r"^--?[A-Za-z][\w-]*", span)
+            if flag and flag.group(0) not in known:
+                failures.append(f"{page.name}: `{span}`")
+    assert not failures, "no command has these flags:\n" + "\n".join(failures)
+
+
 def test_the_checks_can_fail(tmp_path: Path) -> None:
     """A flag that does not exist, an abbreviation, a bad choice and a missing positional are caught;
     the extraction reads prompts, comments, variables, continuations and both kinds of block."""
@@ -322,6 +347,7 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     assert unknown_flags("orchestrator logs JOB [-f] [--node N] [--no-such-flag]") == ["--no-such-flag"]
     assert unknown_flags("orchestrator logs JOB [-f] [--node N] -- --anything") == []
     assert unknown_flags("orchestrator frobnicate JOB") == ["frobnicate"]
+    assert "--hang-timeout" in all_flags() and "--no-such-flag" not in all_flags()
 
     text = "\n".join(
         [
