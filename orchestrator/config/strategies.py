@@ -139,7 +139,7 @@ STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 
 
 def strategy_table() -> list[dict[str, str]]:
-    """Rows for ``orchestrator strategies`` and the README."""
+    """Rows for ``orchestrator strategies`` and docs/strategies.md."""
     rows = []
     for s in STRATEGIES.values():
         rows.append(

@@ -16,7 +16,7 @@ node's import hook (:mod:`orchestrator.rank.script_hooks`; ``--no-script-hooks``
   that is marked by this run and intact; a torn one is skipped with a warning.
 * The stop request (USR2 or TERM) is agreed by all ranks at a step boundary
   (:mod:`orchestrator.rank.stop`); they save that step, and the job leaves with exit 75 for a requeue.
-  (Transformers' own ``enable_jit_checkpoint`` handles TERM only, on a timer per rank: see README.)
+  (Transformers' own ``enable_jit_checkpoint`` handles TERM only, on a timer per rank: see docs/your-script.md.)
 * ``on_log`` and each step feed ``metrics.jsonl`` for ``status``, ``logs``, ``plot`` and the ETA.
 * Where the checkpoints are: rank 0 records the ``output_dir`` in the run directory
   (``checkpoint_dirs.json``), so ``orchestrator resume`` finds the newest complete ``checkpoint-N``
