@@ -31,6 +31,8 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       loaded.json, final.json       train/: what a resume restored; the final checksums
       replicas/rank<R>.json         train/: per-rank shard checksums at the end
       auto_resume.jsonl             the after-step check's decisions, one JSON object a line (Slurm)
+      restarts.jsonl                restarts inside the allocation, one JSON object a line: {"job_id",
+                                    "failed_attempt", "attempt", "cause", "step", "time"} (Slurm)
       cancel_requested.json         written by ``orchestrator cancel``: no requeue after it
       .run.lock                     held (flock) by a command that changes the run: submit into it,
                                     resume, auto-resume, cancel; the holder's pid and command inside
@@ -68,7 +70,9 @@ task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) an
 was cancelled; ``<sweep_dir>/notify/`` (its end, notified once).
 
 Attempts are numbered across every job that used the run directory: a submission starts at
-:func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`). A submission
+:func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`); a
+restart inside the allocation (``restarts.jsonl``), and a requeue after one, takes the number after
+every attempt logged (:func:`next_attempt`). A submission
 reserves its number by creating ``job.attempt_<A>.json`` exclusively (:func:`reserve_attempt`): two
 submissions never share an attempt, and none overwrites another's.
 
@@ -114,6 +118,8 @@ CORRUPT_MARKER = "CORRUPT.json"
 RUN_LOCK_FILE = ".run.lock"
 EXIT_STATUS_FILE = "exit_status.json"
 DECISIONS_FILE = "auto_resume.jsonl"
+#: Restarts inside the allocation (the batch step relaunched the training step), one JSON a line.
+RESTARTS_FILE = "restarts.jsonl"
 CANCEL_MARKER = "cancel_requested.json"
 LOCAL_PIDS_FILE = "local_pids.json"
 LOCAL_STATE_FILE = "local_state.json"
@@ -498,3 +504,27 @@ def corrupt_checkpoints(run_dir: Path) -> list[tuple[int, str]]:
         if data is not None and (in_run_dir or (read_json(path / COMPLETE_MARKER) or {}).get("run") == own):
             out.append((step, str(data.get("reason", "?"))))
     return out
+
+
+def read_restarts(run_dir: Path) -> list[dict[str, Any]]:
+    """Every restart inside an allocation the run had (:data:`RESTARTS_FILE`), oldest first; a torn
+    last line is skipped."""
+    out: list[dict[str, Any]] = []
+    try:
+        text = (Path(run_dir) / RESTARTS_FILE).read_text(encoding="utf-8")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def append_restart(run_dir: Path, record: dict[str, Any]) -> None:
+    """One line, appended with a single write (a reader sees it whole or not at all)."""
+    with open(Path(run_dir) / RESTARTS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")

@@ -35,6 +35,7 @@ from orchestrator.contract.run_dir import (
     hang_dir,
     plan_file,
     read_json,
+    read_restarts,
 )
 
 #: The sending log inside ``notify/``: one line per try, never the URL.
@@ -113,14 +114,25 @@ def attempt_events(
     run_dir: Path, attempt: int, first: int, job_id: str, name: str | None = None
 ) -> list[Event]:
     """What attempt ``attempt`` of a run (first attempt ``first``) says about itself so far: it
-    started (the run's first), came back as the same job (a requeue) or as another one (a new
-    submission began at it: ``job.attempt_<A>.json``), resumed from a step, or hung."""
+    started (the run's first), was restarted inside its allocation (``restarts.jsonl``), came back as
+    the same job (a requeue) or as another one (a new submission began at it:
+    ``job.attempt_<A>.json``), resumed from a step, or hung."""
     run_dir = Path(run_dir)
     name = name or _name(run_dir)
     base = {"run_dir": str(run_dir), "name": name, "job_id": job_id, "attempt": attempt}
     out: list[Event] = []
     if attempt <= first:
         out.append(Event("started", "started", f"{name}: job {job_id} started", base))
+    elif restart := next((r for r in read_restarts(run_dir) if r.get("attempt") == attempt), None):
+        cause = str(restart.get("cause") or "a fault")
+        out.append(
+            Event(
+                f"restarted.attempt_{attempt}",
+                "restarted",
+                f"{name}: job {job_id} restarted in its allocation (attempt {attempt}): {cause}",
+                {**base, "cause": cause, "step": restart.get("step")},
+            )
+        )
     elif plan_file(run_dir, attempt).exists():
         out.append(
             Event(

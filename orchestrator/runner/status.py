@@ -67,6 +67,8 @@ class StatusRow:
     or restarted from step 0 (the script has no checkpoint hook): never a resume that did not happen."""
     liveness: dict[str, Any] | None = None
     """Running jobs: seconds since any rank's last output, the slowest rank (orchestrator.rundir.liveness)."""
+    restarts: tuple[dict[str, Any], ...] = ()
+    """Restarts inside the job's allocation (``restarts.jsonl``): each one's cause, attempt and step."""
 
     @property
     def state_detail(self) -> str | None:
@@ -103,6 +105,8 @@ class StatusRow:
             "corrupt_checkpoints": list(self.corrupt_checkpoints),
             "checkpoint_path": self.checkpoint_path,
             "requeues": self.requeues,
+            "restarts": len(self.restarts),
+            "restart_causes": [r.get("cause") for r in self.restarts],
             "resumes": self.resumes,
             "reason": self.reason,
             "node_list": self.node_list,
@@ -129,12 +133,18 @@ def _row(
     if successor is not None:
         succ_st = result.states.get(successor.job_id)
         run_state = succ_st.state if succ_st else successor.last_state
-    requeues = max(attempts_recorded - 1, 0)
-    if summary.attempts - 1 > requeues and successor is None:
+    restarts: tuple[dict[str, Any], ...] = ()
+    if summary.attempts > 1:
+        from orchestrator.contract.run_dir import read_restarts
+
+        restarts = tuple(r for r in read_restarts(job.run_dir) if r.get("job_id") == job.job_id)
+    # The registry records every attempt of the job: Slurm's requeues and restarts in its allocation.
+    requeues = max(attempts_recorded - 1 - len(restarts), 0)
+    if summary.attempts - 1 - len(restarts) > requeues and successor is None:
         # The run directory has more attempts than this job recorded: requeues the registry never
         # heard of (the node could not reach it), or earlier jobs of the run (`resume`), which are
         # not this job's requeues. Count only the attempts since this job's own submission.
-        requeues = requeues_since_last_submission(job.run_dir)
+        requeues = max(requeues_since_last_submission(job.run_dir) - len(restarts), 0)
     ckpt = summary.checkpoint
     started_from = describe_newest_start(job.run_dir) if summary.attempts > 1 else None
     # Built without StatusRow's generated __init__ (24 fields, each set via object.__setattr__ in a
@@ -179,6 +189,7 @@ def _row(
         run_state=run_state,
         started_from=started_from,
         liveness=None if own_state.is_terminal() else cache.liveness(job.run_dir),
+        restarts=restarts,
     )
     return row
 
@@ -275,6 +286,12 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
         if row.reason and row.reason.startswith(DEPENDENCY_PREFIXES)
     )
     for row in rows:
+        if row.restarts:
+            last = row.restarts[-1]
+            lines.append(
+                f"{row.job_id}: restarted {len(row.restarts)} time(s) in its allocation; last at step "
+                f"{last.get('step', '-')} (attempt {last.get('attempt', '-')}): {last.get('cause')}"
+            )
         if row.started_from:
             lines.append(f"{row.job_id}: newest attempt {row.started_from}")
         if row.corrupt_checkpoints:

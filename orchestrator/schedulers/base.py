@@ -232,6 +232,13 @@ class NodeEnvironment(ABC):
     """Whether node 0 runs the hang watchdog itself (:mod:`orchestrator.node.hang_watch`): where no
     supervisor beside the job does (Slurm's batch step does)."""
 
+    def attempt(self, attempt_base: int) -> int:
+        """The attempt this node's task is in: the submission's first plus the scheduler's requeues
+        (a scheduler that restarts inside an allocation says its own number)."""
+        from orchestrator.contract.run_dir import attempt_number
+
+        return attempt_number(attempt_base, self.restarts)
+
     @property
     def is_first_node(self) -> bool:
         return self.node_rank == 0

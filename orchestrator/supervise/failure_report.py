@@ -393,3 +393,58 @@ def _explain(
                 job_id, bad[0], None, (f"exit code {codes[bad[0]]}, no error line in its log",), "", codes
             )
     return None
+
+
+#: What a rank raises when the collective itself failed (not the user's code): a restart can cure it.
+_COLLECTIVE_ERROR = re.compile(
+    r"NCCL error|ncclInternalError|ncclSystemError|ncclRemoteError|collective operation timeout|"
+    r"Watchdog caught collective|ProcessGroupNCCL|ProcessGroupGloo|Gloo connectFullMesh|DistNetworkError|"
+    r"DistStoreError",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class RestartVerdict:
+    """Whether restarting the training step in the same allocation can cure the newest attempt's
+    failure: ``cause`` when it can (a rank killed by a signal, a collective error, a lost task),
+    ``refusal`` when it cannot (the user's code raised: running it again raises again)."""
+
+    cause: str | None
+    refusal: str | None = None
+
+
+def restart_verdict(run_dir: Path | str, job_id: str, *, procs_per_node: int = 1) -> RestartVerdict:
+    """The newest attempt's failure, sorted into what a restart cures and what it does not.
+
+    Curable: a rank the launcher saw die of a signal other than the launcher's own SIGTERM (SIGKILL,
+    the OOM killer, SIGSEGV, SIGABRT...); errors that are only consequences of another rank's death
+    ("connection closed by peer", timeouts) with no error of a rank's own; a rank's own error that
+    is the collective's (NCCL, gloo, a collective timeout). Not curable: a full disk, and a Python
+    exception or a failed self-check raised by a rank (deterministic: FAILED, as without restarts).
+    """
+    run_dir = Path(run_dir)
+    attempts = attempt_dirs(run_dir)
+    if not attempts:
+        return RestartVerdict(None, "nothing was logged: the failure came before training started")
+    if disk_full(run_dir, ()) is not None:
+        return RestartVerdict(None, "the disk is full")
+    attempt_path = attempts[-1][1]
+    codes = _exit_codes(attempt_path)
+    candidates = _candidates(attempt_path, max(1, procs_per_node), codes)
+    consequence_ranks = {c[2] for c in candidates if c[2] is not None and c[3].consequence_only}
+    death = _root_death(attempt_path, consequence_ranks)
+    if death is not None and death.signal not in (None, _SIGTERM):
+        return RestartVerdict(death.describe())
+    own = [c for c in candidates if not c[3].consequence_only]
+    if own:
+        _, node, rank, errors, _path = own[0]
+        where = f"node {node}" + (f" rank {rank}" if rank is not None else "")
+        first = errors.lines[0] if errors.lines else "an error"
+        if any(_COLLECTIVE_ERROR.search(line) for line in errors.lines):
+            return RestartVerdict(f"a collective error on {where}: {first}")
+        return RestartVerdict(None, f"{where} raised {first} (the script's own error: not restarted)")
+    if candidates or death is not None or any(c not in (0, EXIT_REQUEUE) for c in codes.values()):
+        what = candidates[0][3].lines[0] if candidates and candidates[0][3].lines else "no error of its own"
+        return RestartVerdict(f"a rank or node task ended without an error of its own ({what})")
+    return RestartVerdict(None, "no failure found in the attempt's logs")

@@ -28,11 +28,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.env import RUN_DIR_ENV
 from orchestrator.schedulers.slurm.environment import (
+    DEFAULT_MAX_RESTARTS,
+    STEP_ATTEMPT_ENV,
     allocation_nodes,
     batch_job_id,
     batch_restarts,
@@ -56,10 +59,10 @@ def say(line: str) -> None:
 class StepWatch:
     """srun as a child; its stderr copied through while noting the first task failure."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.first_failure_at: float | None = None
         self.failed_line = ""
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
         self._reader = threading.Thread(target=self._copy_stderr, daemon=True)
         self._reader.start()
 
@@ -83,26 +86,58 @@ class StepWatch:
         self._reader.join(timeout=5)
 
 
-def record_requeued_attempt(run_dir: Path, job_id: str, attempt_base: int) -> None:
-    """A requeued job (same id, restarted by Slurm) is a new attempt the submitting side never saw:
-    record it with the checkpoint it will start from (training picks the newest complete one, the
-    same rule). Best effort: the registry must not stop training."""
-    restarts = batch_restarts()
-    if restarts == 0 or not job_id:
+def record_attempt(run_dir: Path, job_id: str, attempt: int, why: str) -> None:
+    """An attempt the submitting side never saw (a Slurm requeue of the same id, a restart inside
+    the allocation): recorded with the checkpoint it will start from (training picks the newest
+    complete one, the same rule). Best effort: the registry must not stop training."""
+    if not job_id:
         return
     try:
-        from orchestrator.contract.run_dir import attempt_number, last_complete_checkpoint
+        from orchestrator.contract.run_dir import last_complete_checkpoint
         from orchestrator.registry.store import Registry
 
         checkpoint = last_complete_checkpoint(run_dir)
         Registry.open().add_attempt(
             job_id,
-            attempt=attempt_number(attempt_base, restarts),
+            attempt=attempt,
             scheduler_job_id=job_id,
             started_from_checkpoint=str(checkpoint.path) if checkpoint else None,
         )
     except Exception as exc:  # noqa: BLE001
-        say(f"attempt not recorded in the registry: {exc}")
+        say(f"attempt {attempt} ({why}) not recorded in the registry: {exc}")
+
+
+def first_attempt(run_dir: Path, attempt_base: int, restarts: int) -> int:
+    """This incarnation's first attempt: the submission's own number; after a Slurm requeue, the
+    number after every attempt logged (restarts inside an earlier incarnation used numbers too)."""
+    from orchestrator.contract.run_dir import attempt_number, next_attempt
+
+    own = attempt_number(attempt_base, restarts)
+    return own if restarts == 0 else max(own, next_attempt(run_dir))
+
+
+@dataclass
+class StepEnd:
+    """How one training step ended: srun's status, the hang the watchdog found, the node probes."""
+
+    status: int
+    hang: Any = None
+    hang_reason: str | None = None
+    bad_node: str | None = None
+    probes: list[Any] | None = None
+
+
+#: Stop signals the batch step received (cancel, preemption, the time limit's warning): no restart
+#: after one, whatever the step's status.
+STOP_SIGNALS_SEEN: list[int] = []
+
+
+def max_restarts_of(run_dir: Path) -> int:
+    """The plan's ``max_restarts`` (restarts inside one allocation)."""
+    from orchestrator.contract.run_dir import read_current_plan_json
+
+    value = read_current_plan_json(run_dir).get("max_restarts", DEFAULT_MAX_RESTARTS)
+    return value if isinstance(value, int) and value >= 0 else DEFAULT_MAX_RESTARTS
 
 
 def supervise(
@@ -113,10 +148,8 @@ def supervise(
     grace_s: float = GRACE_S,
     hang_timeout: float | None = None,
 ) -> int:
-    from orchestrator.contract.run_dir import attempt_number
     from orchestrator.schedulers.slurm import auto_resume as ar
     from orchestrator.schedulers.slurm.step_notify import StepNotifier
-    from orchestrator.supervise.watchdog import Watchdog
 
     run_dir = Path(os.environ[RUN_DIR_ENV])
     job_id = batch_job_id()
@@ -125,17 +158,116 @@ def supervise(
         # Slurm requeued a job (NODE_FAIL) whose after-step check had already submitted its successor.
         say(f"job {job_id} was already auto-resumed as job {superseded}: not training twice")
         return 1
-    record_requeued_attempt(run_dir, job_id, attempt_base)
+    restarts = batch_restarts()
+    attempt = first_attempt(run_dir, attempt_base, restarts)
+    if restarts:
+        record_attempt(run_dir, job_id, attempt, "requeued")
     started = time.time()
-    attempt = attempt_number(attempt_base, batch_restarts())
     notifier = StepNotifier(run_dir, job_id, attempt, say)
     notifier.attempt_events()
     if _preflight_failed(run_dir, job_id, attempt, auto_resume):
         notifier.ended(1, started)
         notifier.flush()
         return 1
+    budget = max_restarts_of(run_dir)
+    restarted = 0
+    while True:
+        end = run_step(argv, run_dir, job_id, attempt, notifier, grace_s, hang_timeout, probe_timeout)
+        if end.status == 0:
+            break
+        cause, refusal = restart_decision(run_dir, job_id, end)
+        if cause is None:
+            say(f"not restarted in the allocation: {refusal}")
+            break
+        if restarted >= budget:
+            say(f"not restarted in the allocation: {restarted} restart(s) reached max_restarts ({cause})")
+            break
+        restarted += 1
+        attempt = restart_in_allocation(run_dir, job_id, attempt, cause, restarted, budget)
+        notifier.attempt = attempt
+        notifier.attempt_events()
+    if end.hang is not None:
+        ar.after_hang(run_dir, job_id, end.hang_reason or "hang", end.bad_node, auto_resume, say)
+        status = 1
+    else:
+        status = end.status
+    decision = None
+    if status != 0 and end.hang is None:
+        decision = ar.after_failed_step(run_dir, job_id, status, started, end.probes, auto_resume, probe_timeout)
+    notifier.ended(
+        status, started, decision.reason if decision is not None and decision.action != "none" else None
+    )
+    notifier.flush()
+    return status
+
+
+def restart_decision(run_dir: Path, job_id: str, end: StepEnd) -> tuple[str | None, str]:
+    """(the cause a restart inside the allocation cures, or None; why not). A lost node needs
+    another allocation (auto-resume's path); a stop signal or a cancel means the job is ending."""
+    from orchestrator.contract.run_dir import read_current_plan_json
+    from orchestrator.schedulers.slurm.environment import cancelled_by_user
+    from orchestrator.supervise.failure_report import restart_verdict
+
+    if STOP_SIGNALS_SEEN:
+        return None, f"the job received {signal.Signals(STOP_SIGNALS_SEEN[0]).name}"
+    if end.probes is not None and any(not p.alive for p in end.probes):
+        return None, "a node is lost (another allocation is needed)"
+    cancelled = cancelled_by_user(run_dir, job_id)
+    if cancelled:
+        return None, cancelled
+    if end.hang is not None:
+        return end.hang_reason or "the hang watchdog fired", ""
+    procs = read_current_plan_json(run_dir).get("procs_per_node")
+    verdict = restart_verdict(run_dir, job_id, procs_per_node=procs if isinstance(procs, int) else 1)
+    return verdict.cause, verdict.refusal or ""
+
+
+def restart_in_allocation(run_dir: Path, job_id: str, failed: int, cause: str, n: int, budget: int) -> int:
+    """Record the restart (``restarts.jsonl``, the registry's attempt) and return the new attempt's
+    number: the one after every attempt logged."""
+    from orchestrator.contract.run_dir import (
+        append_restart,
+        last_complete_checkpoint,
+        next_attempt,
+    )
+
+    attempt = next_attempt(run_dir)
+    checkpoint = last_complete_checkpoint(run_dir)
+    step = checkpoint.step if checkpoint is not None else 0
+    append_restart(
+        run_dir,
+        {
+            "job_id": job_id,
+            "failed_attempt": failed,
+            "attempt": attempt,
+            "cause": cause,
+            "step": step,
+            "time": time.time(),
+        },
+    )
+    record_attempt(run_dir, job_id, attempt, "restarted")
+    say(f"restart {n}/{budget} in the allocation (attempt {attempt}, from step {step}): {cause}")
+    return attempt
+
+
+def run_step(
+    argv: list[str],
+    run_dir: Path,
+    job_id: str,
+    attempt: int,
+    notifier: Any,
+    grace_s: float,
+    hang_timeout: float | None,
+    probe_timeout: float,
+) -> StepEnd:
+    """One srun of the training step as ``attempt``, watched: it ends by itself, or the watchdog
+    finds a hang (stacks collected, the step ended), or a task failed and a probe finds a lost node
+    (the step ended at once instead of waiting for Slurm to declare the node down)."""
+    from orchestrator.schedulers.slurm import auto_resume as ar
+    from orchestrator.supervise.watchdog import Watchdog
+
     watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
-    watch = StepWatch(argv)
+    watch = StepWatch(argv, {**os.environ, STEP_ATTEMPT_ENV: str(attempt)})
     probes: list[ar.ProbeResult] | None = None
     status: int | None = None
     while status is None:
@@ -147,11 +279,9 @@ def supervise(
                 say(f"hang watchdog off after an error: {exc!r}")
                 watchdog, hang = None, None
             if hang is not None:
-                status = _end_hung_step(watch, run_dir, job_id, attempt, hang, auto_resume)
+                reason, bad_node = _end_hung_step(watch, run_dir, attempt, hang)
                 watch.finish()
-                notifier.ended(status, started)
-                notifier.flush()
-                return status
+                return StepEnd(1, hang, reason, bad_node)
         notifier.poll()
         if status is not None or probes is not None or watch.first_failure_at is None:
             continue
@@ -171,14 +301,7 @@ def supervise(
     watch.finish()
     if status < 0:  # srun killed by a signal
         status = 128 - status
-    decision = None
-    if status != 0:
-        decision = ar.after_failed_step(run_dir, job_id, status, started, probes, auto_resume, probe_timeout)
-    notifier.ended(
-        status, started, decision.reason if decision is not None and decision.action != "none" else None
-    )
-    notifier.flush()
-    return status
+    return StepEnd(status, probes=probes)
 
 
 def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: bool) -> bool:
@@ -205,13 +328,11 @@ def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: boo
     return True
 
 
-def _end_hung_step(
-    watch: StepWatch, run_dir: Path, job_id: str, attempt: int, hang: Any, auto_resume: bool
-) -> int:
-    """The watchdog fired: stacks first (the ranks must still be there), then end the step, then
-    record the reason and, with ``--auto-resume``, resubmit without the node that differed."""
+def _end_hung_step(watch: StepWatch, run_dir: Path, attempt: int, hang: Any) -> tuple[str, str | None]:
+    """The watchdog fired: stacks first (the ranks must still be there), then end the step. Returns
+    the reason and the node that differed; the caller restarts, or records it and, with
+    ``--auto-resume``, resubmits without that node."""
     from orchestrator.contract.run_dir import read_current_plan_json
-    from orchestrator.schedulers.slurm.auto_resume import after_hang
     from orchestrator.supervise.watchdog import investigate
 
     say(f"hang watchdog: {hang.describe()}; collecting every rank's stacks")
@@ -232,8 +353,7 @@ def _end_hung_step(
     say("ending the step")
     watch.proc.kill()
     watch.proc.wait()
-    after_hang(run_dir, job_id, reason, bad_node, auto_resume, say)
-    return 1
+    return reason, bad_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no step command after --")
     for sig in SURVIVED_SIGNALS:
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, lambda signum, _frame: STOP_SIGNALS_SEEN.append(signum))
     return supervise(
         command, args.auto_resume, args.probe_timeout, args.attempt_base, hang_timeout=args.hang_timeout
     )

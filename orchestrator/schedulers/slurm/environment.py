@@ -19,6 +19,11 @@ SCANCEL_TIMEOUT_S = 30.0
 MAIN_IP_WAIT_S = 120.0
 #: Variables an allocation sets that a job submitted from inside it must not inherit.
 INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
+#: The attempt a training step's nodes are in, set by the batch step on each srun: a restart inside
+#: the allocation is a new attempt that ``SLURM_RESTART_COUNT`` does not count.
+STEP_ATTEMPT_ENV = "ORCHESTRATOR_STEP_ATTEMPT"
+#: Restarts inside one allocation when the plan names none (a plan written before the key).
+DEFAULT_MAX_RESTARTS = 3
 
 
 # ---------------------------------------------------------------------------- the job's environment
@@ -29,6 +34,15 @@ def batch_job_id() -> str:
     if array_job and task:
         return f"{array_job}_{task}"
     return os.environ.get("SLURM_JOB_ID", "")
+
+
+def step_attempt() -> int | None:
+    """The attempt the batch step started this step as (:data:`STEP_ATTEMPT_ENV`), if it said."""
+    try:
+        value = os.environ.get(STEP_ATTEMPT_ENV)
+        return int(value) if value else None
+    except ValueError:
+        return None
 
 
 def batch_restarts() -> int:

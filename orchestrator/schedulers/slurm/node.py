@@ -16,6 +16,7 @@ from orchestrator.schedulers.slurm.environment import (
     batch_job_id,
     batch_restarts,
     interface_address,
+    step_attempt,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +35,12 @@ class SlurmNodeEnvironment(NodeEnvironment):
         self.hostnames = list(env.hostnames)
         self.job_id = batch_job_id() or str(env.job_id)
         self.restarts = batch_restarts()
+
+    def attempt(self, attempt_base: int) -> int:
+        """The batch step's number for this step (a restart inside the allocation is a new attempt),
+        else the submission's plus Slurm's requeues."""
+        attempt = step_attempt()
+        return attempt if attempt is not None else super().attempt(attempt_base)
 
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         """Without a named interface every node resolves node 0's hostname itself. With one (ib0,
