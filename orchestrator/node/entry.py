@@ -43,7 +43,6 @@ from orchestrator.contract.run_dir import (
     TENSORBOARD_DIR,
     attempt_dir,
     attempt_dirs,
-    attempt_number,
     node_config_file,
     node_deepspeed_config_file,
     node_exit_file,
@@ -428,7 +427,7 @@ class NodeTask:
                 raise RunFailure(f"no plan for attempt {self.attempt_base} in {run_dir}")
             plan = LaunchPlan.from_json(data)
             node = get_scheduler(self.scheduler).node_environment(self.job_key)
-            attempt = attempt_number(self.attempt_base, node.restarts)
+            attempt = node.attempt(self.attempt_base)
             code = run_node(plan, run_dir, node, attempt, prewarmed)
         finally:
             prewarmed.discard()
