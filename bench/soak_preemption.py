@@ -517,7 +517,7 @@ def main() -> int:
         "wall_s": round(time.monotonic() - started, 1),
     }
     # A run that did not reach max steps within the budget is cancelled, not a failure: the events are
-    # what is measured (completion after interruptions is tests/test_fault_tolerance.py's job).
+    # what is measured (completion after interruptions is tests/cluster/test_fault_tolerance.py's job).
     ok = (
         not summary["failed_events"]
         and not summary["thread_errors"]

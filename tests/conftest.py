@@ -31,9 +31,34 @@ def _has_cuda_device() -> bool:
     return res.returncode == 0 and "GPU " in res.stdout
 
 
+#: The one folder of tests that need the real Slurm test cluster: each test in it is marked ``slurm``
+#: here, by folder; a ``slurm`` mark anywhere else is an error (tests/test_tests_layout.py checks the
+#: source too).
+CLUSTER_TESTS = Path(__file__).resolve().parent / "cluster"
+
+
+def mark_cluster_tests(items: list[pytest.Item]) -> None:
+    """Every test under tests/cluster/ gets the ``slurm`` mark; one elsewhere that carries it stops
+    the run (it needs the cluster, so it belongs in the cluster folder)."""
+    strays = []
+    for item in items:
+        if item.path.is_relative_to(CLUSTER_TESTS):
+            item.add_marker(pytest.mark.slurm)
+        elif item.get_closest_marker("slurm"):
+            strays.append(item.nodeid)
+    if strays:
+        raise pytest.UsageError(
+            "marked slurm outside tests/cluster/ (move them there; the folder marks them): "
+            + ", ".join(strays)
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` are deselected, visibly, on a machine without a CUDA device (CI has none;
+    """The cluster folder's tests are marked ``slurm`` (before ``-m`` selects). Tests marked ``gpu``
+    are deselected, visibly, on a machine without a CUDA device (CI has none;
     bench/gpu_submit_check.py runs the product path on one): never a skip that reads as a pass."""
+    mark_cluster_tests(items)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or _has_cuda_device():
         return
@@ -93,15 +118,3 @@ def reap_local_jobs(tmp_path: Path) -> Iterator[None]:
     for pids in (tmp_path / "runs").glob("*/local_pids.json"):
         for pid in json.loads(pids.read_text()).values():
             kill_tree(int(pid))
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster() -> dict[str, str]:
-    """The real test cluster started by tests/cluster/run_with_cluster.sh (skipped locally
-    without it, a failure in CI: see tests/helpers/slurm_cluster.require_cluster)."""
-    from tests.helpers.slurm_cluster import require_cluster
-
-    require_cluster()
-    return {
-        k: v for k, v in os.environ.items() if k.startswith("ORCHESTRATOR_TEST_CLUSTER") or k == "SLURM_CONF"
-    }

@@ -10,7 +10,7 @@ run dir ``/RUN``, submitit folder ``/RUN/submitit``, and the sample runtime valu
 Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_golden.py``: that
 run rewrites the files and fails with a summary; read ``git diff tests/golden``, then run again
 without it. What the text must mean is checked independently of the goldens in
-tests/test_sbatch_semantics.py and ``test_rendered_semantics`` below.
+tests/config/test_render_sbatch.py and ``test_rendered_semantics`` below.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ where torch's C++ threads and process-group objects go) can abort a rank with SI
 called without an active exception") or hang it (FIELD_NOTES: gloo teardown). The job then fails
 although its work is done. Measured: an unmodified DeepSpeed ZeRO-3 script under torchrun on CPU,
 which writes its results, then calls ``wait_for_everyone()`` and ``end_training()``, had one rank
-abort at exit in 1 run of 10 (``tests/test_deepspeed.py``).
+abort at exit in 1 run of 10 (``tests/train/test_deepspeed_zero.py``).
 
 So every rank the product starts runs the script with :mod:`runpy`, as ``python script.py`` would,
 and leaves by ``os._exit`` once the script, its non-daemon threads, its ``atexit`` functions and the

@@ -20,7 +20,7 @@ node to leave out. Figures are the best of a few tries: a busy host's noise neve
 a bad link is bad even at its best. The cost grows with the node count (one pair after another,
 milliseconds each on a real interconnect); bench/bench_preflight.py measures it.
 
-:func:`judge` is the decision, pure (tests/test_preflight.py feeds it synthetic figures).
+:func:`judge` is the decision, pure (tests/supervise/test_preflight.py feeds it synthetic figures).
 """
 
 from __future__ import annotations

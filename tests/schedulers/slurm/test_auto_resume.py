@@ -1,0 +1,104 @@
+"""The after-step decision of ``--auto-resume`` and the supervisor's reading of srun, without a cluster.
+
+The cluster half (a node really dies; the new attempt excludes it and completes exactly) is
+``tests/cluster/test_fault_tolerance.py::test_node_death_with_auto_resume_continues_without_that_node``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.plan import build_plan, merge_options
+from orchestrator.config.profile.load import load_profile
+from orchestrator.schedulers.slurm import auto_resume as ar
+from orchestrator.schedulers.slurm.batch_step import TASK_FAILURE_RE
+
+
+@pytest.fixture()
+def plan():
+    name, _, profile = load_profile("slurm_test", None)
+    return build_plan(
+        name,
+        profile,
+        merge_options(profile, strategy="full_shard"),
+        "train/train.py",
+        nodes=2,
+        auto_resume=True,
+        max_requeues=2,
+    )
+
+
+def probes(**alive: bool) -> list[ar.ProbeResult]:
+    return [ar.ProbeResult(node, ok, "ok" if ok else "no answer") for node, ok in alive.items()]
+
+
+def test_lost_node_is_excluded_on_top_of_earlier_exclusions(plan) -> None:
+    plan = replace(plan, exclude_nodes=("n9",))
+    d = ar.decide("7", 1, probes(n1=True, n2=False), plan, 0, None)
+    assert (d.action, d.lost_nodes, d.exclude_nodes) == ("resubmitted", ["n2"], ["n2", "n9"])
+
+
+def test_every_node_answering_means_the_program_failed(plan) -> None:
+    d = ar.decide("7", 1, probes(n1=True, n2=True), plan, 0, None)
+    assert d.action == "none" and d.lost_nodes == [] and "every node still answers" in d.reason
+
+
+def test_bound_on_resubmissions(plan) -> None:
+    d = ar.decide("7", 1, probes(n1=True, n2=False), plan, 2, None)
+    assert d.action == "refused" and "max_requeues" in d.reason and d.lost_nodes == ["n2"]
+
+
+def test_cancelled_job_is_never_resubmitted(plan) -> None:
+    d = ar.decide("7", 143, probes(n1=True, n2=False), plan, 0, "cancelled by user")
+    assert d.action == "none" and d.reason == "cancelled by user"
+
+
+def test_lost_node_without_auto_resume_says_how_to_resume(plan) -> None:
+    d = ar.decide("7", 1, probes(n1=False, n2=True), plan, 0, None, auto_resume=False)
+    assert d.action == "refused" and "orchestrator resume 7" in d.reason
+
+
+def test_plan_round_trips_the_new_fields(plan) -> None:
+    plan = replace(plan, exclude_nodes=("n2",))
+    again = type(plan).from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.auto_resume is True and again.exclude_nodes == ("n2",)
+
+
+def test_superseded_job_is_found_and_newest_plan_read(tmp_path: Path, plan) -> None:
+    (tmp_path / "job.json").write_text(json.dumps(plan.to_json()))
+    (tmp_path / "job.attempt_1.json").write_text(json.dumps(replace(plan, exclude_nodes=("n2",)).to_json()))
+    assert ar.current_plan(tmp_path).exclude_nodes == ("n2",)
+    assert ar.superseded_by(tmp_path, "7") is None
+    ar.append_decision(
+        tmp_path, ar.Decision("7", 1, "resubmitted", "node(s) n2 lost", ["n2"], new_job_id="8")
+    )
+    assert ar.superseded_by(tmp_path, "7") == "8" and ar.superseded_by(tmp_path, "8") is None
+
+
+@pytest.mark.parametrize(
+    "line,node",
+    [
+        (b"srun: error: n1: task 0: Exited with exit code 1\n", b"n1"),
+        (b"srun: error: node-17: tasks 2-3: Killed\n", b"node-17"),
+        (b"srun: error: gpu001: tasks 0,2: Segmentation fault\n", b"gpu001"),
+    ],
+)
+def test_task_failure_lines_are_recognised(line: bytes, node: bytes) -> None:
+    m = TASK_FAILURE_RE.search(line)
+    assert m and m.group(1) == node
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"srun: launch/slurm: _step_signal: Terminating StepId=9.0\n",
+        b"srun: error: Node failure on n2\n",
+        b"[default0]: srun: error: nothing\n",
+    ],
+)
+def test_other_srun_lines_are_not_task_failures(line: bytes) -> None:
+    assert not TASK_FAILURE_RE.search(line)

@@ -1,0 +1,192 @@
+"""``orchestrator ui`` without a browser: its safety rules over real HTTP, the curves it follows, and the
+refusals of its command line. (The pages themselves: tests/ui/test_browser.py.)"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.contract.errors import UserError
+from orchestrator.rundir.series import SeriesFollower, downsample, load_series
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.preconditions import require_modules
+
+TOKEN = "t0ken-for-the-dashboard-tests"
+
+
+def _event(step: int, loss: float, **extra: Any) -> str:
+    return json.dumps({"event": "train", "step": step, "loss": loss, **extra}) + "\n"
+
+
+# ---------------------------------------------------------------------------- the run's curves
+def test_follower_parses_only_appended_lines_and_waits_for_a_torn_one(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(_event(1, 4.0) + _event(2, 3.0) + '{"event": "train", "st')
+    follower = SeriesFollower(tmp_path)
+    s = follower.update().series()
+    assert (s.train_steps, s.train_loss, follower.events) == ([1, 2], [4.0, 3.0], 2)
+    with open(metrics, "a") as fh:  # the torn line completes, a resume re-trains step 2, a bad line
+        fh.write(
+            'ep": 3, "loss": 2.5}\n' + json.dumps({"event": "resume", "step": 1, "checkpoint": "c"}) + "\n"
+        )
+        fh.write(_event(2, 2.9) + "not json\n" + _event(3, 2.0))
+    s = follower.update().series()
+    assert s.train_steps == [1, 2, 3] and s.train_loss == [4.0, 2.9, 2.0]  # the later step 2 wins
+    assert s.resumes == [(1, "c")]
+    assert follower.events == 6  # each line parsed once: the first two were not read again
+    metrics.write_text(_event(1, 9.0))  # replaced (a shorter file): read from the start
+    assert follower.update().series().train_loss == [9.0]
+    assert load_series(tmp_path).train_loss == [9.0]
+
+
+def test_downsample_keeps_spikes_and_ends() -> None:
+    steps = list(range(1, 100_001))
+    values = [1.0] * 100_000
+    values[54_321] = 50.0  # one spike
+    values[77_777] = -3.0  # one dip
+    x, y = downsample(steps, values, 2000)
+    assert len(x) <= 2000 and x == sorted(x)
+    assert (x[0], x[-1]) == (1, 100_000)
+    assert (54_322, 50.0) in zip(x, y) and (77_778, -3.0) in zip(x, y)
+    assert downsample([1, 2], [3.0, 4.0], 2000) == ([1, 2], [3.0, 4.0])
+
+
+# ---------------------------------------------------------------------------- the server's rules
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A dashboard on 127.0.0.1 with a token, over an empty registry, in this process."""
+    require_modules("plotly")
+    from orchestrator.ui.server import Dashboard
+    from orchestrator.ui.views import Views
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "home"))
+    server = Dashboard("127.0.0.1", 0, Views(tmp_path / "home"), TOKEN, 1.0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def _get(server: Any, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+    conn.request("GET", path, headers=headers or {})
+    res = conn.getresponse()
+    res.read()
+    conn.close()
+    return res
+
+
+def test_token_host_and_read_only(served: Any) -> None:
+    assert _get(served, "/api/jobs").status == 401
+    assert _get(served, "/api/jobs", {"Authorization": "Bearer wrong-token-of-some-length"}).status == 401
+    assert _get(served, "/api/jobs", {"Authorization": f"Bearer {TOKEN}"}).status == 200
+    # ?token= once: a cookie, and the token leaves the address bar
+    res = _get(served, f"/job/x?token={TOKEN}")
+    assert res.status == 303 and res.getheader("Location") == "/job/x"
+    cookie = res.getheader("Set-Cookie") or ""
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    page = _get(served, "/", {"Cookie": cookie.split(";")[0]})
+    assert page.status == 200
+    csp = page.getheader("Content-Security-Policy") or ""
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("style-src")[0]
+    # Another site's name for 127.0.0.1 (DNS rebinding) gets nothing, even with the token.
+    assert _get(served, "/", {"Host": "attacker.example", "Cookie": cookie.split(";")[0]}).status == 403
+    # Read-only: nothing but GET/HEAD is served.
+    conn = http.client.HTTPConnection("127.0.0.1", served.server_address[1], timeout=30)
+    conn.request("POST", "/api/jobs", body=b"{}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert conn.getresponse().status == 501
+    conn.close()
+    # An unknown job: its own error as JSON, and the server keeps serving.
+    res = _get(served, "/api/job/nope", {"Authorization": f"Bearer {TOKEN}"})
+    assert res.status == 404
+    assert _get(served, "/static/app.js", {"Authorization": f"Bearer {TOKEN}"}).status == 200
+    assert _get(served, "/static/..%2fserver.py", {"Authorization": f"Bearer {TOKEN}"}).status == 404
+
+
+def test_a_page_escapes_the_id_in_its_address(served: Any) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", served.server_address[1], timeout=30)
+    conn.request("GET", "/job/%3Cscript%3Ex%3C%2Fscript%3E'", headers={"Authorization": f"Bearer {TOKEN}"})
+    body = conn.getresponse().read().decode()
+    conn.close()
+    assert "<script>x" not in body and "&lt;script&gt;x&lt;/script&gt;&#x27;" in body
+
+
+def test_any_other_address_needs_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.ui.server import check_binding
+
+    monkeypatch.delenv("ORCHESTRATOR_UI_TOKEN", raising=False)
+    assert check_binding("127.0.0.1", None) is None
+    with pytest.raises(UserError, match="needs a token"):
+        check_binding("0.0.0.0", None)
+    with pytest.raises(UserError, match="16 characters"):
+        check_binding("0.0.0.0", "short")
+    monkeypatch.setenv("ORCHESTRATOR_UI_TOKEN", TOKEN)
+    assert check_binding("0.0.0.0", None) == TOKEN
+
+
+def test_cli_refuses_in_one_line_and_starts_no_server(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "ORCHESTRATOR_HOME": str(tmp_path / "home")}
+    res = run_cli(["ui", "--host", "0.0.0.0", "--port", "0"], env, timeout=60)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        "orchestrator ui: error: --host 0.0.0.0: any address but 127.0.0.1 needs a token (--token, or "
+        "ORCHESTRATOR_UI_TOKEN): the dashboard shows every job's logs"
+    ]
+    res = run_cli(["ui", "--port", "70000"], env, timeout=60)
+    assert res.returncode == 2 and "--port 70000" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_ui_help_imports_no_plotly(tmp_path: Path) -> None:
+    code = (
+        "import sys; from orchestrator.cli.main import main\n"
+        "try: main(['ui', '--help'])\nexcept SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', 'torch') or m.startswith('orchestrator.ui')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_run_details_read_attempts_and_the_watchdogs_hang_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job page's attempts and hang report, read back from files written by the contract's and the
+    watchdog's own writers (the stack texts are made up: a real hang costs a minute; the watchdog's
+    tests make them)."""
+    from orchestrator.api.handles import Job
+    from orchestrator.contract.attempt_start import write_attempt_start
+    from orchestrator.contract.run_dir import attempt_dir, hang_dir, node_exit_file, node_log_file
+    from orchestrator.supervise.watchdog import write_report
+
+    run = tmp_path / "run"
+    for attempt, code in ((0, "75"), (1, None)):
+        folder = attempt_dir(run, attempt)
+        folder.mkdir(parents=True)
+        for node in (0, 1):
+            node_log_file(folder, node).write_text("x\n")
+            if code is not None:
+                node_exit_file(folder, node).write_text(code + "\n")
+    monkeypatch.setenv("ORCHESTRATOR_ATTEMPT", "1")  # rank 0 of attempt 1 restored step 40
+    write_attempt_start(40, str(run / "checkpoints" / "step_00000040"), "train", run_dir=run)
+    folder = hang_dir(run, 1)
+    write_report(folder, {"reason": "hang: no step for 60 s; rank 3 on node n2 differs", "culprit_rank": 3})
+    for rank in (10, 3, 2):
+        (folder / f"rank_{rank}.txt").write_text(f"Thread 1 (rank {rank}): all_reduce\n")
+    details = Job("1", run).details()
+    assert [(a["attempt"], a["start_step"]) for a in details["attempts"]] == [(0, None), (1, 40)]
+    assert details["attempts"][0]["nodes"] == [{"node": 0, "exit_code": "75"}, {"node": 1, "exit_code": "75"}]
+    assert details["attempts"][1]["nodes"][1] == {"node": 1, "exit_code": None}
+    hang = details["hang"]
+    assert hang["attempt"] == 1 and hang["culprit_rank"] == 3 and "rank 3" in hang["reason"]
+    assert list(hang["stacks"]) == ["2", "3", "10"] and "rank 3" in hang["stacks"]["3"]
