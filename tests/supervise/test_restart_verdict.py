@@ -1,0 +1,75 @@
+"""Which failures a restart inside the allocation cures (issue 42): a rank killed by a signal, a
+collective error, a consequence with no error of its own; never a Python exception the script
+raised (it would raise again) or a full disk. The logs are the launcher's and ranks' own lines, as
+recorded from real runs (tests/supervise/test_failure_report.py holds the end-to-end ones); the
+cluster test (tests/cluster/test_restart_in_allocation.py) restarts a real job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.supervise.failure_report import restart_verdict
+
+HEADER = "[orchestrator node] host=vm node_rank=0/1 job=7 attempt=0\n"
+KILLED = (
+    HEADER
+    + "[orchestrator launch] rank 1 (local 1) exited with code 137: sending SIGTERM to 1 other rank(s)\n"
+    "[default0]:[rank0]: Traceback (most recent call last):\n"
+    "[default0]:[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1\n"
+)
+RAISED = (
+    HEADER + "[default1]:[rank1]: Traceback (most recent call last):\n"
+    '[default1]:[rank1]:     raise ValueError("boom")\n'
+    "[default1]:[rank1]: ValueError: boom\n"
+    "[default0]:[rank0]: RuntimeError: Connection closed by peer\n"
+)
+COLLECTIVE = (
+    HEADER + "[default1]:[rank1]: Traceback (most recent call last):\n"
+    "[default1]:[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+    "unhandled system error\n"
+)
+CONSEQUENCE_ONLY = HEADER + "[default0]:[rank0]: RuntimeError: Connection reset by peer\n"
+
+
+def attempt(run_dir: Path, log: str, code: int) -> None:
+    path = run_dir / "logs" / "attempt_0"
+    path.mkdir(parents=True)
+    (path / "node_0.log").write_text(log)
+    (path / "node_0.exit").write_text(str(code))
+
+
+def test_a_rank_killed_by_a_signal_is_restarted(tmp_path: Path) -> None:
+    attempt(tmp_path, KILLED, 137)
+    verdict = restart_verdict(tmp_path, "7", procs_per_node=2)
+    assert verdict.cause is not None and "rank 1 died of SIGKILL" in verdict.cause, verdict
+
+
+def test_a_python_exception_is_not_restarted(tmp_path: Path) -> None:
+    attempt(tmp_path, RAISED, 1)
+    verdict = restart_verdict(tmp_path, "7", procs_per_node=2)
+    assert verdict.cause is None
+    assert (
+        verdict.refusal is not None and "ValueError: boom" in verdict.refusal and "rank 1" in verdict.refusal
+    )
+
+
+def test_a_collective_error_is_restarted(tmp_path: Path) -> None:
+    attempt(tmp_path, COLLECTIVE, 1)
+    verdict = restart_verdict(tmp_path, "7", procs_per_node=2)
+    assert verdict.cause is not None and verdict.cause.startswith("a collective error on node 0 rank 1"), (
+        verdict
+    )
+
+
+def test_a_consequence_without_a_cause_is_restarted(tmp_path: Path) -> None:
+    """A node task lost (killed from outside): its peers' logs hold only consequences."""
+    attempt(tmp_path, CONSEQUENCE_ONLY, 1)
+    verdict = restart_verdict(tmp_path, "7", procs_per_node=2)
+    assert verdict.cause is not None and "without an error of its own" in verdict.cause, verdict
+
+
+def test_a_full_disk_and_nothing_logged_are_not_restarted(tmp_path: Path) -> None:
+    assert restart_verdict(tmp_path / "empty", "7").cause is None
+    attempt(tmp_path, KILLED + "OSError: [Errno 28] No space left on device\n", 137)
+    verdict = restart_verdict(tmp_path, "7", procs_per_node=2)
+    assert verdict.cause is None and verdict.refusal == "the disk is full"
