@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.cli import REPO
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:

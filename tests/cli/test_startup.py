@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import COMMANDS, MODULES
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "accelerate")
 
 WRAPPER = """\

@@ -22,16 +22,15 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from orchestrator.contract.heartbeat import read_heartbeats
 from orchestrator.contract.run_dir import attempt_dir, read_json
-from orchestrator.rundir.summary import iter_metrics
 from orchestrator.schedulers.slurm.accounting import parse_accounting
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
+from tests.helpers.run_dirs import trains
 from tests.helpers.slurm_cluster import slurm
 
 pytestmark = pytest.mark.slow
@@ -51,11 +50,7 @@ def tolerance(expected: float) -> float:
     return max(2.0, 0.05 * expected)
 
 
-def trains(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]
-
-
-def rank_pid(run_dir: Path, attempt: int, node: int) -> int | None:
+def recorded_rank_pid(run_dir: Path, attempt: int, node: int) -> int | None:
     record = read_json(attempt_dir(run_dir, attempt) / f"node_{node}_ranks" / "rank_pids.json") or {}
     ranks = record.get("ranks") or {}
     return int(next(iter(ranks.values()))) if ranks else None
@@ -74,7 +69,7 @@ def hold_before_first_step(run_dir: Path) -> tuple[float, float]:
     after HOLD_S. Returns the wall clock of the stop and of the continue."""
     heartbeat = attempt_dir(run_dir, 0) / "heartbeat" / "rank_0.json"
     pid = poll(
-        lambda: rank_pid(run_dir, 0, 0) if heartbeat.exists() else None,
+        lambda: recorded_rank_pid(run_dir, 0, 0) if heartbeat.exists() else None,
         240,
         "rank 0's heartbeat",
         interval=0.005,

@@ -30,15 +30,19 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.contract.jsonfiles import read_json
 from orchestrator.contract.run_dir import last_complete_checkpoint
 from orchestrator.rundir.summary import iter_metrics
 from orchestrator.schedulers.slurm.auto_resume import read_decisions
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state, user_profile_dir
 from tests.helpers.hold import held, rank_pid
 from tests.helpers.preconditions import require
+from tests.helpers.run_dirs import trains
 from tests.helpers.slurm_cluster import (
+    job_nodes,
     kill_node_processes,
     revive_nodes,
+    scancel_quietly,
     slurm,
     slurm_node_pids,
     wait_for_job_state,
@@ -90,10 +94,6 @@ def pick_victim(job_id: str, run_dir: Path, show: Callable[[], str]) -> tuple[st
     return victim, poll(lambda: training_pids(victim, job_id), 30, f"training processes on {victim}")
 
 
-def trains(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]
-
-
 def resumes(run_dir: Path) -> list[dict[str, Any]]:
     return [e for e in iter_metrics(run_dir) if e.get("event") == "resume"]
 
@@ -127,13 +127,6 @@ def last_loss_by_step(run_dir: Path) -> dict[int, float]:
     return {int(e["step"]): float(e["loss"]) for e in trains(run_dir)}
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def job_and_dir(stdout: str) -> tuple[str, Path]:
     return stdout.split("submitted job ")[1].split()[0], Path(stdout.split("run directory ")[1].split()[0])
 
@@ -165,10 +158,6 @@ def submit(
     return job_and_dir(res.stdout)
 
 
-def scancel_quietly(job_id: str) -> None:
-    subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
-
-
 def training_pids(node: str, job_id: str) -> list[int]:
     """The training workers of one job on one node (torchrun's children running train.py)."""
     pids = []
@@ -181,11 +170,6 @@ def training_pids(node: str, job_id: str) -> list[int]:
         if "train.py" in " ".join(cmd) and "-c" not in cmd:
             pids.append(pid)
     return pids
-
-
-def job_nodes(job_id: str) -> list[str]:
-    out = slurm("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
-    return slurm("scontrol", "show", "hostnames", out).stdout.split() if out else []
 
 
 def slurm_restarts(job_id: str) -> int | None:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
+from tests.helpers.cli import REPO, kill_tree, probe_args, run_cli, sacct_state, user_profile_dir
 
-SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TRAIN = str(REPO / "train" / "train.py")
 
 
@@ -38,12 +37,7 @@ def test_status_follows_pending_running_completed(
             str(profiles),
             "--nodes",
             "2",
-            "--",
-            SCRIPT,
-            "--expect-world-size",
-            "2",
-            "--out",
-            str(tmp_path / "o"),
+            *probe_args(2, tmp_path / "o"),
         ],
         orch_env,
     )
@@ -135,12 +129,7 @@ def test_status_answers_stale_when_accounting_is_down(
             "--wait",
             "--poll",
             "0.5",
-            "--",
-            SCRIPT,
-            "--expect-world-size",
-            "1",
-            "--out",
-            str(tmp_path / "o"),
+            *probe_args(1, tmp_path / "o"),
         ],
         orch_env,
         timeout=180,

@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, living_pids, poll, run_cli
+from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, living_pids, poll, run_cli, status_row
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
@@ -116,12 +116,6 @@ def _all_gone(ranks: list[int], entries: list[int]) -> None:
     )
 
 
-def _row(env: dict[str, str], job_id: str) -> dict:
-    res = run_cli(["status", job_id, "--json"], env, timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)["jobs"][0]
-
-
 def _refused_naming(env: dict[str, str], job_id: str, run_pids: list[int]) -> list[int]:
     """``resume`` exits 2 saying a process of the run still runs; the pids it names, all the run's."""
     res = run_cli(["resume", job_id], env, timeout=60)
@@ -137,7 +131,9 @@ def _refused_naming(env: dict[str, str], job_id: str, run_pids: list[int]) -> li
 def _resumable_once_gone(env: dict[str, str], job_id: str) -> None:
     """Once nothing of the run lives, the job reads ended and ``resume`` no longer refuses for a live
     process: it says the right thing for this run (no checkpoint was ever written)."""
-    row = poll(lambda: (r := _row(env, job_id))["terminal"] and r, 60, f"job {job_id} ended", interval=0.5)
+    row = poll(
+        lambda: (r := status_row(env, job_id))["terminal"] and r, 60, f"job {job_id} ended", interval=0.5
+    )
     assert row["state"] == "FAILED", row
     res = run_cli(["resume", job_id], env, timeout=60)
     assert "still runs" not in res.stderr and "a resume now would train" not in res.stderr, res.stderr
@@ -160,7 +156,7 @@ def test_kill_9_of_a_node_entry_takes_its_ranks_and_resume_names_what_lives(
     _all_gone(ranks, entries)
     print(f"[orphans] node entry killed: every rank gone after {time.monotonic() - killed_at:.1f} s")
     assert living_pids([stray]) == [stray]  # rank 0's own child, orphaned out of Slurm's sight
-    row = _row(orch_env, job_id)
+    row = status_row(orch_env, job_id)
     assert not row["terminal"] and f"pid {stray}" in (row.get("reason") or ""), row
     assert _refused_naming(orch_env, job_id, [stray]) == [stray]
     kill_tree(stray)

@@ -31,8 +31,17 @@ import pytest
 from orchestrator.contract.attempt_start import NO_HOOK, read_attempt_start
 from orchestrator.contract.run_dir import read_exit_status
 from orchestrator.node.entry import tracker_run_id
-from orchestrator.rundir.summary import iter_metrics
-from tests.helpers.cli import REPO, job_and_run_dir, job_ended, kill_tree, poll, run_cli, sacct_state
+from tests.helpers.cli import (
+    REPO,
+    job_and_run_dir,
+    job_ended,
+    kill_tree,
+    poll,
+    run_cli,
+    sacct_state,
+    status_row,
+)
+from tests.helpers.run_dirs import trains
 from tests.helpers.slurm_cluster import slurm
 
 pytestmark = pytest.mark.slow
@@ -93,16 +102,6 @@ def submit(env: dict[str, str], args: list[str]) -> tuple[str, Path]:
     return job_and_run_dir(res.stdout)
 
 
-def status_of(env: dict[str, str], job_id: str) -> dict[str, Any]:
-    res = run_cli(["status", job_id, "--json"], env, timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)["jobs"][0]
-
-
-def trains(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]
-
-
 def node_log(run_dir: Path, attempt: int) -> str:
     path = run_dir / "logs" / f"attempt_{attempt}" / "node_0.log"
     return path.read_text(errors="replace") if path.exists() else ""
@@ -123,13 +122,13 @@ def diagnostics(job_id: str, run_dir: Path) -> Any:
 def live_progress(env: dict[str, str], job_id: str, show: Any) -> None:
     """``status --json`` shows a step that rises, and a loss, while the job runs."""
     first = poll(
-        lambda: (s := status_of(env, job_id))["step"] is not None and s["loss"] is not None and s,
+        lambda: (s := status_row(env, job_id))["step"] is not None and s["loss"] is not None and s,
         180,
         "a step and a loss in status",
         diagnostics=show,
     )
     poll(
-        lambda: (status_of(env, job_id)["step"] or 0) > first["step"], 120, "a rising step", diagnostics=show
+        lambda: (status_row(env, job_id)["step"] or 0) > first["step"], 120, "a rising step", diagnostics=show
     )
 
 
@@ -205,7 +204,7 @@ def test_unchanged_trainer_script_resumes_from_complete_checkpoints(
             stopped3,
             sorted(checkpoints(out)),
         )
-        row = status_of(env, job_id)
+        row = status_row(env, job_id)
         assert row["state"] == "CANCELLED", row
         assert row["checkpoint_step"] == step3 and row["checkpoint_path"] == str(
             out / f"checkpoint-{step3}"
@@ -309,7 +308,7 @@ def test_fsdp_plugin_in_code_is_sharded_and_a_restart_is_never_called_a_resume(
     # Said as such everywhere: the node logs, status (JSON and the line under the table), the registry.
     assert "starts again from step 0" in node_log(run_dir, 0), node_log(run_dir, 0)
     assert f"attempt 1 {NO_HOOK}" in node_log(run_dir, 1), node_log(run_dir, 1)
-    row = status_of(env, job_id)
+    row = status_row(env, job_id)
     assert row["started_from"] == NO_HOOK and row["reason"] == NO_HOOK and row["resumes"] == 0, row
     table = run_cli(["status", job_id], env, timeout=60).stdout
     assert NO_HOOK in table and "resumed" not in table, table
@@ -338,7 +337,7 @@ def test_fsdp_plugin_in_code_under_the_default_ddp_stops_at_start_naming_the_plu
     stopped = read_exit_status(run_dir)
     assert stopped is not None and stopped["code"] == 3 and stopped["reason"] == "selfcheck", stopped
     assert stopped["problems"][0].startswith(cause) and "launch (ddp)" in stopped["problems"][0], stopped
-    row = status_of(env, job_id)
+    row = status_row(env, job_id)
     assert row["state"] == "FAILED" and cause in row["reason"], row
     # Stopped at start: no step trained, on any rank.
     assert trains(run_dir) == [] and not Path(f"{out}.progress").exists(), trains(run_dir)

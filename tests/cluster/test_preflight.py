@@ -28,7 +28,7 @@ import pytest
 from orchestrator.contract.run_dir import attempt_dir, preflight_dir, read_json
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, user_profile_dir
 from tests.helpers.preconditions import require
-from tests.helpers.slurm_cluster import slurm
+from tests.helpers.slurm_cluster import job_nodes, slurm
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +41,6 @@ ARGS = [
 PREFLIGHT = {"enabled": True, "timeout_s": 60, "max_latency_ms": 50.0, "min_bandwidth_mbps": 200.0}
 RATE = "20mbit"
 SUBMIT = ["submit", "--profile", "slurm_test", "--strategy", "ddp", "--procs-per-node", "1", "--nodes", "2"]
-
-
-def job_nodes(job_id: str) -> list[str]:
-    out = slurm("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
-    return slurm("scontrol", "show", "hostnames", out).stdout.split() if out else []
 
 
 def in_node_netns(node: str, *command: str) -> subprocess.CompletedProcess[str]:

@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from orchestrator.contract.attempt_start import read_attempt_start
-from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, poll
 from tests.helpers.login_host import LoginHost, laptop_path, login_host, login_namespace
+from tests.helpers.run_dirs import events
 from tests.helpers.slurm_cluster import require_cluster, slurm
 from tests.scripts.sweep_task import HOLDING_FILE, expected_loss
 
@@ -88,10 +88,6 @@ def laptop(slurm_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         finally:
             box.master("exit")
             shutil.rmtree(runtime, ignore_errors=True)
-
-
-def events(run_dir: Path, kind: str) -> list[dict]:
-    return [e for e in iter_metrics(run_dir) if e.get("event") == kind]
 
 
 def test_a_two_node_job_a_sweep_and_100_jobs_from_the_laptop(laptop: Laptop) -> None:

@@ -8,13 +8,12 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, poll, run_cli, sacct_state
+from tests.helpers.run_dirs import events
 from tests.helpers.slurm_cluster import slurm
 
 pytestmark = pytest.mark.slow
@@ -22,10 +21,6 @@ TRAIN = str(REPO / "train" / "train.py")
 TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"]
 #: Far more steps than the test lets run: the job only ends by the signals the test sends.
 LONG = [*TINY, "--max-steps", "100000", "--ckpt-every", "1000"]
-
-
-def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    return [e for e in iter_metrics(run_dir) if e.get("event") == kind]
 
 
 def submit(env: dict[str, str], *options: str) -> tuple[str, Path]:

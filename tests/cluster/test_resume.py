@@ -10,12 +10,11 @@ import pytest
 import yaml
 
 from orchestrator.rundir.summary import iter_metrics
-from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, run_cli, sacct_state
+from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, probe_args, run_cli, sacct_state
 from tests.helpers.slurm_cluster import controller_job_ids
 
 pytestmark = pytest.mark.slow
 TRAIN = str(REPO / "train" / "train.py")
-PLAIN = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"]
 #: The run never ends by itself in these tests: it is cancelled once it has a checkpoint.
 LONG = [*TINY, "--max-steps", "100000", "--ckpt-every", "3"]
@@ -47,8 +46,7 @@ def refused(env: dict[str, str], args: list[str], needle: str) -> None:
 def test_resume_refusals(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
     # A run that failed before any checkpoint (it expects a world size it does not get).
     plain = run_cli(
-        ["submit", "--profile", "slurm_test", "--nodes", "1", "--wait", "--poll", "0.5", "--", PLAIN,
-         "--expect-world-size", "3", "--out", str(tmp_path / "plain")],
+        ["submit", "--profile", "slurm_test", "--nodes", "1", "--wait", "--poll", "0.5", *probe_args(3, tmp_path / "plain")],
         orch_env, timeout=240,
     )  # fmt: skip
     assert plain.returncode == 1, plain.stdout + plain.stderr

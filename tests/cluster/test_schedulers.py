@@ -12,9 +12,17 @@ from pathlib import Path
 import yaml
 
 from orchestrator.schedulers.base import submission_token
-from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, run_cli, sacct_state, user_profile_dir
+from tests.helpers.cli import (
+    REPO,
+    job_and_run_dir,
+    job_ended,
+    poll,
+    probe_args,
+    run_cli,
+    sacct_state,
+    user_profile_dir,
+)
 
-SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
 TRAIN = str(REPO / "train" / "train.py")
 TINY = ["--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"]
 
@@ -38,12 +46,7 @@ def test_dry_run_is_byte_for_byte_the_submitted_script(
         "2",
         "--name",
         "same",
-        "--",
-        SCRIPT,
-        "--expect-world-size",
-        "2",
-        "--out",
-        str(tmp_path / "plain"),
+        *probe_args(2, tmp_path / "plain"),
     ]
     dry = run_cli(["submit", "--dry-run", *args], orch_env)
     assert dry.returncode == 0, dry.stdout + dry.stderr
@@ -149,12 +152,7 @@ def test_node_side_interpreter_comes_from_the_setup_lines(
             "--wait",
             "--poll",
             "0.5",
-            "--",
-            SCRIPT,
-            "--expect-world-size",
-            "2",
-            "--out",
-            str(out),
+            *probe_args(2, out),
         ],
         orch_env,
         timeout=240,
@@ -187,12 +185,7 @@ def test_missing_node_interpreter_fails_the_job_with_the_reason(
             "--wait",
             "--poll",
             "0.5",
-            "--",
-            SCRIPT,
-            "--expect-world-size",
-            "1",
-            "--out",
-            str(tmp_path / "plain"),
+            *probe_args(1, tmp_path / "plain"),
         ],
         orch_env,
         timeout=240,
@@ -231,7 +224,7 @@ def test_a_node_environment_missing_submitit_says_so_in_status_and_wait(
     )
     res = run_cli(
         ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "1", "--wait",
-         "--poll", "0.5", "--", SCRIPT, "--expect-world-size", "1", "--out", str(tmp_path / "plain")],
+         "--poll", "0.5", *probe_args(1, tmp_path / "plain")],
         orch_env,
         timeout=240,
     )  # fmt: skip

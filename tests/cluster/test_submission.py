@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli
-from tests.helpers.slurm_cluster import controller_job_ids
+from tests.helpers.slurm_cluster import controller_job_ids, scancel_quietly
 from tests.helpers.submission import assert_refused, registry_jobs, run_dirs
 
 TRAIN = str(REPO / "train" / "train.py")
@@ -30,10 +30,6 @@ def _sacct_column(field: str) -> set[str]:
         capture_output=True, text=True, timeout=30, check=True,
     ).stdout  # fmt: skip
     return {line.strip() for line in out.splitlines() if line.strip()}
-
-
-def _cancel(job_id: str) -> None:
-    subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
 
 
 @pytest.mark.parametrize(
@@ -127,7 +123,7 @@ def test_submit_killed_while_sbatch_runs_is_adopted(
         # Accounting shows the job's token (what the next test looks for, and must not find).
         poll(lambda: submission_token(run_dir, 0) in _sacct_column("Comment"), 60, "the token in sacct")
     finally:
-        _cancel(job_id)
+        scancel_quietly(job_id)
 
 
 def test_submit_killed_before_sbatch_leaves_nothing(

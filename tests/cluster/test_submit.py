@@ -9,9 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
+from tests.helpers.cli import (
+    PLAIN_ACCELERATE,
+    REPO,
+    job_and_run_dir,
+    kill_tree,
+    probe_args,
+    run_cli,
+    sacct_state,
+    user_profile_dir,
+)
 
-SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
+SCRIPT = PLAIN_ACCELERATE
 TRAIN = str(REPO / "train" / "train.py")
 
 
@@ -29,12 +38,7 @@ def test_unmodified_script_spans_both_nodes(slurm_cluster: dict, orch_env: dict,
             "--wait",
             "--poll",
             "0.5",
-            "--",
-            SCRIPT,
-            "--expect-world-size",
-            "4",
-            "--out",
-            str(out),
+            *probe_args(4, out),
         ],
         orch_env,
         timeout=240,
@@ -73,12 +77,7 @@ def test_shell_metacharacters_in_profile_are_inert(
             "--wait",
             "--poll",
             "0.5",
-            "--",
-            SCRIPT,
-            "--expect-world-size",
-            "2",
-            "--out",
-            str(out),
+            *probe_args(2, out),
         ],
         orch_env,
         timeout=240,
@@ -108,12 +107,7 @@ def test_two_jobs_on_the_same_nodes_both_complete(
                 "--wait",
                 "--poll",
                 "0.5",
-                "--",
-                SCRIPT,
-                "--expect-world-size",
-                "2",
-                "--out",
-                str(tmp_path / f"o{i}"),
+                *probe_args(2, tmp_path / f"o{i}"),
             ],
             cwd=REPO,
             env=orch_env,
@@ -188,7 +182,7 @@ def test_unknown_partition_exits_2(slurm_cluster: dict, orch_env: dict, tmp_path
 def test_exclude_keeps_the_job_off_those_nodes(slurm_cluster: dict, orch_env: dict, tmp_path: Path) -> None:
     res = run_cli(
         ["submit", "--profile", "slurm_test", "--nodes", "2", "--exclude", "n1", "--wait", "--poll", "0.5",
-         "--", SCRIPT, "--expect-world-size", "2", "--out", str(tmp_path / "plain")],
+         *probe_args(2, tmp_path / "plain")],
         orch_env, timeout=240,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
@@ -209,8 +203,7 @@ def test_snapshot_runs_the_script_as_it_was_at_submit(
     script.write_text(Path(SCRIPT).read_text())
     out = tmp_path / "plain"
     res = run_cli(
-        ["submit", "--profile", "slurm_test", "--nodes", "1", "--snapshot", "--", str(script),
-         "--expect-world-size", "1", "--out", str(out)],
+        ["submit", "--profile", "slurm_test", "--nodes", "1", "--snapshot", *probe_args(1, out, script=str(script))],
         orch_env, timeout=60,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr

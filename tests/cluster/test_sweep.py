@@ -22,19 +22,15 @@ import pytest
 
 from orchestrator.contract.attempt_start import read_attempt_start
 from orchestrator.contract.run_dir import attempt_dirs, last_complete_checkpoint
-from orchestrator.rundir.summary import iter_metrics
 from orchestrator.schedulers.base import submission_token
 from tests.helpers.cli import REPO, poll, run_cli, sacct_state
+from tests.helpers.run_dirs import events
 from tests.helpers.slurm_cluster import slurm
 from tests.scripts.sweep_task import HOLDING_FILE, expected_loss
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "sweep_task.py")
 ONE_NODE = ["--profile", "slurm_test", "--nodes", "1"]
-
-
-def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    return [e for e in iter_metrics(run_dir) if e.get("event") == kind]
 
 
 def assert_resumed_by_the_product(run_dir: Path, attempt: int, step: int, last_step: int) -> None:
@@ -62,7 +58,7 @@ def cli_json(args: list[str], env: dict[str, str]) -> Any:
     return json.loads(res.stdout)
 
 
-def sacct_rows(job_id: str) -> list[dict[str, str]]:
+def sacct_incarnations(job_id: str) -> list[dict[str, str]]:
     """Every incarnation (--duplicates: a requeued task's earlier run too) of a job or array."""
     out = subprocess.run(
         ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "JobID,State,Start,End"],
@@ -137,7 +133,7 @@ def test_sweep_throttles_keeps_tasks_apart_and_requeues_one_task(
     assert states == ["COMPLETED"] * 3, states
 
     # Throttle: never more than 2 tasks (any incarnation) running at once, by sacct's own times.
-    rows = sacct_rows(sweep_id)
+    rows = sacct_incarnations(sweep_id)
     assert {r["job_id"] for r in rows} == set(jobs), rows
     # At most 2; exactly 2 only when two nodes were free at once (an earlier test's jobs may still
     # hold one on a loaded machine), so the throttle Slurm holds is asserted above (%2), not a count.
@@ -261,8 +257,8 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
 
     # afterok on a job that COMPLETED: runs, and only after it ended.
     assert after_ok.wait(timeout=240) is JobState.COMPLETED
-    (first,) = sacct_rows(ok.job_id)
-    (then,) = sacct_rows(after_ok.job_id)
+    (first,) = sacct_incarnations(ok.job_id)
+    (then,) = sacct_incarnations(after_ok.job_id)
     assert first["state"] == "COMPLETED" and then["start"] >= first["end"], (first, then)
     assert [e["step"] for e in after_ok.metrics() if e.get("event") == "train"] == [1, 2]
     assert "[orchestrator node]" in after_ok.logs()
@@ -275,8 +271,8 @@ def test_dependencies_and_a_100_task_sweep_through_the_api(
     assert f"job {bad.job_id} ended FAILED" in reason, reason
     # afterany on that FAILED job: runs all the same, once it ended.
     assert orchestrator.get_job(after_any).wait(timeout=240) is JobState.COMPLETED
-    (failed,) = sacct_rows(bad.job_id)
-    (anyway,) = sacct_rows(after_any)
+    (failed,) = sacct_incarnations(bad.job_id)
+    (anyway,) = sacct_incarnations(after_any)
     assert anyway["start"] >= failed["end"], (failed, anyway)
 
     # The sweep's dependency fails too (hold cancelled): all 100 cancelled; registry == sacct.

@@ -27,7 +27,7 @@ from orchestrator.contract.heartbeat import read_heartbeats
 from orchestrator.contract.run_dir import attempt_dir, hang_dir, last_complete_checkpoint, read_json
 from tests.helpers import train_launch
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
-from tests.helpers.slurm_cluster import slurm, slurm_node_pids
+from tests.helpers.slurm_cluster import job_nodes, slurm, slurm_node_pids
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +54,6 @@ def env(slurm_cluster: dict[str, str], tmp_path: Path) -> dict[str, str]:
     e["ORCHESTRATOR_RUNS"] = str(tmp_path / "runs")
     e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
     return e
-
-
-def job_nodes(job_id: str) -> list[str]:
-    out = slurm("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
-    return slurm("scontrol", "show", "hostnames", out).stdout.split() if out else []
 
 
 def rank_record(run_dir: Path, rank: int) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -34,8 +33,9 @@ from orchestrator.config.profile.load import ClusterProfile, parse_profile  # no
 from orchestrator.config.render import NodeRuntime, render_accelerate_config, sample_runtime  # noqa: E402
 from orchestrator.config.strategies import STRATEGIES  # noqa: E402
 from orchestrator.contract.errors import UserError  # noqa: E402
+from tests.helpers.cli import REPO  # noqa: E402
+from tests.helpers.net import free_port  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT = 90
 
 
@@ -155,12 +155,6 @@ with open(os.path.join(os.environ["TINY_OUT"], "rank%s.json" % os.environ["RANK"
     f.write(record)
 print("TINY " + record, flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

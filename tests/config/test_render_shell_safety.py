@@ -28,8 +28,8 @@ import yaml
 from orchestrator.config.plan import build_plan, merge_options
 from orchestrator.config.profile.load import parse_profile
 from orchestrator.config.render import render_accelerate_config, render_sbatch, sample_runtime
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 BASH = shutil.which("bash")
 
 

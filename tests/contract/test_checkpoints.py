@@ -20,6 +20,7 @@ from orchestrator.contract.run_dir import (
     last_complete_checkpoint,
 )
 from tests.helpers import train_launch as tl
+from tests.helpers.net import free_port
 from tests.helpers.run_dirs import make_checkpoint
 from train import checkpointing
 
@@ -136,7 +137,7 @@ def test_every_rank_digests_its_own_shards_and_the_marker_covers_every_file(tmp_
     import torch.multiprocessing as mp
 
     tmp = tmp_path / "checkpoints" / ".tmp-step_00000001-x"
-    mp.start_processes(_two_rank_save, args=(str(tmp), tl.free_port()), nprocs=2, start_method="spawn")
+    mp.start_processes(_two_rank_save, args=(str(tmp), free_port()), nprocs=2, start_method="spawn")
     final = tmp_path / "checkpoints" / "step_00000001"
     marker, why = check_checkpoint(final)
     assert marker is not None, why

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -156,3 +157,20 @@ def job_ended(env: dict[str, str], job_id: str) -> bool:
 
     res = run_cli(["status", job_id, "--json"], env, timeout=60)
     return res.returncode == 0 and bool(json.loads(res.stdout)["jobs"][0]["terminal"])
+
+
+def status_row(env: dict[str, str], job_id: str) -> dict[str, Any]:
+    """``status JOB --json``'s row of the job (the command must succeed)."""
+    res = run_cli(["status", job_id, "--json"], env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)["jobs"][0]
+
+
+#: The probe: an unchanged Accelerate script that checks the world size it gets and writes what
+#: each rank saw into its ``--out`` folder (tests/scripts/plain_accelerate.py).
+PLAIN_ACCELERATE = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
+
+
+def probe_args(world_size: int, out: Path | str, script: str = PLAIN_ACCELERATE) -> list[str]:
+    """What follows ``submit``'s options to run the probe: ``-- SCRIPT --expect-world-size N --out OUT``."""
+    return ["--", script, "--expect-world-size", str(world_size), "--out", str(out)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profile.load import ClusterProfile, parse_profile
@@ -18,8 +17,8 @@ from orchestrator.config.render import (
     sample_runtime,
 )
 from orchestrator.config.strategies import STRATEGIES
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 PYTHON = "python3"

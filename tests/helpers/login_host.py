@@ -9,7 +9,6 @@ tests can count the sessions it opened; it is killed by the PID it was started w
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers.cli import REPO, kill_tree, poll
+from tests.helpers.net import free_port
 from tests.helpers.preconditions import require_debian_packages
 
 SSHD = "/usr/sbin/sshd"
@@ -36,12 +36,6 @@ class LoginHost:
         if not self.log.exists():
             return 0
         return self.log.read_text(errors="replace").count("ctype session")
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def _keygen(path: Path) -> str:

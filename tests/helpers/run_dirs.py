@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.rundir.summary import iter_metrics
+
 
 def train_event(step: int, t: float, max_steps: int = 100, **kw: Any) -> dict[str, Any]:
     ev = {
@@ -50,3 +52,18 @@ def make_checkpoint(
             json.dumps({"step": step, "world_size": 4, "strategy": "fsdp2", "files": listed})
         )
     return d
+
+
+def marker_path(run_dir: Path, step: int) -> Path:
+    """The completion marker of checkpoint ``step`` (its ``COMPLETE.json``)."""
+    return run_dir / "checkpoints" / f"step_{step:08d}" / "COMPLETE.json"
+
+
+def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The run's metrics events of one kind, in order (``train``, ``eval``, ...)."""
+    return [e for e in iter_metrics(run_dir) if e.get("event") == kind]
+
+
+def trains(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's ``train`` events, in order."""
+    return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import REPO
+from tests.helpers.preconditions import in_ci
+
 ENV_FLAG = "ORCHESTRATOR_TEST_CLUSTER"
 ENV_PREFIX = "ORCHESTRATOR_TEST_CLUSTER_"
 DEFAULT_BASE = "/tmp/orchestrator-slurm"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_SCRIPTS = REPO_ROOT / "tests" / "cluster"
+CLUSTER_SCRIPTS = REPO / "tests" / "cluster"
 
 #: Job states after which a job never runs again by itself. NODE_FAIL and PREEMPTED are left out:
 #: with JobRequeue=1 a batch job in those states is usually requeued (and runs again).
@@ -69,10 +71,6 @@ class SlurmCluster:
             env["SLURM_CONF"] = self.slurm_conf
         env.update(extra)
         return env
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
@@ -131,7 +129,7 @@ def require_cluster() -> SlurmCluster:
             f"needs the Slurm test cluster: run through "
             f"`bash tests/cluster/run_with_cluster.sh python -m pytest ...` ({ENV_FLAG}=1 is not set)"
         )
-        if _in_ci():
+        if in_ci():
             pytest.fail(msg + " - CI is set, so this is a failure, not a skip", pytrace=False)
         pytest.skip(msg)
     if _checked is None:
@@ -182,6 +180,17 @@ def controller_job_ids() -> set[str]:
     accounting (sacct) may record an earlier test's job seconds late and look like a new one."""
     out = slurm("squeue", "-h", "-t", "all", "-o", "%i", timeout=15).stdout
     return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def scancel_quietly(job_id: str) -> None:
+    """``scancel JOB``, whatever it answers (cleanup: the job may be gone already)."""
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a job runs on now (``squeue``'s node list, expanded); [] once it runs nowhere."""
+    out = slurm("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
+    return slurm("scontrol", "show", "hostnames", out).stdout.split() if out else []
 
 
 def job_state(job_id: str | int) -> str | None:

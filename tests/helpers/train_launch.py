@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,9 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.cli import REPO
+from tests.helpers.net import free_port
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 SCRIPT = "train/train.py"
@@ -39,12 +40,6 @@ TINY_ARGS = [
     "--preset", "tiny", "--data", "synthetic", "--seed", "0", "--batch-size", "8", "--seq-len", "32",
     "--lr", "3e-3", "--warmup-steps", "5", "--log-every", "5", "--eval-every", "0",
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def render_configs(
@@ -277,6 +272,11 @@ def run(
     return launch
 
 
+def assert_ok(launch: Launch) -> None:
+    """Every node's launcher exited 0 (the output of all of them otherwise)."""
+    assert launch.returncodes and all(code == 0 for code in launch.returncodes), launch.output()
+
+
 # ---------------------------------------------------------------------------
 # Runs shared between test modules (one pytest process): e.g. the 20-step baselines that both the
 # equivalence and the resume tests compare against are run once.
@@ -285,7 +285,7 @@ _CACHE: dict[tuple, Launch] = {}
 _CACHE_DIR: Path | None = None
 
 
-def cache_dir() -> Path:
+def cached_runs_dir() -> Path:
     global _CACHE_DIR
     if _CACHE_DIR is None:
         import atexit
@@ -314,7 +314,7 @@ def cached_run(
     if key not in _CACHE:
         name = f"{strategy}-v{key[1]}-{nodes}x{procs}-{len(_CACHE)}"
         _CACHE[key] = run(
-            cache_dir() / name,
+            cached_runs_dir() / name,
             strategy,
             fsdp_version,
             nodes,

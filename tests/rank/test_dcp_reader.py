@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from orchestrator.rank.dcp_reader import DirectReader, direct_dcp_reads
-from tests.helpers import train_launch as tl
+from tests.helpers.net import free_port
 
 
 def _source() -> dict[str, torch.Tensor]:
@@ -117,7 +117,7 @@ def test_resharded_loads_read_the_right_rows_over_gloo(tmp_path: Path) -> None:
     full = torch.arange(7 * 6, dtype=torch.float32).reshape(7, 6)
     _save(ckpt, {"rows": full, "cols": full.clone()})
     mp.start_processes(
-        _resharded_load, args=(str(ckpt), tl.free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
+        _resharded_load, args=(str(ckpt), free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
     )
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())

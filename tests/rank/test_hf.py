@@ -8,26 +8,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from orchestrator.contract.attempt_start import read_attempt_start
 from orchestrator.contract.run_dir import read_exit_status
-from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, status_row
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
 
 TRAINER = str(REPO / "examples" / "trainer_cnn.py")
 ONE_NODE = ["--profile", "local", "--nodes", "1", "--procs-per-node", "2", "--strategy", "ddp"]
-
-
-def status_row(env: dict[str, str], job_id: str) -> dict[str, Any]:
-    res = run_cli(["status", job_id, "--json"], env, timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)["jobs"][0]
 
 
 def complete_checkpoints(out: Path) -> dict[int, Path]:

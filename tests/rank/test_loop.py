@@ -9,26 +9,20 @@ which DDP rebuilt after the first iteration of each process: before the loop fix
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from orchestrator.contract.attempt_start import read_attempt_start
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli
+from tests.helpers.train_launch import losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
 
 LOOP = str(REPO / "examples" / "accelerate_cnn.py")
 WORLD_4 = ["--profile", "local", "--nodes", "2", "--procs-per-node", "2", "--strategy", "ddp"]
 ARGS = ["--epochs", "3", "--save-every", "20"]
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    events = map(json.loads, filter(str.strip, (run_dir / "metrics.jsonl").read_text().splitlines()))
-    return {e["step"]: e["loss"] for e in events if e.get("event") == "train"}
 
 
 def test_a_resumed_ddp_loop_at_world_4_equals_an_uninterrupted_run(orch_env: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.rank import selfcheck
 from tests.helpers import train_launch as tl
+from tests.helpers.net import free_port
 
 ORCHESTRATOR_EXPECTATIONS = (
     "ORCHESTRATOR_EXPECTED_WORLD_SIZE",
@@ -46,7 +47,7 @@ def _multi_cpu_config(tmp_path, port: int):
 @pytest.mark.slow
 def test_multi_cpu_config_starts_one_process_and_is_refused(tmp_path):
     started = time.monotonic()
-    config = _multi_cpu_config(tmp_path, tl.free_port())
+    config = _multi_cpu_config(tmp_path, free_port())
     launch = tl.start(
         tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, config_paths=[config]
     )
@@ -61,7 +62,7 @@ def test_multi_cpu_config_starts_one_process_and_is_refused(tmp_path):
 def test_multi_cpu_config_is_refused_when_run_by_hand(tmp_path):
     """No ORCHESTRATOR_* variables: the expectation comes from the parent `accelerate launch` config."""
     started = time.monotonic()
-    config = _multi_cpu_config(tmp_path, tl.free_port())
+    config = _multi_cpu_config(tmp_path, free_port())
     env = dict.fromkeys(ORCHESTRATOR_EXPECTATIONS)
     launch = tl.start(
         tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, env=env, config_paths=[config]

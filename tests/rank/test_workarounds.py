@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.train_launch import free_port
+from tests.helpers.cli import REPO
+from tests.helpers.net import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "tests" / "scripts" / "fsdp2_mp_probe.py"
 
 

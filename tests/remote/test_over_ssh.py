@@ -28,7 +28,8 @@ from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.remote import sync as remote_snapshot
 from orchestrator.remote.calls import agent_command
 from tests.helpers.cli import REPO, kill_tree, poll
-from tests.helpers.login_host import LoginHost, free_port, laptop_path, login_host
+from tests.helpers.login_host import LoginHost, laptop_path, login_host
+from tests.helpers.net import free_port
 
 HOSTILE_NAME = "x'; touch PWNED #$(touch PWNED2)"
 HOSTILE_ARGS = ["a b", "$(touch PWNED3)", "--x=';\"`id`", "*"]

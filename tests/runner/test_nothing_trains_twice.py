@@ -24,6 +24,7 @@ from tests.helpers.cli import (
     living_pids,
     poll,
     run_cli,
+    status_row,
     submit_local,
     user_profile_dir,
 )
@@ -68,17 +69,11 @@ def _training(run_dir: Path, nodes: int) -> dict[str, list[int]] | None:
     return found
 
 
-def _state(env: dict[str, str], job_id: str) -> dict:
-    res = run_cli(["status", job_id, "--json"], env, timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)["jobs"][0]
-
-
 def _ends_only_when_ranks_are_gone(env: dict[str, str], job_id: str, ranks: list[int]) -> dict:
     """Poll until the job reads ended; at every look where it does, no rank may be alive."""
 
     def ended() -> dict | None:
-        row = _state(env, job_id)
+        row = status_row(env, job_id)
         if row["terminal"]:  # then gone already when status looked: alive after it, they were then too
             living = living_pids(ranks)
             assert living == [], f"{row['state']} while {living} train"
@@ -157,7 +152,7 @@ def test_resume_refuses_while_a_process_of_the_run_lives_and_names_it(
     os.kill(json.loads((run_dir / "local_pids.json").read_text())["controller"], signal.SIGKILL)
     poll(lambda: not living_pids(pids["ranks"]), 30, "the rank killed with its parents")
     assert living_pids([stray]) == [stray]
-    row = _state(orch_env, job_id)
+    row = status_row(orch_env, job_id)
     assert not row["terminal"], row
     res = run_cli(["resume", job_id], orch_env)
     assert res.returncode == 2, res.stdout + res.stderr
@@ -165,7 +160,9 @@ def test_resume_refuses_while_a_process_of_the_run_lives_and_names_it(
     res = run_cli(["cancel", job_id], orch_env)  # not "already ended": it signals the stray
     assert res.returncode == 0, res.stdout + res.stderr
     kill_tree(stray)
-    row = poll(lambda: (r := _state(orch_env, job_id))["terminal"] and r, 30, "ended once the stray is gone")
+    row = poll(
+        lambda: (r := status_row(orch_env, job_id))["terminal"] and r, 30, "ended once the stray is gone"
+    )
     res = run_cli(["resume", job_id], orch_env)
     assert "still runs" not in res.stderr, res.stderr
 
@@ -181,7 +178,7 @@ def test_an_ended_job_stays_ended_when_its_run_directory_goes(
     _ends_only_when_ranks_are_gone(orch_env, job_id, pids["ranks"])
     moved = run_dir.with_name(run_dir.name + ".moved")
     shutil.move(run_dir, moved)
-    row = _state(orch_env, job_id)
+    row = status_row(orch_env, job_id)
     assert row["state"] == "CANCELLED" and row["terminal"], row
     assert row["stale"], row  # the registry's record, not a look at the run directory
     res = run_cli(["status", job_id], orch_env, timeout=60)

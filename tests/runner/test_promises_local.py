@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, train_losses
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, status_row, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
 
@@ -44,12 +44,6 @@ def probe(env: dict[str, str], tmp_path: Path, options: list[str]) -> tuple[Any,
 
 def node_logs(run_dir: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").rglob("*.log")))
-
-
-def status_row(env: dict[str, str], job_id: str) -> dict[str, Any]:
-    res = run_cli(["status", job_id, "--json"], env, timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)["jobs"][0]
 
 
 # -- issue 27 polish: no DeepSpeed warning in jobs without DeepSpeed; a throughput panel with data

@@ -29,15 +29,11 @@ STEPS, SAVED = 12, 6
 LOSS_TOLERANCE = 2e-6
 
 
-def _ok(launch: tl.Launch) -> None:
-    assert launch.returncodes and all(code == 0 for code in launch.returncodes), launch.output()
-
-
 def _checkpoint(strategy: str, root: Path) -> Path:
     """The step-6 checkpoint of a 3-rank run (cached per strategy within the module)."""
     run_dir = root / f"{strategy}-3"
     if not (run_dir / "checkpoints" / f"step_{SAVED:08d}").is_dir():
-        _ok(tl.run(run_dir, strategy, 2, 1, 3, ["--max-steps", str(SAVED)], 300))
+        tl.assert_ok(tl.run(run_dir, strategy, 2, 1, 3, ["--max-steps", str(SAVED)], 300))
     return run_dir / "checkpoints" / f"step_{SAVED:08d}"
 
 
@@ -45,7 +41,7 @@ def _resumed(strategy: str, procs: int, root: Path) -> tl.Launch:
     run_dir = root / f"{strategy}-3-to-{procs}"
     shutil.copytree(_checkpoint(strategy, root), run_dir / "checkpoints" / f"step_{SAVED:08d}")
     launch = tl.run(run_dir, strategy, 2, 1, procs, ["--max-steps", str(STEPS)], 300)
-    _ok(launch)
+    tl.assert_ok(launch)
     return launch
 
 

@@ -37,20 +37,16 @@ def _markers(run_dir: Path) -> dict[int, dict]:
     return out
 
 
-def _ok(launch: tl.Launch) -> None:
-    assert launch.returncodes and all(code == 0 for code in launch.returncodes), launch.output()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,fsdp_version", CASES)
 def test_async_checkpoints_match_sync_and_resume_exactly(
     tmp_path: Path, strategy: str, fsdp_version: int
 ) -> None:
     sync = tl.run(tmp_path / "sync", strategy, fsdp_version, 1, 2, list(ARGS))
-    _ok(sync)
+    tl.assert_ok(sync)
     run_dir = tmp_path / "async"
     first = tl.run(run_dir, strategy, fsdp_version, 1, 2, [*ARGS, "--async-ckpt"])
-    _ok(first)
+    tl.assert_ok(first)
     out = first.output()
     assert "complete (async" in out, out
 
@@ -73,7 +69,7 @@ def test_async_checkpoints_match_sync_and_resume_exactly(
     shutil.rmtree(resume_dir / "checkpoints" / checkpointing.step_name(10))
     (resume_dir / "final.json").unlink()
     resumed = tl.run(resume_dir, strategy, fsdp_version, 1, 2, list(ARGS))
-    _ok(resumed)
+    tl.assert_ok(resumed)
     loaded = tl.read_json(resume_dir / "loaded.json")
     assert loaded["step"] == 8 and loaded["checkpoint"].endswith(checkpointing.step_name(8))
     assert loaded["param_checksum"] == got[8]["param_checksum"]

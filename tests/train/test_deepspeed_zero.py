@@ -26,18 +26,11 @@ from orchestrator.node.entry import training_environment
 from orchestrator.node.site_path import NODE_SITE_DIR
 from tests.helpers import train_launch as tl
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli
+from tests.helpers.run_dirs import marker_path
 
 STEPS = 20
 ARGS = ("--max-steps", str(STEPS))
 LOSS_TOLERANCE = 2e-6
-
-
-def _ok(launch: tl.Launch) -> None:
-    assert launch.returncodes and all(code == 0 for code in launch.returncodes), launch.output()
-
-
-def _marker(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step_{step:08d}" / "COMPLETE.json"
 
 
 # ----------------------------------------------------------------------------- no training
@@ -126,8 +119,8 @@ def _zero_run(strategy: str) -> tl.Launch:
 @pytest.mark.parametrize("strategy", ["deepspeed_zero2", "deepspeed_zero3"])
 def test_zero_losses_equal_ddp(strategy: str) -> None:
     ddp, zero = tl.cached_run("ddp", 2, 1, 2, ARGS), _zero_run(strategy)
-    _ok(ddp)
-    _ok(zero)
+    tl.assert_ok(ddp)
+    tl.assert_ok(zero)
     ref, got = tl.losses(ddp.run_dir), tl.losses(zero.run_dir)
     assert sorted(got) == list(range(1, STEPS + 1)), zero.output()
     diffs = {s: (ref[s], got[s]) for s in ref if abs(ref[s] - got[s]) > LOSS_TOLERANCE}
@@ -147,7 +140,7 @@ def test_zero_losses_equal_ddp(strategy: str) -> None:
 @pytest.mark.slow
 def test_zero3_usr2_checkpoints_and_resumes_exactly(tmp_path: Path) -> None:
     baseline = _zero_run("deepspeed_zero3")
-    _ok(baseline)
+    tl.assert_ok(baseline)
     run_dir = tmp_path / "run"
     launch = tl.start(run_dir, "deepspeed_zero3", 2, 1, 2, list(ARGS))
     try:
@@ -161,18 +154,18 @@ def test_zero3_usr2_checkpoints_and_resumes_exactly(tmp_path: Path) -> None:
     status = tl.read_json(run_dir / "exit_status.json")
     assert status["code"] == 75 and status["reason"] == "signal", launch.output()
     stopped = status["step"]
-    assert 5 <= stopped < STEPS and _marker(run_dir, stopped).exists()
-    folder = _marker(run_dir, stopped).parent
+    assert 5 <= stopped < STEPS and marker_path(run_dir, stopped).exists()
+    folder = marker_path(run_dir, stopped).parent
     assert sorted(p.name for p in (folder / "pytorch_model").glob("zero_pp_rank_*_model_states.pt")) == [
         "zero_pp_rank_0_mp_rank_00_model_states.pt",
         "zero_pp_rank_1_mp_rank_00_model_states.pt",
     ]
     resumed = tl.run(run_dir, "deepspeed_zero3", 2, 1, 2, list(ARGS))
-    _ok(resumed)
+    tl.assert_ok(resumed)
     ref, got = tl.losses(baseline.run_dir), tl.losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1)), "a step was lost or repeated"
     assert [got[s] for s in ref] == [ref[s] for s in ref], {s: (ref[s], got[s]) for s in ref}  # bit-equal
-    loaded, saved = tl.read_json(run_dir / "loaded.json"), tl.read_json(_marker(run_dir, stopped))
+    loaded, saved = tl.read_json(run_dir / "loaded.json"), tl.read_json(marker_path(run_dir, stopped))
     assert loaded["step"] == stopped
     assert (loaded["param_checksum"], loaded["optim_checksum"]) == (
         saved["param_checksum"],
@@ -190,11 +183,12 @@ def test_zero3_usr2_checkpoints_and_resumes_exactly(tmp_path: Path) -> None:
 def test_zero3_checkpoint_in_a_zero2_run_is_refused_with_the_reason(tmp_path: Path) -> None:
     """Another ZeRO stage cannot load the partitions (another world size can: tests/runner/test_resume_zero_reshard.py)."""
     baseline = _zero_run("deepspeed_zero3")
-    _ok(baseline)
+    tl.assert_ok(baseline)
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     subprocess.run(
-        ["cp", "-a", str(_marker(baseline.run_dir, STEPS).parent), str(run_dir / "checkpoints")], check=True
+        ["cp", "-a", str(marker_path(baseline.run_dir, STEPS).parent), str(run_dir / "checkpoints")],
+        check=True,
     )
     started = time.monotonic()
     launch = tl.run(run_dir, "deepspeed_zero2", 2, 1, 2, [*ARGS[:1], str(STEPS + 5)], timeout=120)
@@ -217,10 +211,10 @@ def test_zero3_checkpoint_exports_consolidated_fp32(tmp_path: Path) -> None:
     from train.checksum import tensor_checksum
 
     baseline = _zero_run("deepspeed_zero3")
-    _ok(baseline)
+    tl.assert_ok(baseline)
     out = tmp_path / "model_fp32"
     res = run_cli(
-        ["export", "--checkpoint", str(_marker(baseline.run_dir, STEPS).parent), "--format", "torch",
+        ["export", "--checkpoint", str(marker_path(baseline.run_dir, STEPS).parent), "--format", "torch",
          "--out", str(out), "--verify"],
         dict(os.environ),
         timeout=120,

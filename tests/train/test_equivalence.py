@@ -13,6 +13,7 @@ import math
 import pytest
 
 from tests.helpers import train_launch as tl
+from tests.helpers.net import free_port
 
 STEPS = 20
 ARGS = ("--max-steps", str(STEPS))
@@ -24,10 +25,6 @@ TRAIN_KEYS = {
 }  # fmt: skip
 
 pytestmark = pytest.mark.slow
-
-
-def _ok(launch: tl.Launch) -> None:
-    assert launch.returncodes and all(code == 0 for code in launch.returncodes), launch.output()
 
 
 def _assert_same_losses(reference: tl.Launch, other: tl.Launch, what: str) -> None:
@@ -50,7 +47,7 @@ def _assert_replicas_agree(launch: tl.Launch, world: int, shard_group: int) -> N
 
 def test_ddp_reference_run_and_metrics_schema():
     launch = tl.cached_run("ddp", 2, 1, 2, ARGS)
-    _ok(launch)
+    tl.assert_ok(launch)
     records = tl.read_metrics(launch.run_dir)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for record in records:
@@ -90,9 +87,9 @@ BLOCK = "TransformerBlock"
 )
 def test_two_ranks_match_ddp(strategy, fsdp_version, wrap_cls):
     reference = tl.cached_run("ddp", 2, 1, 2, ARGS)
-    _ok(reference)
+    tl.assert_ok(reference)
     launch = tl.cached_run(strategy, fsdp_version, 1, 2, ARGS, wrap_cls=wrap_cls)
-    _ok(launch)
+    tl.assert_ok(launch)
     _assert_same_losses(reference, launch, f"{strategy} FSDP{fsdp_version}")
     assert tl.read_metrics(launch.run_dir)[-1]["strategy"] == strategy
     ref_final = tl.read_json(reference.run_dir / "final.json")
@@ -119,9 +116,9 @@ def test_two_ranks_match_ddp(strategy, fsdp_version, wrap_cls):
 )
 def test_two_nodes_hybrid_match_four_rank_ddp(strategy, fsdp_version, wrap_cls):
     reference = tl.cached_run("ddp", 2, 2, 2, ARGS)
-    _ok(reference)
+    tl.assert_ok(reference)
     launch = tl.cached_run(strategy, fsdp_version, 2, 2, ARGS, wrap_cls=wrap_cls)
-    _ok(launch)
+    tl.assert_ok(launch)
     _assert_same_losses(reference, launch, f"{strategy} FSDP{fsdp_version} 2x2")
     ref_final = tl.read_json(reference.run_dir / "final.json")
     final = tl.read_json(launch.run_dir / "final.json")
@@ -134,7 +131,7 @@ def test_two_nodes_hybrid_match_four_rank_ddp(strategy, fsdp_version, wrap_cls):
 def _size_based_configs(folder, min_num_params: int) -> list:
     """full_shard FSDP2 configs with size-based wrapping at a threshold the tiny model's ModuleList of
     blocks (~266k parameters) exceeds, as the ``small`` and ``base`` presets do at the default 1e6."""
-    configs = tl.render_configs("full_shard", 2, 1, 2, tl.free_port(), folder)
+    configs = tl.render_configs("full_shard", 2, 1, 2, free_port(), folder)
     text = configs[0].read_text()
     assert "fsdp_auto_wrap_policy: SIZE_BASED_WRAP" in text and "fsdp_min_num_params: 1000000" in text, text
     configs[0].write_text(
@@ -147,14 +144,14 @@ def test_fsdp2_size_based_wrap_skips_the_blocks_module_list(tmp_path):
     """Workaround ``fsdp2_size_based_wrap``: FSDP1's rule (containers never wrapped, only parameters not yet
     in a wrapped child count), so the MLPs (~132k parameters each) become units and the run equals DDP."""
     reference = tl.cached_run("ddp", 2, 1, 2, ARGS)
-    _ok(reference)
+    tl.assert_ok(reference)
     configs = _size_based_configs(tmp_path / "configs", 100_000)
     launch = tl.start(tmp_path / "run", "full_shard", 2, 1, 2, list(ARGS), config_paths=configs)
     try:
         launch.wait()
     finally:
         launch.kill()
-    _ok(launch)
+    tl.assert_ok(launch)
     out = launch.output()
     assert "fsdp2_size_based_wrap" in out and "units GPT, MLP x4" in out, out
     _assert_same_losses(reference, launch, "full_shard FSDP2 size-based wrap")

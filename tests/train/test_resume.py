@@ -16,18 +16,11 @@ import pytest
 
 from orchestrator.contract import checkpoints
 from tests.helpers import train_launch as tl
+from tests.helpers.run_dirs import marker_path
 
 STEPS = 20
 ARGS = ("--max-steps", str(STEPS))
 KILL_AT = 10
-
-
-def _marker(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step_{step:08d}" / "COMPLETE.json"
-
-
-def _ok(launch: tl.Launch) -> None:
-    assert launch.returncodes and all(code == 0 for code in launch.returncodes), launch.output()
 
 
 _INTERRUPTED: dict[tuple, Path] = {}
@@ -37,27 +30,27 @@ def interrupted_and_resumed(strategy: str, fsdp_version: int, nodes: int, procs:
     """Run to the step-10 checkpoint, SIGKILL everything, resume to step 20 (cached per configuration)."""
     key = (strategy, fsdp_version, nodes, procs)
     if key not in _INTERRUPTED:
-        run_dir = tl.cache_dir() / f"resume-{strategy}-v{fsdp_version}-{nodes}x{procs}"
+        run_dir = tl.cached_runs_dir() / f"resume-{strategy}-v{fsdp_version}-{nodes}x{procs}"
         first = tl.start(run_dir, strategy, fsdp_version, nodes, procs, [*ARGS, "--ckpt-every", str(KILL_AT)])
         try:
             first.poll_until(
-                lambda: _marker(run_dir, KILL_AT).exists(), 150, f"the step-{KILL_AT} checkpoint"
+                lambda: marker_path(run_dir, KILL_AT).exists(), 150, f"the step-{KILL_AT} checkpoint"
             )
         finally:
             first.kill(signal.SIGKILL)
-        assert not _marker(run_dir, STEPS).exists()
+        assert not marker_path(run_dir, STEPS).exists()
         second = tl.start(run_dir, strategy, fsdp_version, nodes, procs, list(ARGS))
         try:
             second.wait()
         finally:
             second.kill()
-        _ok(second)
+        tl.assert_ok(second)
         _INTERRUPTED[key] = run_dir
     return _INTERRUPTED[key]
 
 
 def _assert_resume_exact(baseline: tl.Launch, run_dir: Path) -> None:
-    _ok(baseline)
+    tl.assert_ok(baseline)
     ref, got = tl.losses(baseline.run_dir), tl.losses(run_dir)
     tail = list(range(KILL_AT + 1, STEPS + 1))
     # Bit-equal: same floats, not merely close.
@@ -69,7 +62,7 @@ def _assert_resume_exact(baseline: tl.Launch, run_dir: Path) -> None:
         and resumes[-1]["checkpoint"].endswith(f"step_{KILL_AT:08d}")
     )
     loaded = tl.read_json(run_dir / "loaded.json")
-    saved = tl.read_json(_marker(run_dir, KILL_AT))
+    saved = tl.read_json(marker_path(run_dir, KILL_AT))
     assert loaded["param_checksum"] == saved["param_checksum"]
     assert loaded["optim_checksum"] == saved["optim_checksum"]
     final, ref_final = tl.read_json(run_dir / "final.json"), tl.read_json(baseline.run_dir / "final.json")
@@ -115,7 +108,7 @@ def test_resharded_resume_four_to_two_skips_torn_checkpoints(tmp_path):
     (ckpts / ".tmp-step_00000014-deadbeef" / "COMPLETE.json").unlink()
 
     launch = tl.run(run_dir, "full_shard", 2, 1, 2, ["--max-steps", str(KILL_AT + 2)])
-    _ok(launch)
+    tl.assert_ok(launch)
     out = launch.output()
     loaded = tl.read_json(run_dir / "loaded.json")
     saved = tl.read_json(good / "COMPLETE.json")
@@ -158,7 +151,7 @@ def test_fsdp1_optimizer_state_is_verified_on_load(tmp_path):
 @pytest.mark.slow
 def test_sigusr2_checkpoints_exits_75_and_resume_loses_no_step(tmp_path):
     baseline = tl.cached_run("ddp", 2, 1, 2, ARGS)
-    _ok(baseline)
+    tl.assert_ok(baseline)
     run_dir = tmp_path / "run"
     launch = tl.start(run_dir, "ddp", 2, 1, 2, list(ARGS))
     try:
@@ -177,11 +170,11 @@ def test_sigusr2_checkpoints_exits_75_and_resume_loses_no_step(tmp_path):
     assert 5 <= stopped < STEPS
     assert f"requeue: checkpoint step {stopped} saved" in out
     assert out.count("exitcode  : 75") == 2, out  # both workers exit EX_TEMPFAIL (torchrun itself exits 1)
-    assert _marker(run_dir, stopped).exists()
+    assert marker_path(run_dir, stopped).exists()
     assert max(tl.losses(run_dir)) == stopped, "a step ran after the stop was agreed"
 
     resumed = tl.run(run_dir, "ddp", 2, 1, 2, list(ARGS))
-    _ok(resumed)
+    tl.assert_ok(resumed)
     ref, got = tl.losses(baseline.run_dir), tl.losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1)), "a step was lost or repeated"
     assert [got[s] for s in range(1, STEPS + 1)] == [ref[s] for s in range(1, STEPS + 1)]

@@ -20,8 +20,8 @@ from orchestrator.config.profile.load import (
     profile_search_path,
 )
 from orchestrator.contract.errors import UserError
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[3]
 BUILTINS = sorted(p.stem for p in (REPO / "cluster_profiles").glob("*.yaml"))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -26,9 +25,9 @@ from orchestrator.config.profile.load import (
 )
 from orchestrator.config.render import render_accelerate_config, render_sbatch, sample_runtime
 from orchestrator.contract.errors import UserError
+from tests.helpers.cli import REPO
 from tests.helpers.profile_docs import FAST, documents, profile_like
 
-REPO = Path(__file__).resolve().parents[3]
 SOURCE = "cluster_profiles/fuzz.yaml"
 
 

@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from orchestrator.config.profile import load as P
 from orchestrator.config.profile import records as R
 from orchestrator.config.profile import schema as S
+from tests.helpers.cli import REPO
 from tests.helpers.profile_docs import FAST, documents, profile_like
 
-REPO = Path(__file__).resolve().parents[3]
 RECORDS = [P.NodeLimits, P.PortRange, P.PreTimeoutSignal, P.Preflight, P.TrainingDefaults, P.ClusterProfile]
 
 

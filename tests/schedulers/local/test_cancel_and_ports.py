@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import REPO, kill_tree, poll, run_cli, submit_local
+from tests.helpers.cli import REPO, kill_tree, poll, run_cli, status_row, submit_local
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "stray_child.py")
@@ -44,12 +44,6 @@ def _trained(run_dir: Path, nodes: int) -> bool:
     return len(ranks) >= nodes
 
 
-def _status(env: dict[str, str], job_id: str) -> dict:
-    res = run_cli(["status", job_id, "--json"], env, timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)["jobs"][0]
-
-
 def test_cancel_escalates_to_sigkill_after_the_grace_and_reads_cancelled(
     orch_env: dict[str, str], reap: None
 ) -> None:
@@ -59,7 +53,7 @@ def test_cancel_escalates_to_sigkill_after_the_grace_and_reads_cancelled(
     poll(lambda: _trained(run_dir, 1), 120, "training")
     res = run_cli(["cancel", job_id], env)
     assert res.returncode == 0, res.stdout + res.stderr
-    row = poll(lambda: (r := _status(env, job_id))["terminal"] and r, 40, "the cancelled job ended")
+    row = poll(lambda: (r := status_row(env, job_id))["terminal"] and r, 40, "the cancelled job ended")
     assert row["state"] == "CANCELLED", row
     log = (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
     assert "still running 2 s after SIGTERM: killing it" in log, log
@@ -87,7 +81,7 @@ def test_two_registries_local_jobs_each_hold_a_free_port(
                 p.read_text()[-2000:] for p in run_dir.glob("logs/attempt_0/node_*.log")
             ),
         )
-        assert not _status(env, job_id)["terminal"]
+        assert not status_row(env, job_id)["terminal"]
     ports = [
         json.loads((d / "logs/attempt_0/rendezvous_port").read_text())["port"]
         for d in (first_dir, second_dir)

@@ -11,9 +11,9 @@ from orchestrator import api
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import JobState
 from orchestrator.registry.store import Registry
-from tests.helpers.cli import REPO, poll, run_cli
+from tests.helpers.cli import PLAIN_ACCELERATE, REPO, poll, probe_args, run_cli
 
-SCRIPT = str(REPO / "tests" / "scripts" / "plain_accelerate.py")
+SCRIPT = PLAIN_ACCELERATE
 
 
 def _records(prefix: Path, world: int) -> list[dict]:
@@ -35,12 +35,7 @@ def test_unmodified_script_gets_requested_world_size(orch_env: dict[str, str], t
             "--wait",
             "--poll",
             "0.5",
-            "--",
-            SCRIPT,
-            "--expect-world-size",
-            "4",
-            "--out",
-            str(out),
+            *probe_args(4, out),
         ],
         orch_env,
         timeout=180,
@@ -84,12 +79,7 @@ def test_two_jobs_at_once_do_not_clash(orch_env: dict[str, str], tmp_path: Path)
                     "--wait",
                     "--poll",
                     "0.5",
-                    "--",
-                    SCRIPT,
-                    "--expect-world-size",
-                    "4",
-                    "--out",
-                    str(tmp_path / f"o{i}"),
+                    *probe_args(4, tmp_path / f"o{i}"),
                 ],
                 cwd=REPO,
                 env=orch_env,
