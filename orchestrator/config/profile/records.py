@@ -400,6 +400,12 @@ class ClusterProfile(_Record):
     priority, but Slurm holds it for ``cred_expire`` + 1 s, 121 s by default) or ``new_job`` (a
     successor job submitted when the stop signal arrives, starting as soon as this one ends: a new
     job id and a fresh place in the queue; ``status`` follows the run). Both count to max_requeues."""
+    max_restarts: int = 3
+    """How many times the job's own supervisor restarts the training step inside its allocation (same
+    job id, no trip through the queue) after a fault a restart cures: a rank or node task killed by a
+    signal (the OOM killer, SIGSEGV, SIGABRT), a collective error or timeout, a hang (0..100; 0: every
+    such fault ends the job, as before). A Python exception the script raised is never restarted.
+    Counted per allocation (Slurm); ``--max-restarts`` overrides it."""
     hang_timeout: int | None = None
     """Seconds without progress of any rank (heartbeats) before the hang watchdog saves every rank's
     stacks and ends the job (1..86400). Longer during the first step and while checkpointing. None:
