@@ -56,6 +56,9 @@ class LaunchPlan:
     hang_timeout: int | None = None
     """Seconds without progress of any rank before the hang watchdog ends the step (None: derived
     from the step times the ranks report; see orchestrator.supervise.watchdog)."""
+    max_restarts: int = 3
+    """Restarts of the training step inside one allocation after a fault a restart cures (the
+    profile's ``max_restarts``; :mod:`orchestrator.schedulers.slurm.batch_step`)."""
 
     @property
     def strategy(self) -> Strategy:
@@ -87,6 +90,7 @@ class LaunchPlan:
             "exclude_nodes": list(self.exclude_nodes),
             **({"after": list(self.after)} if self.after else {}),
             "hang_timeout": self.hang_timeout,
+            "max_restarts": self.max_restarts,
         }
 
     @classmethod
@@ -155,6 +159,8 @@ class LaunchPlan:
             hang_timeout=inputs.whole(
                 f"{src}: hang_timeout", data.get("hang_timeout"), 1, 86400, unit="seconds"
             ),
+            # a plan written before the key: no restart (what that job was submitted with)
+            max_restarts=inputs.whole(f"{src}: max_restarts", data.get("max_restarts", 0), 0, 100) or 0,
         )
 
 
@@ -294,6 +300,7 @@ def build_plan(
     exclude_nodes: tuple[str, ...] = (),
     after: tuple[str, ...] = (),
     hang_timeout: int | None = None,
+    max_restarts: int | None = None,
 ) -> LaunchPlan:
     """Check everything and return the plan; raises UserError with the reason."""
     node_count = profile.nodes.default if nodes is None else nodes
@@ -319,6 +326,8 @@ def build_plan(
         raise UserError(f"--hang-timeout: expected seconds from 1 to 86400, got {hang_timeout}")
     if max_requeues is not None and not 0 <= max_requeues <= 100:
         raise UserError(f"--max-requeues: expected an integer from 0 to 100, got {max_requeues}")
+    if max_restarts is not None and not 0 <= max_restarts <= 100:
+        raise UserError(f"--max-restarts: expected an integer from 0 to 100, got {max_restarts}")
     if time_limit is not None:
         from orchestrator.config.inputs import slurm_time_minutes
 
@@ -341,4 +350,5 @@ def build_plan(
         exclude_nodes=tuple(sorted(set(exclude_nodes))),
         after=tuple(after),
         hang_timeout=profile.hang_timeout if hang_timeout is None else hang_timeout,
+        max_restarts=profile.max_restarts if max_restarts is None else max_restarts,
     )

@@ -34,7 +34,6 @@ from typing import Any
 
 from orchestrator.contract.env import RUN_DIR_ENV
 from orchestrator.schedulers.slurm.environment import (
-    DEFAULT_MAX_RESTARTS,
     STEP_ATTEMPT_ENV,
     allocation_nodes,
     batch_job_id,
@@ -133,11 +132,15 @@ STOP_SIGNALS_SEEN: list[int] = []
 
 
 def max_restarts_of(run_dir: Path) -> int:
-    """The plan's ``max_restarts`` (restarts inside one allocation)."""
-    from orchestrator.contract.run_dir import read_current_plan_json
+    """The plan's ``max_restarts`` (restarts inside one allocation); 0 when the plan cannot be read
+    (the step then runs as without restarts)."""
+    from orchestrator.schedulers.slurm.auto_resume import current_plan
 
-    value = read_current_plan_json(run_dir).get("max_restarts", DEFAULT_MAX_RESTARTS)
-    return value if isinstance(value, int) and value >= 0 else DEFAULT_MAX_RESTARTS
+    try:
+        return current_plan(run_dir).max_restarts
+    except Exception as exc:  # noqa: BLE001 (a plan problem must not stop the training)
+        say(f"no restarts inside the allocation: the plan could not be read ({exc})")
+        return 0
 
 
 def supervise(

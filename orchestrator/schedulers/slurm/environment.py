@@ -22,8 +22,6 @@ INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
 #: The attempt a training step's nodes are in, set by the batch step on each srun: a restart inside
 #: the allocation is a new attempt that ``SLURM_RESTART_COUNT`` does not count.
 STEP_ATTEMPT_ENV = "ORCHESTRATOR_STEP_ATTEMPT"
-#: Restarts inside one allocation when the plan names none (a plan written before the key).
-DEFAULT_MAX_RESTARTS = 3
 
 
 # ---------------------------------------------------------------------------- the job's environment
