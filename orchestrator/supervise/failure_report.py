@@ -444,6 +444,9 @@ def restart_verdict(run_dir: Path | str, job_id: str, *, procs_per_node: int = 1
         if any(_COLLECTIVE_ERROR.search(line) for line in errors.lines):
             return RestartVerdict(f"a collective error on {where}: {first}")
         return RestartVerdict(None, f"{where} raised {first} (the script's own error: not restarted)")
+    if death is not None and death.rank not in consequence_ranks:
+        # It ended first, by itself, with no sign of another's failure: the script's own exit.
+        return RestartVerdict(None, f"{death.describe()}, by itself (the script's own exit: not restarted)")
     if candidates or death is not None or any(c not in (0, EXIT_REQUEUE) for c in codes.values()):
         what = candidates[0][3].lines[0] if candidates and candidates[0][3].lines else "no error of its own"
         return RestartVerdict(f"a rank or node task ended without an error of its own ({what})")

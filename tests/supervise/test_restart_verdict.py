@@ -73,3 +73,18 @@ def test_a_full_disk_and_nothing_logged_are_not_restarted(tmp_path: Path) -> Non
     attempt(tmp_path, KILLED + "OSError: [Errno 28] No space left on device\n", 137)
     verdict = restart_verdict(tmp_path, "7", procs_per_node=2)
     assert verdict.cause is None and verdict.refusal == "the disk is full"
+
+
+def test_a_rank_that_exits_by_itself_is_not_restarted(tmp_path: Path) -> None:
+    """``raise SystemExit("boom")``: exit code 1, a message but no traceback, no peer's failure."""
+    log = (
+        HEADER
+        + "[orchestrator launch] rank 0 (local 0) exited with code 1\n[default0]:boom: failed by itself\n"
+    )
+    attempt(tmp_path, log, 1)
+    verdict = restart_verdict(tmp_path, "7", procs_per_node=1)
+    assert (
+        verdict.cause is None
+        and verdict.refusal is not None
+        and "rank 0 exited first, with code 1" in verdict.refusal
+    )
