@@ -1,0 +1,178 @@
+"""Recovery inside the allocation on the real Slurm cluster (issue 42): a fault a restart cures costs
+seconds in the same job, not a trip through the queue.
+
+- A rank SIGKILLed mid-run (``kill -9``, as the OOM killer does) is back training in the same job id:
+  the batch step relaunches the step on the nodes it holds, from the newest complete checkpoint, as
+  a new attempt; ``restarts.jsonl``, ``status`` and the registry say so; Slurm never requeued the job;
+  the result is bit-equal to an uninterrupted run (local mode at the same world size, run meanwhile).
+- ``max_restarts`` is honoured: a rank that aborts (SIGABRT) on every attempt is restarted that many
+  times, then the job is FAILED with the rank's death as its reason.
+- A Python exception the script raised is not restarted (it would raise again).
+
+The profile here is the test cluster's own with ``max_restarts`` set (``slurm_test`` has 0, so the
+other fault tests prove the paths that end a job). Figures (kill to training again) are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.contract.run_dir import read_restarts
+from orchestrator.registry.store import Registry
+from orchestrator.rundir.summary import iter_metrics
+from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
+from tests.helpers.hold import rank_pid
+from tests.helpers.slurm_cluster import scancel_quietly, slurm, wait_for_job_state
+
+pytestmark = pytest.mark.slow
+
+TRAIN = str(REPO / "train" / "train.py")
+CRASH = str(REPO / "tests" / "scripts" / "crash_rank.py")
+STEPS = 40
+CKPT_EVERY = 10
+RUN_ARGS = [
+    *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"),
+    *("--max-steps", str(STEPS), "--ckpt-every", str(CKPT_EVERY)),
+]
+TWO_NODES = ["--strategy", "full_shard", "--nodes", "2", "--procs-per-node", "1"]
+
+
+@pytest.fixture(scope="module")
+def env(slurm_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("restart_in_allocation")
+    out = dict(os.environ)
+    out["ORCHESTRATOR_HOME"] = str(base / "home")
+    out["ORCHESTRATOR_RUNS"] = str(base / "runs")
+    out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
+    return out
+
+
+def submitted(env: dict[str, str], args: list[str]) -> tuple[str, Path]:
+    res = run_cli(["submit", *args], env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.split("submitted job ")[1].split()[0], Path(
+        res.stdout.split("run directory ")[1].split()[0]
+    )
+
+
+def train_events(run_dir: Path) -> list[dict[str, Any]]:
+    return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]
+
+
+def slurm_requeues(job_id: str) -> int | None:
+    out = slurm("scontrol", "show", "job", job_id, check=False).stdout
+    return next((int(w.split("=", 1)[1]) for w in out.split() if w.startswith("Restarts=")), None)
+
+
+def status_of(env: dict[str, str], job_id: str) -> dict[str, Any]:
+    res = run_cli(["status", job_id, "--json"], env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return dict(json.loads(res.stdout)["jobs"][0])
+
+
+def batch_log(run_dir: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob("*_log.err")))
+
+
+def test_a_killed_rank_trains_again_in_the_same_job(env: dict[str, str], tmp_path: Path) -> None:
+    profiles = user_profile_dir(tmp_path, max_restarts=3)
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", *TWO_NODES, "--wait",
+         "--poll", "1", "--", TRAIN, *RUN_ARGS],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    job_id, run_dir = submitted(
+        env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
+    )
+    try:
+        victim = rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        wait_for_job_state(job_id, "COMPLETED", timeout=300)
+        ref_out, ref_err = reference.communicate(timeout=300)
+    finally:
+        scancel_quietly(job_id)
+        kill_tree(reference.pid)
+    assert reference.returncode == 0, ref_out + ref_err
+    ref_dir = Path(ref_out.split("run directory ")[-1].split()[0])
+
+    # One restart, in this job, from a complete checkpoint; no requeue, no new job.
+    restarts = read_restarts(run_dir)
+    assert len(restarts) == 1, (restarts, batch_log(run_dir)[-3000:])
+    restart = restarts[0]
+    assert (restart["job_id"], restart["failed_attempt"], restart["attempt"]) == (job_id, 0, 1), restart
+    assert "rank 1 died of SIGKILL" in restart["cause"], restart
+    assert restart["step"] >= CKPT_EVERY and restart["step"] % CKPT_EVERY == 0, restart
+    start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
+    assert start["step"] == restart["step"], (start, restart)
+    assert sacct_state(job_id) == "COMPLETED"
+    assert slurm_requeues(job_id) == 0
+    assert [a.attempt for a in Registry.open(Path(env["ORCHESTRATOR_HOME"])).attempts(job_id)] == [0, 1]
+    row = status_of(env, job_id)
+    assert row["state"] == "COMPLETED" and row["restarts"] == 1 and row["requeues"] == 0, row
+    assert "SIGKILL" in row["restart_causes"][0] and row["continued_as"] is None, row
+    table = run_cli(["status", job_id], env, timeout=60).stdout
+    assert f"{job_id}: restarted 1 time(s) in its allocation" in table, table
+
+    back = min(e["time"] for e in train_events(run_dir) if e["time"] > killed_at)
+    print(f"[restart] kill -9 of rank 1 to its next trained step: {back - killed_at:.1f} s")
+
+    # Bit-equal to the uninterrupted run: the final state and every loss logged.
+    final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, ref_dir))
+    for key in ("step", "loss", "param_checksum", "optim_checksum"):
+        assert final[key] == ref[key], (key, final[key], ref[key])
+    want = {e["step"]: e["loss"] for e in train_events(ref_dir)}
+    differ = {
+        e["step"]: (e["loss"], want.get(e["step"]))
+        for e in train_events(run_dir)
+        if e["loss"] != want.get(e["step"])
+    }
+    assert not differ, differ
+
+
+def test_max_restarts_is_honoured_then_the_death_is_the_reason(env: dict[str, str], tmp_path: Path) -> None:
+    profiles = user_profile_dir(tmp_path, max_restarts=1)
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--wait",
+         "--poll", "0.5", "--", CRASH, "--crash-rank", "1", "--abort"],
+        env, timeout=300,
+    )  # fmt: skip
+    job_id = res.stdout.split("submitted job ")[1].split()[0]
+    run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert sacct_state(job_id) == "FAILED"
+    restarts = read_restarts(run_dir)
+    assert [(r["failed_attempt"], r["attempt"]) for r in restarts] == [(0, 1)], restarts
+    assert "SIGABRT" in restarts[0]["cause"], restarts
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["attempt_0", "attempt_1"]
+    assert "1 restart(s) reached max_restarts" in batch_log(run_dir)
+    row = status_of(env, job_id)
+    assert row["restarts"] == 1 and "SIGABRT" in (row["reason"] or ""), row
+
+
+def test_a_python_exception_is_not_restarted(env: dict[str, str], tmp_path: Path) -> None:
+    profiles = user_profile_dir(tmp_path, max_restarts=3)
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--wait",
+         "--poll", "0.5", "--", CRASH, "--crash-rank", "1"],
+        env, timeout=300,
+    )  # fmt: skip
+    job_id = res.stdout.split("submitted job ")[1].split()[0]
+    run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert read_restarts(run_dir) == []
+    assert [p.name for p in (run_dir / "logs").iterdir()] == ["attempt_0"]
+    assert "ValueError: boom from the test script (rank 1) (the script's own error: not restarted)" in (
+        batch_log(run_dir)
+    )
+    row = status_of(env, job_id)
+    assert row["state"] == "FAILED" and row["restarts"] == 0 and "ValueError" in (row["reason"] or ""), row
