@@ -17,15 +17,16 @@ to use (a command asking several things opens it once); else the one under ``hom
 
 from __future__ import annotations
 
+import inspect
 import math
-import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.api.handles import NOT_RESUMED, Job, Sweep, cancel, get_job, get_sweep, resume
+from orchestrator.config.job_request import JobRequest, PlanKeywords
 from orchestrator.contract.errors import UserError
 from orchestrator.remote import handles as remote
 from orchestrator.remote.handles import RemoteJob, RemoteSweep
@@ -33,7 +34,7 @@ from orchestrator.runner.progress import WaitTimeout, follow_hint
 from orchestrator.runner.sweep_status import SWEEP_METRICS, SweepStatus, sweep_status
 
 if TYPE_CHECKING:
-    from typing import TypedDict, Unpack  # Unpack: Python 3.11; read by the type checker only
+    from typing import Unpack  # Python 3.11; read by the type checker only
 
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.config.profile.load import ClusterProfile
@@ -47,28 +48,6 @@ if TYPE_CHECKING:
     from orchestrator.runner.status import StatusReport
     from orchestrator.runner.status import StatusRow as StatusRow
     from orchestrator.schedulers.base import Request
-
-    class _PlanKeywordsRequired(TypedDict):
-        script: str
-
-    class PlanKeywords(_PlanKeywordsRequired, total=False):
-        """:func:`make_plan`'s keywords, which :func:`submit` and :func:`sweep` pass on. Declared for the
-        type checker only: mypy checks every forwarding call against ``make_plan``'s signature."""
-
-        args: Sequence[str]
-        profile: str | None
-        strategy: str | None
-        nodes: int | None
-        procs_per_node: int | None
-        name: str | None
-        time: str | None
-        max_requeues: int | None
-        auto_resume: bool
-        exclude: str | None
-        after: Sequence[str]
-        profiles_dir: str | None
-        options: Mapping[str, Any] | None
-        hang_timeout: int | None
 
 
 __all__ = [
@@ -95,6 +74,7 @@ __all__ = [
     "make_plan",
     "open_registry",
     "parse_after",
+    "plan_request",
     "plot",
     "reconcile",
     "render_files",
@@ -112,7 +92,7 @@ __all__ = [
 
 def parse_after(text: str) -> str:
     """``JOB`` or ``JOB:ok`` -> ``afterok:JOB``; ``JOB:any`` -> ``afterany:JOB`` (Slurm's words)."""
-    from orchestrator.runner.planning import parse_after as parse
+    from orchestrator.config.job_request import parse_after as parse
 
     return parse(text)
 
@@ -177,57 +157,20 @@ def get_sweep_record(
 
 
 # ---------------------------------------------------------------------------- planning
-def make_plan(
-    *,
-    script: str,
-    args: Sequence[str] = (),
-    profile: str | None = None,
-    strategy: str | None = None,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    name: str | None = None,
-    time: str | None = None,
-    max_requeues: int | None = None,
-    auto_resume: bool = False,
-    exclude: str | None = None,
-    after: Sequence[str] = (),
-    profiles_dir: str | None = None,
-    options: Mapping[str, Any] | None = None,
-    hang_timeout: int | None = None,
-    container_image: str | None = None,
-) -> LaunchPlan:
-    """The checked plan of a job, exactly as ``submit`` builds it from its flags. ``options``: strategy
-    options by name (``{"mixed_precision": "bf16"}``), the ``--`` flags of ``orchestrator submit``;
+def make_plan(**keywords: Unpack[PlanKeywords]) -> LaunchPlan:
+    """The checked plan of a job, exactly as ``submit`` builds it from its flags. The keywords, each
+    one field of :class:`orchestrator.config.job_request.JobRequest`: ``script`` (required), ``args``,
+    ``profile``, ``nodes``, ``strategy``... ``options``: strategy options by name
+    (``{"mixed_precision": "bf16"}``), the ``--`` flags of ``orchestrator submit``;
     ``container_image``: this job's image instead of the profile's ``container.image``."""
-    from orchestrator.config.inputs import optional_text, options_mapping, path_text
-    from orchestrator.config.options import OPTIONS
-    from orchestrator.runner.planning import plan_from_options
+    return plan_request(JobRequest.from_keywords(keywords, "make_plan"))
 
-    path_text("script", script)  # required here: only `render` plans without a script
-    known = {o.name for o in OPTIONS}
-    given = options_mapping(options)
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise UserError(f"options: unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})")
-    if optional_text("strategy", strategy) is not None:
-        given["strategy"] = strategy
-    return plan_from_options(
-        script=script,
-        args=args,
-        profile=optional_text("profile", profile) or os.environ.get("ORCHESTRATOR_PROFILE", "local"),
-        profiles_dir=profiles_dir,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        name=name,
-        time=time,
-        max_requeues=max_requeues,
-        auto_resume=auto_resume,
-        exclude=exclude,
-        after=after,
-        hang_timeout=hang_timeout,
-        container_image=container_image,
-        options=given,
-    )
+
+def plan_request(request: JobRequest) -> LaunchPlan:
+    """:func:`make_plan` of a request already built (the command line's flags build one)."""
+    from orchestrator.runner.planning import plan_request as plan
+
+    return plan(request)
 
 
 def check_profile(name: str, path: Path, profile: ClusterProfile) -> None:
@@ -277,9 +220,10 @@ def dry_run(plan: LaunchPlan) -> Request:
 def submit(*, snapshot: bool = False, **plan: Unpack[PlanKeywords]) -> Job | RemoteJob:
     """Submit a job; the keywords are :func:`make_plan`'s (``script``, ``profile``, ``strategy``,
     ``nodes``, ``after``...). A profile with ``login.host``: a :class:`RemoteJob` on that login host."""
-    if remote.has_login(plan):
-        return remote.submit(plan, snapshot)
-    return submit_plan(make_plan(**plan), snapshot=snapshot)
+    request = JobRequest.from_keywords(plan, "submit")
+    if remote.has_login(request):
+        return remote.submit(request, snapshot)
+    return submit_plan(plan_request(request), snapshot=snapshot)
 
 
 def status(
@@ -444,7 +388,7 @@ def sweep_plan_points(
     from orchestrator.config.inputs import grid as check_grid
 
     text_grid = check_grid(grid)  # values are never re-split: "a,b" is one value
-    return make_plan(**plan), text_grid
+    return plan_request(JobRequest.from_keywords(plan, "sweep_plan_points")), text_grid
 
 
 def dry_run_sweep(
@@ -482,7 +426,21 @@ def sweep(
     from orchestrator.config.inputs import max_parallel as check_max_parallel
 
     check_max_parallel(max_parallel)  # before the plan: nothing is created for a refused sweep
-    if remote.has_login(plan):
-        return remote.sweep(plan, grid, max_parallel)
+    request = JobRequest.from_keywords(plan, "sweep")
+    if remote.has_login(request):
+        return remote.sweep(request, grid, max_parallel)
     base, text_grid = sweep_plan_points(grid, **plan)
     return submit_sweep_plan(base, text_grid, max_parallel)
+
+
+def _show_request_keywords(func: Callable[..., Any]) -> None:
+    """``help(func)`` and editors list the request's keywords in place of ``**plan`` (derived from
+    :class:`JobRequest`, as the keywords ``func`` accepts are)."""
+    own = inspect.signature(func)
+    kept = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    keywords = inspect.signature(JobRequest).parameters.values()
+    setattr(func, "__signature__", own.replace(parameters=[*kept, *keywords]))  # noqa: B010
+
+
+for _func in (make_plan, submit, sweep, sweep_plan_points):
+    _show_request_keywords(_func)

@@ -2,8 +2,9 @@
 
 argparse turns flags into typed values, so most of these never fire from the command line; the
 API takes whatever Python hands it, and the same planning path (``runner/planning.py``) checks it
-here before anything is created. A wrong type or value is a :class:`UserError` naming the keyword
-and what was expected: never a TypeError from deep inside, never a value silently reinterpreted.
+here before anything is created (a job's keywords: each one's ``check`` in ``config/job_request.py``).
+A wrong type or value is a :class:`UserError` naming the keyword and what was expected: never a
+TypeError from deep inside, never a value silently reinterpreted.
 
 Sequences of strings (a script's ``args``, ``after``, a grid's values) refuse a bare string instead
 of splitting it: ``args="--max-steps 5"`` was submitted as single characters, and shlex-splitting
@@ -213,29 +214,6 @@ def env_folder(name: str, default: str | os.PathLike[str], must_be_folder: bool 
     if must_be_folder and path.exists() and not path.is_dir():
         raise UserError(f"${name}={value}: is not a folder; it names a folder of profiles (*.yaml)")
     return path
-
-
-def check_plan_inputs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The keywords of a plan (``make_plan``'s), type-checked and normalised; raises UserError."""
-    out = dict(kwargs)
-    out["script"] = path_text("script", kwargs.get("script"))
-    out["args"] = words("args", kwargs.get("args", ()))
-    for key in ("profile", "strategy", "name", "time", "exclude", "container_image"):
-        out[key] = optional_text(key, kwargs.get(key))
-    out["profiles_dir"] = path_text("profiles_dir", kwargs.get("profiles_dir"), optional=True)
-    out["nodes"] = whole("nodes", kwargs.get("nodes"), 1)
-    out["procs_per_node"] = whole("procs_per_node", kwargs.get("procs_per_node"), 1)
-    out["max_requeues"] = whole("--max-requeues", kwargs.get("max_requeues"), 0, 100)
-    out["hang_timeout"] = whole("--hang-timeout", kwargs.get("hang_timeout"), 1, 86400, unit="seconds")
-    out["auto_resume"] = flag("auto_resume", kwargs.get("auto_resume", False))
-    out["after"] = words("after", kwargs.get("after", ()))
-    out["options"] = options_mapping(kwargs.get("options"))
-    if out["time"] is not None:
-        try:
-            slurm_time_minutes(out["time"])
-        except ValueError as exc:
-            raise UserError(f"--time: expected {exc}") from None
-    return out
 
 
 def max_parallel(value: object) -> int | None:

@@ -16,32 +16,46 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.job_request import KEYWORDS, KEYWORDS_BY_NAME, JobRequest
+from orchestrator.config.options import OPTIONS_BY_NAME
 from orchestrator.contract.errors import UserError
 
-_FLAGS = {"strategy": "--strategy", "nodes": "--nodes", "procs_per_node": "--procs-per-node", "name": "--name",
-          "time": "--time", "max_requeues": "--max-requeues", "exclude": "--exclude",
-          "hang_timeout": "--hang-timeout"}  # fmt: skip
 
-
-def plan_flags(plan: Mapping[str, Any]) -> list[str]:
-    """``make_plan``'s keywords as ``submit``'s flags (``--profile``, then the rest, then ``-- SCRIPT``)."""
-    from orchestrator.config.options import OPTIONS
-
-    words = ["--profile", str(plan["profile"])]
-    for key, flag in _FLAGS.items():
-        if plan.get(key) is not None:
-            words += [flag, str(plan[key])]
-    if plan.get("auto_resume"):
-        words.append("--auto-resume")
-    for after in plan.get("after") or ():
-        words += ["--after", str(after)]
-    by_name = {o.name: o for o in OPTIONS}
-    for name, value in (plan.get("options") or {}).items():
-        if name not in by_name:
-            raise UserError(f"options: unknown option {name!r}")
-        flag = by_name[name].flag
-        words += [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
-    return [*words, "--", str(plan["script"]), *map(str, plan.get("args") or ())]
+def plan_flags(request: JobRequest) -> list[str]:
+    """The request as ``submit``'s flags, each keyword written as its ``form`` says
+    (:mod:`orchestrator.config.job_request`): ``--profile`` first, then the rest, then ``-- SCRIPT
+    ARGS``. A keyword the login host cannot use (``profiles_dir``: a folder on this laptop) is not
+    sent; the values were checked here, as a local submit checks them."""
+    words: list[str] = []
+    tail: list[str] = ["--"]
+    for k in KEYWORDS:
+        value = getattr(request, k.name)
+        form = k.spec.form
+        if not k.spec.sent:
+            continue
+        if form == "option":  # the keyword, else the same name in options (as the plan reads it)
+            value = request.given_options()[k.name]
+        if form == "script":
+            tail.insert(1, str(value))  # first after "--", whatever the declaration's order
+        elif form == "args":
+            tail += map(str, value)
+        elif form in ("value", "option"):
+            words += [] if value is None else [k.flag, str(value)]
+        elif form == "switch":
+            words += [k.flag] if value else []
+        elif form == "each":
+            words += [w for item in value for w in (k.flag, str(item))]
+        elif form == "options":
+            for name, given in request.given_options().items():
+                if given is None or name in KEYWORDS_BY_NAME:  # not given; or sent as its own keyword
+                    continue
+                flag = OPTIONS_BY_NAME[name].flag
+                words += (
+                    [flag if given else "--no-" + flag[2:]] if isinstance(given, bool) else [flag, str(given)]
+                )
+        else:
+            raise AssertionError(f"{k.name}: form {form!r} has no command-line words here")
+    return [*words, *tail]
 
 
 def _run(profile: str, argv: list[str]) -> str:
@@ -107,39 +121,41 @@ class RemoteSweep:
         return [str(t["state"]) for t in sorted(self.status()["tasks"], key=lambda t: int(t["task"]))]
 
 
-def submit(plan: Mapping[str, Any], snapshot: bool) -> RemoteJob:
+def submit(request: JobRequest, snapshot: bool) -> RemoteJob:
     """``orchestrator submit`` on the login host (the script's folder is always sent: the login host
     has no other copy of it; ``snapshot`` is implied)."""
-    out = _run(str(plan["profile"]), ["submit", *plan_flags(plan)])
+    checked = request.checked()
+    profile = str(checked.profile)
+    out = _run(profile, ["submit", *plan_flags(checked)])
     job = re.search(r"^submitted job (\S+)", out, re.MULTILINE)
     where = re.search(r"^run directory (.+)$", out, re.MULTILINE)
     if not job or not where:
         raise UserError(f"submit on the login host printed no job id: {out.strip()!r}")
-    return RemoteJob(job.group(1), str(plan["profile"]), Path(where.group(1)))
+    return RemoteJob(job.group(1), profile, Path(where.group(1)))
 
 
-def sweep(
-    plan: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], max_parallel: int | None
-) -> RemoteSweep:
+def sweep(request: JobRequest, grid: Mapping[str, Sequence[Any]], max_parallel: int | None) -> RemoteSweep:
     """``orchestrator sweep`` on the login host: one ``--grid`` per axis."""
+    checked = request.checked()
+    profile = str(checked.profile)
     words = [
         "sweep",
         *[w for axis, values in grid.items() for w in ("--grid", f"{axis}={','.join(map(str, values))}")],
     ]
     if max_parallel is not None:
         words += ["--max-parallel", str(max_parallel)]
-    out = _run(str(plan["profile"]), [*words, *plan_flags(plan)])
+    out = _run(profile, [*words, *plan_flags(checked)])
     sweep_id = re.search(r"^submitted sweep (\S+)", out, re.MULTILINE)
     if not sweep_id:
         raise UserError(f"sweep on the login host printed no sweep id: {out.strip()!r}")
-    return RemoteSweep(sweep_id.group(1), str(plan["profile"]))
+    return RemoteSweep(sweep_id.group(1), profile)
 
 
-def has_login(plan: Mapping[str, Any]) -> bool:
-    """Whether ``plan``'s profile goes to a login host (never on the login host itself)."""
+def has_login(request: JobRequest) -> bool:
+    """Whether the request's profile goes to a login host (never on the login host itself)."""
     import os
 
     from orchestrator.remote.routing import ON_LOGIN_HOST, login_profile
 
-    name = plan.get("profile")
+    name = request.profile
     return bool(name) and not os.environ.get(ON_LOGIN_HOST) and login_profile(str(name)) is not None

@@ -1,5 +1,5 @@
-"""A LaunchPlan from typed keywords: the one planning path of ``orchestrator.make_plan`` and of the
-command line's flags (``render``, ``submit``, ``sweep``).
+"""A LaunchPlan from a job's request (``config/job_request.py``): the one planning path of
+``orchestrator.make_plan`` and of the command line's flags (``render``, ``submit``, ``sweep``).
 
 A value left None was not given: the profile's default applies, and a refusal of it names the
 profile's file and key.
@@ -7,13 +7,12 @@ profile's file and key.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.container import with_container_image
-from orchestrator.config.inputs import check_plan_inputs
+from orchestrator.config.job_request import JobRequest, default_profile
 from orchestrator.config.options import OPTIONS
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profile.load import display_path, load_profile
@@ -21,100 +20,35 @@ from orchestrator.config.scheduler_kinds import scheduler_kind
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; read by the type checker only
+
     from orchestrator.config.gpus import GpuCount
+    from orchestrator.config.job_request import PlanKeywords
     from orchestrator.config.profile.load import ClusterProfile
 
-#: The script of a plan that names none (``render`` with no ``-- SCRIPT``).
-DEFAULT_SCRIPT = "train/train.py"
 
-_AFTER = re.compile(r"^([0-9A-Za-z_.-]+?)(?::(ok|any))?$")
-
-
-def parse_after(text: str) -> str:
-    """``JOB`` or ``JOB:ok`` -> ``afterok:JOB``; ``JOB:any`` -> ``afterany:JOB`` (Slurm's words)."""
-    m = _AFTER.match(text.strip())
-    if not m:
-        raise UserError(f"--after {text!r}: expected JOB, JOB:ok or JOB:any (JOB: a job or sweep id)")
-    return f"after{m.group(2) or 'ok'}:{m.group(1)}"
-
-
-def parse_exclude(text: str | None) -> tuple[str, ...]:
-    """``n1,n2`` -> ("n1", "n2"); Slurm expands bracketed host lists itself, so they pass as they are."""
-    if text is None:
-        return ()
-    names = (
-        tuple(part.strip() for part in text.split(",") if part.strip())
-        if "[" not in text
-        else (text.strip(),)
-    )
-    for name in names:
-        if not all(c.isalnum() or c in "-_.[]," for c in name):
-            raise UserError(f"--exclude: expected node names such as n1,n2 or n[1-2], got {text!r}")
-    return names
-
-
-def plan_from_options(
-    *,
-    script: str | None,
-    args: Sequence[str] = (),
-    profile: str,
-    profiles_dir: str | None = None,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    name: str | None = None,
-    time: str | None = None,
-    max_requeues: int | None = None,
-    auto_resume: bool = False,
-    exclude: str | None = None,
-    after: Sequence[str] = (),
-    hang_timeout: int | None = None,
-    options: Mapping[str, Any] | None = None,
-    container_image: str | None = None,
-) -> LaunchPlan:
-    """The checked plan. ``options``: strategy options by name (None or absent: not given);
-    ``after``: ``JOB[:ok|any]`` as typed; ``exclude``: ``n1,n2`` as typed. Every keyword is checked
-    first (:func:`orchestrator.config.inputs.check_plan_inputs`: the API's and the CLI's one check)."""
-    checked = check_plan_inputs(
-        {
-            "script": script or DEFAULT_SCRIPT, "args": args, "profile": profile, "profiles_dir": profiles_dir,
-            "nodes": nodes, "procs_per_node": procs_per_node, "name": name, "time": time,
-            "max_requeues": max_requeues, "auto_resume": auto_resume, "exclude": exclude, "after": after,
-            "hang_timeout": hang_timeout, "options": options, "container_image": container_image,
-        }
-    )  # fmt: skip
-    script, args, profiles_dir, options = (
-        checked["script"], checked["args"], checked["profiles_dir"], checked["options"]
-    )  # fmt: skip
-    after = checked["after"]
-    profile_name, path, cluster = load_profile(profile, profiles_dir)
-    if checked["container_image"] is not None:
-        cluster = with_container_image(cluster, checked["container_image"], display_path(path))
+def plan_request(request: JobRequest) -> LaunchPlan:
+    """The checked plan of ``request``. Every keyword is checked first (:meth:`JobRequest.checked`:
+    the API's and the CLI's one check); then the profile is loaded (with the request's container
+    image), the options merged over its defaults, and :func:`build_plan` given the rest."""
+    checked = request.checked()
+    profile_name, path, cluster = load_profile(checked.profile or default_profile(), checked.profiles_dir)
+    if checked.container_image is not None:
+        cluster = with_container_image(cluster, checked.container_image, display_path(path))
     if cluster.gpus_per_node and scheduler_kind(cluster.scheduler).gpus_of_this_machine:
-        cluster = fit_to_this_machine(profile_name, cluster, nodes, procs_per_node)
-    if name is not None and (not name or any(c in name for c in "\n\r\0")):
-        raise UserError(f"--name: expected a non-empty single-line name, got {name!r}")
-    given = {o.name: (options or {}).get(o.name) for o in OPTIONS}
+        cluster = fit_to_this_machine(profile_name, cluster, checked.nodes, checked.procs_per_node)
+    given = checked.given_options()
     merged = merge_options(cluster, **given)
     try:
-        return build_plan(
-            profile_name,
-            cluster,
-            merged,
-            script=script or DEFAULT_SCRIPT,
-            script_args=list(args),
-            nodes=nodes,
-            procs_per_node=procs_per_node,
-            job_name=name,
-            time_limit=time,
-            max_requeues=max_requeues,
-            auto_resume=auto_resume,
-            exclude_nodes=parse_exclude(exclude),
-            after=tuple(parse_after(a) for a in after),
-            hang_timeout=hang_timeout,
-        )
+        return build_plan(profile_name, cluster, merged, **checked.plan_inputs())
     except UserError as exc:
-        typed = {**given, "nodes": nodes, "procs_per_node": procs_per_node}
+        typed = {**given, "nodes": checked.nodes, "procs_per_node": checked.procs_per_node}
         raise UserError(blame_profile(str(exc), typed, display_path(path))) from None
+
+
+def plan_from_options(**keywords: Unpack[PlanKeywords]) -> LaunchPlan:
+    """:func:`plan_request` of ``make_plan``'s keywords."""
+    return plan_request(JobRequest.from_keywords(keywords, "plan_from_options"))
 
 
 def fit_to_this_machine(
