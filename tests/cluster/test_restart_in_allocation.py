@@ -28,9 +28,9 @@ import pytest
 
 from orchestrator.contract.run_dir import read_restarts
 from orchestrator.registry.store import Registry
-from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
 from tests.helpers.hold import rank_pid
+from tests.helpers.run_dirs import trains
 from tests.helpers.slurm_cluster import scancel_quietly, slurm, wait_for_job_state
 
 pytestmark = pytest.mark.slow
@@ -62,10 +62,6 @@ def submitted(env: dict[str, str], args: list[str]) -> tuple[str, Path]:
     return res.stdout.split("submitted job ")[1].split()[0], Path(
         res.stdout.split("run directory ")[1].split()[0]
     )
-
-
-def train_events(run_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]
 
 
 def slurm_requeues(job_id: str) -> int | None:
@@ -123,17 +119,17 @@ def test_a_killed_rank_trains_again_in_the_same_job(env: dict[str, str], tmp_pat
     table = run_cli(["status", job_id], env, timeout=60).stdout
     assert f"{job_id}: restarted 1 time(s) in its allocation" in table, table
 
-    back = min(e["time"] for e in train_events(run_dir) if e["time"] > killed_at)
+    back = min(e["time"] for e in trains(run_dir) if e["time"] > killed_at)
     print(f"[restart] kill -9 of rank 1 to its next trained step: {back - killed_at:.1f} s")
 
     # Bit-equal to the uninterrupted run: the final state and every loss logged.
     final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, ref_dir))
     for key in ("step", "loss", "param_checksum", "optim_checksum"):
         assert final[key] == ref[key], (key, final[key], ref[key])
-    want = {e["step"]: e["loss"] for e in train_events(ref_dir)}
+    want = {e["step"]: e["loss"] for e in trains(ref_dir)}
     differ = {
         e["step"]: (e["loss"], want.get(e["step"]))
-        for e in train_events(run_dir)
+        for e in trains(run_dir)
         if e["loss"] != want.get(e["step"])
     }
     assert not differ, differ
