@@ -7,6 +7,8 @@
   test under ``tests/cluster/`` gets it, and one elsewhere that carries it stops the run.
 * Helpers live in ``tests/helpers/``: no test module defines a function named like one there, and no
   two modules define the same function (same parameters and body, under any name): import it.
+* Every test checks something: an ``assert``, ``pytest.raises``/``fail``/``warns``, a ``raise``, or a
+  call of a function of the tests that does.
 """
 
 from __future__ import annotations
@@ -167,3 +169,68 @@ def test_the_checks_see_a_copy() -> None:
     (original,) = [f for f in functions(HELPERS / "net.py") if f.name == "free_port"]
     copy = ast.parse(ast.unparse(original).replace("def free_port", "def _port")).body[0]
     assert isinstance(copy, ast.FunctionDef) and shape(copy) == shape(original)
+
+
+def checks(node: ast.AST) -> bool:
+    """``node`` asserts, raises, or asks pytest to (``pytest.raises``, ``fail``, ``warns``)."""
+    for x in ast.walk(node):
+        if isinstance(x, (ast.Assert, ast.Raise)):
+            return True
+        if (
+            isinstance(x, ast.Attribute)
+            and x.attr in ("raises", "fail", "warns")
+            and ast.unparse(x.value) == "pytest"
+        ):
+            return True
+    return False
+
+
+def called_names(node: ast.AST) -> set[str]:
+    return {
+        f.attr if isinstance(f, ast.Attribute) else f.id
+        for x in ast.walk(node)
+        if isinstance(x, ast.Call) and isinstance(f := x.func, (ast.Attribute, ast.Name))
+    }
+
+
+def assertion_free(modules: list[ast.Module]) -> list[str]:
+    """The test functions of ``modules`` that check nothing, by the rule above (the functions of all of
+    ``modules`` count as helpers, by name, whatever they call in turn)."""
+    defs: dict[str, list[ast.AST]] = collections.defaultdict(list)
+    for module in modules:
+        for node in ast.walk(module):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs[node.name].append(node)
+    checking = {name for name, nodes in defs.items() if any(checks(n) for n in nodes)}
+    grew = True
+    while grew:
+        more = {
+            n
+            for n, nodes in defs.items()
+            if n not in checking and any(called_names(x) & checking for x in nodes)
+        }
+        checking |= more
+        grew = bool(more)
+    return [
+        node.name
+        for module in modules
+        for node in ast.walk(module)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name.startswith("test_")
+        and not checks(node)
+        and not called_names(node) & checking
+    ]
+
+
+def test_every_test_checks_something() -> None:
+    modules = [ast.parse(path.read_text()) for path in python_files()]
+    assert assertion_free(modules) == []
+
+
+def test_an_assertion_free_test_is_found() -> None:
+    module = ast.parse(
+        "def _fine(x):\n    assert x\n"
+        "def test_checks():\n    _fine(1)\n"
+        "def test_checks_nothing():\n    with open(__file__):\n        pass\n"
+    )
+    assert assertion_free([module]) == ["test_checks_nothing"]

@@ -11,6 +11,7 @@ full, the failure report says so from the free space (``orchestrator.supervise.d
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -63,11 +64,24 @@ def _fill(folder: Path) -> None:
             i += 1
 
 
+def _flocked(lock_file: Path) -> bool:
+    """Someone holds a flock on ``lock_file``: another open file of it cannot take one."""
+    with open(lock_file, "rb") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
 def test_run_lock_on_a_full_disk_holds_the_lock_without_a_traceback(full_disk: Path) -> None:
     (full_disk / RUN_LOCK_FILE).touch()  # the lock file a submit created, now with no room to write in
     _fill(full_disk)
     with run_lock(full_disk, what="resume"):
-        pass  # the holder's line could not be written: the flock still locks
+        # the holder's line could not be written: the flock still locks
+        assert _flocked(full_disk / RUN_LOCK_FILE)
+    assert not _flocked(full_disk / RUN_LOCK_FILE)
 
 
 def test_run_lock_that_cannot_create_its_file_is_a_user_error(full_disk: Path) -> None:
