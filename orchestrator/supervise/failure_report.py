@@ -64,6 +64,11 @@ _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _TORCHRUN_ROOT = re.compile(r"^\s*Root Cause \(first observed failure\):")
 #: The signal a supervisor sends a rank's peers once one failed: a death by it is a consequence.
 _SIGTERM = 15
+#: A node log's line saying the job itself ended that node's training (node/entry.py's words): its
+#: ranks' deaths are what the job did, never a fault's cause.
+_STOPPED_BY_THE_JOB = re.compile(
+    r"^\[orchestrator node\] (?:stopped because node \d+ failed|training still running .* after SIGTERM: killing it)"
+)
 
 
 @dataclass(frozen=True)
@@ -275,8 +280,11 @@ def _root_death(attempt_path: Path, consequence_ranks: set[int]) -> RankDeath | 
     failure; on ties the lowest node."""
     deaths: list[RankDeath] = []
     for node, path in node_logs(attempt_path):
-        found = rank_deaths(read_tail(path), node)
-        if found:
+        lines = read_tail(path)
+        found = rank_deaths(lines, node)
+        # A node the job itself stopped (another node failed first; our own SIGKILL after the grace)
+        # holds consequences only, whichever signal its ranks died of and whenever it was seen.
+        if found and not any(_STOPPED_BY_THE_JOB.search(line) for line in lines):
             deaths.append(found[0])
     if not deaths:
         return None

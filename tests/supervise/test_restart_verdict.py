@@ -88,3 +88,36 @@ def test_a_rank_that_exits_by_itself_is_not_restarted(tmp_path: Path) -> None:
         and verdict.refusal is not None
         and "rank 0 exited first, with code 1" in verdict.refusal
     )
+
+
+RAISED_ON_NODE_0 = (
+    "[orchestrator node] host=vm node_rank=0/2 job=7 attempt=0\n"
+    "[default1]:[rank1]: Traceback (most recent call last):\n"
+    "[default1]:[rank1]: ValueError: direct boom (rank 1)\n"
+    "[orchestrator launch] rank 1 (local 1) exited with code 1: sending SIGTERM to 1 other rank(s)\n"
+)
+STOPPED_NODE_1 = (
+    "[orchestrator node] host=vm node_rank=1/2 job=7 attempt=0\n"
+    "[orchestrator node] stopped because node 0 failed (exit 1): one failed node ends the job\n"
+    "[orchestrator launch] rank 3 (local 1) exited with code 137\n"
+    "[default1]:[rank3]: RuntimeError: Connection closed by peer\n"
+)
+
+
+def test_a_node_the_job_stopped_is_never_the_cause(tmp_path: Path) -> None:
+    """Issue 41 item 8: node 1 was stopped by the job because node 0 failed; its rank died of our own
+    SIGKILL and its launcher logged that death. Whatever the order the deaths were seen in, the
+    cause is rank 1's ValueError, and it is not restarted."""
+    from orchestrator.supervise.failure_report import explain_failure
+
+    path = tmp_path / "logs" / "attempt_0"
+    path.mkdir(parents=True)
+    (path / "node_0.log").write_text(RAISED_ON_NODE_0)
+    (path / "node_1.log").write_text(STOPPED_NODE_1)
+    (path / "node_0.exit").write_text("1")
+    (path / "node_1.exit").write_text("143")
+    why = explain_failure(tmp_path, "7", procs_per_node=2)
+    assert why is not None and (why.node, why.rank) == (0, 1) and "ValueError: direct boom" in why.lines[0], (
+        why
+    )
+    assert restart_verdict(tmp_path, "7", procs_per_node=2).cause is None
