@@ -28,6 +28,7 @@ import pytest
 
 from orchestrator.contract.run_dir import read_restarts
 from orchestrator.registry.store import Registry
+from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
 from tests.helpers.hold import rank_pid
 from tests.helpers.run_dirs import trains
@@ -120,7 +121,20 @@ def test_a_killed_rank_trains_again_in_the_same_job(env: dict[str, str], tmp_pat
     assert f"{job_id}: restarted 1 time(s) in its allocation" in table, table
 
     back = min(e["time"] for e in trains(run_dir) if e["time"] > killed_at)
-    print(f"[restart] kill -9 of rank 1 to its next trained step: {back - killed_at:.1f} s")
+    events = list(iter_metrics(run_dir))
+    started = [e for e in events if e.get("event") == "startup" and e["time"] > killed_at]
+    resumed = [e for e in events if e.get("event") == "resume" and e["time"] > killed_at]
+    phases = {
+        "detected and step ended": restart["time"] - killed_at,
+        "step relaunched to the ranks' start": started[0]["process"] - restart["time"] if started else None,
+        "ranks' start to the model built": started[0]["model"] - started[0]["process"] if started else None,
+        "checkpoint restored": resumed[0]["time"] - started[0]["model"] if started and resumed else None,
+        "first step": back - resumed[0]["time"] if resumed else None,
+    }
+    print(
+        f"[restart] kill -9 of rank 1 to its next trained step: {back - killed_at:.1f} s; "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items() if v is not None)
+    )
 
     # Bit-equal to the uninterrupted run: the final state and every loss logged.
     final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, ref_dir))
