@@ -51,6 +51,58 @@ def _check_out(out: Path) -> None:
         raise UserError(f"--out {out}: its parent folder {out.parent} does not exist")
 
 
+def _protected(run_dir: Path | None, checkpoint: Path | None) -> list[tuple[Path, str]]:
+    """``[(folder, what it is)]`` an export never writes into, the most specific first: the run's
+    checkpoint folders (a Trainer's ``checkpoint-N`` outside the run too) and the run directory, or the
+    ``--checkpoint`` folder and the run that wrote it. Folder listings and the marker only: no weights
+    are read."""
+    from orchestrator.contract.jsonfiles import read_json
+    from orchestrator.contract.run_dir import COMPLETE_MARKER, all_checkpoint_folders
+
+    found: list[tuple[Path, str]] = []
+    if run_dir is not None:
+        found += [
+            (path, f"the checkpoint {path} of run {run_dir}")
+            for _, path, _ in all_checkpoint_folders(run_dir)
+        ]
+        found.append((run_dir, f"the run directory {run_dir}"))
+    if checkpoint is not None and (checkpoint / COMPLETE_MARKER).is_file():
+        # (A folder with no marker is refused as --checkpoint before anything is written.)
+        found.append((checkpoint, f"the checkpoint {checkpoint}"))
+        writer = (read_json(checkpoint / COMPLETE_MARKER) or {}).get("run")
+        if isinstance(writer, str) and writer:
+            found.append((Path(writer), f"the run directory {writer} that wrote {checkpoint}"))
+        if checkpoint.parent.name == "checkpoints":  # a run's own checkpoints/step_N
+            found.append((checkpoint.parent.parent, f"the run directory {checkpoint.parent.parent}"))
+    return found
+
+
+def _refuse_out_in_run(out: Path, run_dir: Path | None, checkpoint: Path | None) -> None:
+    """Nothing is written into the run: ``--out`` (and so its temporary sibling) is not the run directory
+    or a checkpoint, nor inside one, nor holding one, with every symbolic link on either side resolved;
+    nor a ``checkpoint-N`` beside the Trainer's own, which a resume would take for another run's."""
+    from orchestrator.contract.hook_checkpoints import HOOK_CHECKPOINT_RE, hook_checkpoint_dirs
+
+    where = out.resolve()
+    protected = [(folder.resolve(), what) for folder, what in _protected(run_dir, checkpoint)]
+    clash = [
+        ("is" if where == real else "inside", what) for real, what in protected if where.is_relative_to(real)
+    ]
+    clash += [("holds", what) for real, what in protected if real.is_relative_to(where)]
+    if clash:
+        how, what = clash[0]
+        raise UserError(
+            f"--out {out}: {how} {what}; an export never writes into the run, name a folder outside it"
+        )
+    if run_dir is not None and HOOK_CHECKPOINT_RE.match(where.name):
+        for folder in hook_checkpoint_dirs(run_dir):
+            if where.parent == folder.resolve():
+                raise UserError(
+                    f"--out {out}: a checkpoint folder name in {folder}, where run {run_dir} saves its "
+                    "checkpoints; name a folder outside it"
+                )
+
+
 def _config_folder(fmt: str, checkpoint: Path, config: Path | None) -> Path | None:
     from orchestrator.rundir.export.write import hf_config_folder
 
@@ -108,6 +160,13 @@ def export(
     out = Path(out).absolute()
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     config = Path(config) if config is not None else None
+    if out.is_symlink():
+        # Written beside --out and renamed onto it: a link would fail only at the end, after the read.
+        raise UserError(
+            f"--out {out}: is a symbolic link (to {os.readlink(out)}); name a real folder, "
+            f"e.g. --out {out.resolve()}"
+        )
+    _refuse_out_in_run(out, run_dir, checkpoint)
     _check_out(out)
     started = time.monotonic()
     chosen = choose_checkpoint(run_dir, step, checkpoint, say)

@@ -191,3 +191,66 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
 def test_a_bad_checkpoint_path_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no such folder"):
         api.export(None, tmp_path / "o", checkpoint=tmp_path / "nope")
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def _copied_run(tmp_path: Path) -> Path:
+    """A copy of the DDP run's checkpoints (a real checkpoint, which a write into it would not spoil)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(_run("ddp") / "checkpoints", run_dir / "checkpoints")
+    return run_dir
+
+
+def test_out_in_the_run_or_a_checkpoint_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    """Issue 41: ``--out`` inside the run directory, even inside the checkpoint, exited 0 and wrote there."""
+    run_dir = _copied_run(tmp_path)
+    ckpt = run_dir / "checkpoints" / f"step_{STEPS:08d}"
+    (tmp_path / "alias").symlink_to(run_dir)  # a path that reaches into the run through a link
+    before = _files(run_dir)
+    res = run_cli(["export", str(run_dir), "--out", str(ckpt / "exp")], dict(os.environ), timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"orchestrator export: error: --out {ckpt / 'exp'}: inside the checkpoint {ckpt} of run {run_dir}; "
+        "an export never writes into the run, name a folder outside it"
+    ]
+    assert "exporting" not in res.stdout
+    cases = [
+        (str(run_dir), run_dir / "exp", f"inside the run directory {run_dir}"),
+        (str(run_dir), run_dir, f"is the run directory {run_dir}"),
+        (str(run_dir), run_dir / "checkpoints", f"inside the run directory {run_dir}"),
+        (str(run_dir), tmp_path / "alias" / "checkpoints" / "exp", f"inside the run directory {run_dir}"),
+        (None, ckpt / "exp", f"inside the checkpoint {ckpt}"),
+        (None, run_dir / "exp", f"inside the run directory {run_dir}"),
+    ]
+    for run, out, expected in cases:
+        lines: list[str] = []
+        kwargs = {"checkpoint": ckpt} if run is None else {}
+        with pytest.raises(UserError) as caught:
+            api.export(run, out, say=lines.append, **kwargs)  # type: ignore[arg-type]
+        assert expected in str(caught.value), (out, str(caught.value))
+        assert "never writes into the run" in str(caught.value) and not lines, lines
+    assert _files(run_dir) == before  # nothing written, no temporary sibling either
+
+
+def test_a_symlink_out_is_refused_before_the_read(tmp_path: Path) -> None:
+    """Issue 41: a symbolic link ``--out`` failed only after the whole read, naming a temporary folder."""
+    run_dir = _copied_run(tmp_path)
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for link, target in [
+        (tmp_path / "link", tmp_path / "target"),
+        (tmp_path / "dangling", tmp_path / "nowhere"),
+    ]:
+        res = run_cli(["export", str(run_dir), "--out", str(link)], dict(os.environ), timeout=60)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"orchestrator export: error: --out {link}: is a symbolic link (to {target}); name a real folder, "
+            f"e.g. --out {target}"
+        ]
+        assert "exporting" not in res.stdout, res.stdout  # refused before the checkpoint was read
+    assert not list((tmp_path / "target").iterdir()) and not (tmp_path / "nowhere").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

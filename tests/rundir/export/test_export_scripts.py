@@ -80,6 +80,32 @@ def test_a_trainer_checkpoint_exports_as_hf_and_reloads_with_equal_logits(
     assert torch.equal(got, want)
 
 
+def test_an_fsdp_trainer_export_stays_out_of_its_checkpoints(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 41: the Trainer's ``checkpoint-N`` lie outside the run directory, in its ``output_dir``; an
+    ``--out`` inside one, or named as one beside them, is refused before the read and writes nothing.
+    ``--config`` still names another folder's config (here the Trainer's own ``save_model``)."""
+    out, final = tmp_path / "trainer_out", tmp_path / "final"
+    job, run_dir = _submit(orch_env, "full_shard", TINY_GPT2, "--output-dir", str(out), "--max-steps", "2",
+                           "--save-steps", "2", "--save-model", str(final))  # fmt: skip
+    ckpt = out / "checkpoint-2"
+    before = sorted(str(p) for p in out.rglob("*"))
+    for target, expected in [
+        (ckpt / "hf", f"--out {ckpt / 'hf'}: inside the checkpoint {ckpt} of run {run_dir}"),
+        (out / "checkpoint-9", f"--out {out / 'checkpoint-9'}: a checkpoint folder name in {out.resolve()}"),
+    ]:
+        res = run_cli(["export", job, "--out", str(target)], orch_env, timeout=60)
+        assert res.returncode == 2, res.stdout + res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], lines
+    assert sorted(str(p) for p in out.rglob("*")) == before
+    res = run_cli(["export", job, "--format", "hf", "--config", str(final), "--out", str(tmp_path / "hf"),
+                   "--verify"], orch_env, timeout=180)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"copied config.json, generation_config.json from {final}" in res.stdout, res.stdout
+
+
 def test_a_resumable_loop_checkpoint_exports_verified(orch_env: dict[str, str], tmp_path: Path) -> None:
     from safetensors import safe_open
 
