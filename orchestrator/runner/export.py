@@ -13,6 +13,8 @@ inside :func:`export`. Nothing is written into the run or its checkpoints; the e
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import shutil
 import time
@@ -103,21 +105,49 @@ def _refuse_out_in_run(out: Path, run_dir: Path | None, checkpoint: Path | None)
                 )
 
 
-def _config_folder(fmt: str, checkpoint: Path, config: Path | None) -> Path | None:
+def _valid_config(config_json: Path, flag: str) -> None:
+    """A ``config.json`` an export ships or loads is a transformers config: JSON naming a
+    ``model_type`` that transformers (when installed here) builds into its config class."""
+    try:
+        data = json.loads(config_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{flag}: {config_json} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str) or not data["model_type"]:
+        raise UserError(f'{flag}: {config_json} is not a transformers config (no "model_type")')
+    try:
+        import transformers
+    except ImportError:
+        return
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            transformers.AutoConfig.from_pretrained(str(config_json.parent))
+    except Exception as exc:  # ValueError, KeyError, TypeError, OSError: whatever the config trips
+        why = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise UserError(f"{flag}: {config_json} is not a config transformers can load ({why})") from None
+
+
+def _config_folder(fmt: str, checkpoint: Path, config: Path | None, verify: bool) -> Path | None:
+    """The folder of the transformers ``config.json`` the export ships (``hf``) or loads (``--verify``),
+    checked before any weight is read."""
     from orchestrator.rundir.export.write import hf_config_folder
 
     if config is not None:
         folder = config.parent if config.name == "config.json" else config
         if not (folder / "config.json").is_file():
             raise UserError(f"--config {config}: no config.json there")
+        _valid_config(folder / "config.json", f"--config {config}")
         return folder
     found = hf_config_folder(checkpoint)
     if fmt == "hf" and found is None:
         raise UserError(
             f"--format hf: no transformers config.json in {checkpoint} or {checkpoint.parent} "
-            "(an FSDP Trainer checkpoint has none); pass --config DIR (a folder holding the model's "
-            "config.json, e.g. the Trainer's save_model folder), or use --format safetensors"
+            "(a Trainer run without the orchestrator's hook saves none under FSDP); pass --config DIR (a "
+            "folder holding the model's config.json, e.g. the Trainer's save_model folder), or use --format "
+            "safetensors"
         )
+    if found is not None and (fmt == "hf" or verify):
+        _valid_config(found / "config.json", f"config of {checkpoint}")
     return found
 
 
@@ -170,7 +200,7 @@ def export(
     _check_out(out)
     started = time.monotonic()
     chosen = choose_checkpoint(run_dir, step, checkpoint, say)
-    config_folder = _config_folder(fmt, chosen.path, config)
+    config_folder = _config_folder(fmt, chosen.path, config, verify)
     from orchestrator.rundir.export.read import open_source
     from orchestrator.rundir.export.verify import verify as verify_export
     from orchestrator.rundir.export.write import write

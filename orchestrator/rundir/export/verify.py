@@ -179,17 +179,23 @@ def _forward(fmt: str, out: Path, weights: Path, config: Path, source: Source, w
         say(f"verify: no forward pass ({config} names no transformers class: {architectures})")
         return
     dtype = torch.bfloat16 if wanted == "bf16" else torch.float32
-    with contextlib.redirect_stderr(io.StringIO()):  # its load report, a line per tensor group
-        if fmt == "hf":
-            exported = cls.from_pretrained(str(out), dtype=dtype)
-        else:
-            exported = cls(transformers.AutoConfig.from_pretrained(str(config.parent))).to(dtype)
-            from safetensors.torch import load_file
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # its load report, a line per tensor group
+            if fmt == "hf":
+                exported = cls.from_pretrained(str(out), dtype=dtype)
+            else:
+                exported = cls(transformers.AutoConfig.from_pretrained(str(config.parent))).to(dtype)
+                from safetensors.torch import load_file
 
-            state = torch.load(weights, weights_only=True) if fmt == "torch" else load_file(str(weights))
-            exported.load_state_dict(state, strict=False)
-    reference = cls(exported.config).to(dtype)
-    reference.load_state_dict({n: converted(source, n, wanted) for n in source.entries}, strict=False)
+                state = torch.load(weights, weights_only=True) if fmt == "torch" else load_file(str(weights))
+                exported.load_state_dict(state, strict=False)
+        reference = cls(exported.config).to(dtype)
+        reference.load_state_dict({n: converted(source, n, wanted) for n in source.entries}, strict=False)
+    except Exception as exc:  # a config of another model: shapes that do not fit, a class that fails
+        why = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise VerifyFailed(
+            f"verify: {cls.__name__} from {config} cannot load the checkpoint's weights ({why})"
+        ) from None
     reference.tie_weights()
     vocab = int(getattr(exported.config, "vocab_size", 2))
     batch = torch.arange(2 * 8).reshape(2, 8) * 7919 % vocab

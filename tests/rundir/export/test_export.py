@@ -254,3 +254,34 @@ def test_a_symlink_out_is_refused_before_the_read(tmp_path: Path) -> None:
         assert "exporting" not in res.stdout, res.stdout  # refused before the checkpoint was read
     assert not list((tmp_path / "target").iterdir()) and not (tmp_path / "nowhere").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+#: config.json files an export must not ship or load: each refused before the read, with a reason.
+BAD_CONFIGS = {
+    "not JSON": ("{not json", "is not valid JSON"),
+    "a list": ("[1, 2]", 'is not a transformers config (no "model_type")'),
+    "no model_type": ('{"vocab_size": 64}', 'is not a transformers config (no "model_type")'),
+    "unknown model_type": ('{"model_type": "no-such-model"}', "is not a config transformers can load"),
+    "a wrong field type": ('{"model_type": "gpt2", "n_head": "x"}', "is not a config transformers can load"),
+}
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["plain", "verify"])
+def test_an_invalid_config_is_refused_before_the_read(tmp_path: Path, verify: bool) -> None:
+    """Issue 41: ``--config DIR`` with an invalid ``config.json`` gave a traceback with ``--verify`` and
+    shipped the broken file without."""
+    run_dir = _run("ddp")
+    for name, (text, expected) in BAD_CONFIGS.items():
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+        out = tmp_path / f"out-{folder.name}"
+        args = ["export", str(run_dir), "--format", "hf", "--config", str(folder), "--out", str(out)]
+        res = run_cli(args + (["--verify"] if verify else []), dict(os.environ), timeout=60)
+        assert res.returncode == 2, (name, res.stdout + res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"orchestrator export: error: --config {folder}: {folder / 'config.json'} {expected}"
+        ), (name, lines)
+        assert "exporting" not in res.stdout and not out.exists(), (name, res.stdout)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
