@@ -208,6 +208,50 @@ def save_full_model(trainer: Any, output_dir: str | None) -> bool:
     return True
 
 
+#: What ``save_pretrained`` writes beside a model's weights, and :func:`save_model_config` adds to a
+#: ``checkpoint-N`` without them (FSDP with a sharded state dict: the Trainer saves no config there).
+MODEL_CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def save_model_config(model: Any, folder: Path) -> list[str]:
+    """Rank 0, before the checkpoint's marker: the model's ``config.json`` (and ``generation_config.json``
+    when it generates) into ``folder`` where the Trainer wrote none, as ``save_pretrained`` writes them
+    (``architectures`` named, the weights' dtype), so that ``export --format hf`` loads the checkpoint
+    with no ``--config``. A file the Trainer wrote is left as it is; each one appears whole (written
+    aside, then renamed). Returns the names written; none for a model that is not a transformers one
+    (or a PEFT adapter, whose config ``save_pretrained`` does not write either)."""
+    import copy
+    import shutil
+    import uuid
+
+    from transformers import PreTrainedModel
+    from transformers.modeling_utils import unwrap_model
+
+    inner = unwrap_model(model)
+    if not isinstance(inner, PreTrainedModel) or getattr(inner, "_hf_peft_config_loaded", False):
+        return []
+    generation = getattr(inner, "generation_config", None) if inner.can_generate() else None
+    wanted = MODEL_CONFIG_FILES if generation is not None else MODEL_CONFIG_FILES[:1]
+    missing = [name for name in wanted if not (folder / name).exists()]
+    if not missing:
+        return []
+    config = copy.deepcopy(inner.config)  # the live model's config stays as the script left it
+    config.architectures = [type(inner).__name__.removeprefix("FSDP")]  # FSDP2 renames the class
+    with contextlib.suppress(Exception):
+        config.dtype = str(inner.dtype).split(".")[1]
+    aside = folder / f".orchestrator-config-{uuid.uuid4().hex[:8]}"
+    try:
+        aside.mkdir()
+        config.save_pretrained(aside)
+        if generation is not None:
+            generation.save_pretrained(aside)
+        for name in missing:
+            os.replace(aside / name, folder / name)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    return missing
+
+
 def _trainer_callback_base() -> type:
     from transformers import TrainerCallback
 
@@ -324,6 +368,11 @@ class CallbackMixin:
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         barrier()  # every rank has written its part of the folder
         if state.is_world_process_zero and folder.is_dir():
+            # Before the marker: a complete checkpoint carries its model's config (FSDP's has none).
+            try:
+                save_model_config(kwargs.get("model"), folder)
+            except Exception as exc:  # the weights are whole; a config that will not save costs only it
+                _say_on_rank0(f"{folder}: the model's config could not be saved there ({exc})")
             mark_complete_in_place(
                 folder,
                 {"step": int(state.global_step), "time": time.time(), "hook": HOOK, "run": _run_id()},

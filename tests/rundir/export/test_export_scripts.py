@@ -2,9 +2,10 @@
 
 * an unchanged HF ``Trainer`` script (a tiny GPT-2) under FSDP and under ZeRO-3: its ``checkpoint-N``
   folders live in the Trainer's ``output_dir``, found through the run's record of them; exported as
-  ``hf``, ``from_pretrained`` reloads them with the logits of an independent copy of the same
-  weights (FSDP: the Trainer's own ``save_model`` at that step; ZeRO-3: DeepSpeed's own
-  whole-checkpoint ``zero_to_fp32`` conversion);
+  ``hf`` with no ``--config`` (under FSDP the hook saved the model's config into each checkpoint),
+  ``from_pretrained`` reloads them with the logits of an independent copy of the same weights (FSDP:
+  the Trainer's own ``save_model`` at that step; ZeRO-3: DeepSpeed's own whole-checkpoint
+  ``zero_to_fp32`` conversion); an ``--out`` in one of those checkpoints is refused;
 * a ``ResumableLoop`` script (Accelerate ``save_state`` under FSDP: sharded DCP folders).
 """
 
@@ -59,10 +60,11 @@ def test_a_trainer_checkpoint_exports_as_hf_and_reloads_with_equal_logits(
     job, _run_dir = _submit(orch_env, strategy, TINY_GPT2, "--output-dir", str(out), "--max-steps", str(STEPS),
                             "--save-steps", "2", "--save-model", str(final))  # fmt: skip
     exported = tmp_path / "hf"
-    args = ["export", job, "--format", "hf", "--out", str(exported), "--verify"]
-    if strategy == "full_shard":
-        args += ["--config", str(final)]  # an FSDP checkpoint-N holds no config.json
-    res = run_cli(args, orch_env, timeout=180)
+    # No --config: under FSDP (a sharded state dict) the Trainer saves no config.json into checkpoint-N;
+    # the hook does, before the checkpoint's marker (issue 41).
+    res = run_cli(
+        ["export", job, "--format", "hf", "--out", str(exported), "--verify"], orch_env, timeout=180
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"exporting step {STEPS} from {out / f'checkpoint-{STEPS}'}" in res.stdout, res.stdout
     assert "verify: GPT2LMHeadModel loaded from the export gives the checkpoint's logits" in res.stdout, (
@@ -78,6 +80,14 @@ def test_a_trainer_checkpoint_exports_as_hf_and_reloads_with_equal_logits(
         want = _logits(None, state, out / f"checkpoint-{STEPS}")
     assert isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)
     assert torch.equal(got, want)
+    for step in (
+        2,
+        STEPS,
+    ):  # every checkpoint the hook counted carries the model's config, listed in its marker
+        marker = json.loads((out / f"checkpoint-{step}" / "COMPLETE.json").read_text())
+        assert {"config.json", "generation_config.json"} <= set(marker["files"]), sorted(marker["files"])
+    config = json.loads((out / f"checkpoint-{STEPS}" / "config.json").read_text())
+    assert config["architectures"] == ["GPT2LMHeadModel"] and config["n_embd"] == 32, config
 
 
 def test_an_fsdp_trainer_export_stays_out_of_its_checkpoints(
