@@ -78,13 +78,12 @@ submissions never share an attempt, and none overwrites another's.
 
 Permissions: the run directory and everything in it are owner-only (0700 directories, 0600 files), like the
 registry, because ``sbatch.sh`` carries the profile's ``env:`` values and the checkpoints the model. A
-profile's ``share_with_group: true`` opens them to the group (0750 / 0640): :func:`run_umask` is the umask a
-submission runs (and its job inherits) under.
+profile's ``share_with_group: true`` opens them to the group (0750 / 0640): ``contract/permissions.py``'s ``run_umask``
+is the umask a submission runs (and its job inherits) under.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -149,26 +148,6 @@ _ATTEMPT_PLAN_RE = re.compile(r"^job\.attempt_(\d+)\.json$")
 NODE_LOG_RE = re.compile(r"^node_(\d+)\.log$")
 NODE_EXIT_RE = re.compile(r"^node_(\d+)\.exit$")
 NODE_RANKS_RE = re.compile(r"^node_(\d+)_ranks$")
-
-
-# ---------------------------------------------------------------------------- permissions
-def run_umask(share_with_group: bool = False) -> int:
-    """The umask a run directory is made (and its job runs) under: owner-only unless shared."""
-    return 0o027 if share_with_group else 0o077
-
-
-def run_dir_mode(share_with_group: bool = False) -> int:
-    return 0o777 & ~run_umask(share_with_group)
-
-
-@contextlib.contextmanager
-def umask(mask: int) -> Iterator[None]:
-    """Run the block under ``mask``; processes it starts (sbatch, local nodes) inherit it."""
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 # ---------------------------------------------------------------------------- plans
@@ -504,27 +483,3 @@ def corrupt_checkpoints(run_dir: Path) -> list[tuple[int, str]]:
         if data is not None and (in_run_dir or (read_json(path / COMPLETE_MARKER) or {}).get("run") == own):
             out.append((step, str(data.get("reason", "?"))))
     return out
-
-
-def read_restarts(run_dir: Path) -> list[dict[str, Any]]:
-    """Every restart inside an allocation the run had (:data:`RESTARTS_FILE`), oldest first; a torn
-    last line is skipped."""
-    out: list[dict[str, Any]] = []
-    try:
-        text = (Path(run_dir) / RESTARTS_FILE).read_text(encoding="utf-8")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
-def append_restart(run_dir: Path, record: dict[str, Any]) -> None:
-    """One line, appended with a single write (a reader sees it whole or not at all)."""
-    with open(Path(run_dir) / RESTARTS_FILE, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")

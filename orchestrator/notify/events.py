@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.restarts import read_restarts
 from orchestrator.contract.run_dir import (
     ATTEMPT_START_FILE,
     HANG_REPORT_FILE,
@@ -35,7 +36,6 @@ from orchestrator.contract.run_dir import (
     hang_dir,
     plan_file,
     read_json,
-    read_restarts,
 )
 
 #: The sending log inside ``notify/``: one line per try, never the URL.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.run_dir import run_dir_mode
+from orchestrator.contract.permissions import run_dir_mode
 
 #: Most bytes a snapshot may copy: source code, not data or checkpoints.
 MAX_BYTES = 64 << 20

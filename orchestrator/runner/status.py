@@ -135,7 +135,7 @@ def _row(
         run_state = succ_st.state if succ_st else successor.last_state
     restarts: tuple[dict[str, Any], ...] = ()
     if summary.attempts > 1:
-        from orchestrator.contract.run_dir import read_restarts
+        from orchestrator.contract.restarts import read_restarts
 
         restarts = tuple(r for r in read_restarts(job.run_dir) if r.get("job_id") == job.job_id)
     # The registry records every attempt of the job: Slurm's requeues and restarts in its allocation.

@@ -35,6 +35,7 @@ from orchestrator.config.inputs import env_folder
 from orchestrator.config.plan import LaunchPlan
 from orchestrator.config.render import accelerate_launch_command
 from orchestrator.contract.errors import OrchestratorError, UserError
+from orchestrator.contract.permissions import run_dir_mode, run_umask, umask
 from orchestrator.contract.run_dir import (
     CANCEL_MARKER,
     JOB_ID_FILE,
@@ -42,10 +43,7 @@ from orchestrator.contract.run_dir import (
     attempt_dir,
     plan_file,
     reserve_attempt,
-    run_dir_mode,
-    run_umask,
     set_current_plan,
-    umask,
 )
 from orchestrator.notify.events import prepare as prepare_notify
 from orchestrator.rundir.lock import RunLocked, run_lock

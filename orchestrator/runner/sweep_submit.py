@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 from orchestrator.config.plan import LaunchPlan
 from orchestrator.config.sweep_plan import sweep_plans
 from orchestrator.contract.errors import OrchestratorError, UserError
+from orchestrator.contract.permissions import run_umask, umask
 from orchestrator.contract.run_dir import (
     JOB_ID_FILE,
     SWEEP_FILE,
     reserve_attempt,
-    run_umask,
     set_current_plan,
-    umask,
     write_json_atomic,
 )
 from orchestrator.notify.events import prepare as prepare_notify

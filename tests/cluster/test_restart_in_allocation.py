@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.contract.run_dir import read_restarts
+from orchestrator.contract.restarts import read_restarts
 from orchestrator.registry.store import Registry
 from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir

@@ -196,7 +196,9 @@ def supervise(
         status = end.status
     decision = None
     if status != 0 and end.hang is None:
-        decision = ar.after_failed_step(run_dir, job_id, status, started, end.probes, auto_resume, probe_timeout)
+        decision = ar.after_failed_step(
+            run_dir, job_id, status, started, end.probes, auto_resume, probe_timeout
+        )
     notifier.ended(
         status, started, decision.reason if decision is not None and decision.action != "none" else None
     )
@@ -228,11 +230,8 @@ def restart_decision(run_dir: Path, job_id: str, end: StepEnd) -> tuple[str | No
 def restart_in_allocation(run_dir: Path, job_id: str, failed: int, cause: str, n: int, budget: int) -> int:
     """Record the restart (``restarts.jsonl``, the registry's attempt) and return the new attempt's
     number: the one after every attempt logged."""
-    from orchestrator.contract.run_dir import (
-        append_restart,
-        last_complete_checkpoint,
-        next_attempt,
-    )
+    from orchestrator.contract.restarts import append_restart
+    from orchestrator.contract.run_dir import last_complete_checkpoint, next_attempt
 
     attempt = next_attempt(run_dir)
     checkpoint = last_complete_checkpoint(run_dir)
