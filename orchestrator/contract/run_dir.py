@@ -42,6 +42,8 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         node_<N>.log                the node entry point's log (launcher output included)
         node_<N>.exit               that node's exit code, written when it finishes
         node_<N>.pid                the launcher's pid
+        node_<N>.held.json          local jobs, as the node ends: {"job_id", "node", "pid", "start" (its
+                                    process's own start), "end", "procs", "cpus", "gpus"}: cost's bill
         start.json                  what this attempt's training started from, written by rank 0 of a
                                     script with a checkpoint hook (train/, orchestrator.loop,
                                     orchestrator.hf): {"step", "checkpoint", "hook"}; absent: no hook
@@ -122,6 +124,7 @@ RESTARTS_FILE = "restarts.jsonl"
 CANCEL_MARKER = "cancel_requested.json"
 LOCAL_PIDS_FILE = "local_pids.json"
 LOCAL_STATE_FILE = "local_state.json"
+NODE_HELD_FILE = "node_{node}.held.json"
 LOGS_DIR = "logs"
 MAIN_IP_FILE = "main_ip"
 ATTEMPT_START_FILE = "start.json"
