@@ -186,6 +186,14 @@ class Scheduler(ABC):
         did not answer."""
         return None
 
+    def allocations_of(
+        self, jobs: Sequence[JobRecord], timeout_s: float
+    ) -> dict[str, list[Allocation]] | None:
+        """:meth:`allocations` of ``jobs``, for a scheduler that knows its jobs by id (Slurm's
+        accounting). A scheduler whose records are the jobs' run directories (local: when each node's
+        processes started and ended) reads them here instead."""
+        return self.allocations([job.job_id for job in jobs], timeout_s)
+
     @abstractmethod
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
         """Cancel (``sig`` None) or signal ``job``; returns the line to print."""

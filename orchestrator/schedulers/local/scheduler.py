@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
-    from orchestrator.schedulers.query import QueryResult
+    from orchestrator.schedulers.query import Allocation, QueryResult
 
 LOCALHOST = "127.0.0.1"
 #: Seconds from a local job's SIGTERM (``cancel``) to the SIGKILL of what still trains (Slurm's
@@ -111,6 +111,10 @@ class LocalNodeEnvironment(NodeEnvironment):
         return None
 
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
+        from orchestrator.schedulers.local.held import write_node_held
+
+        # First, before node 0 waits for its peers: what this node held is ``cost``'s allocation.
+        write_node_held(plan, run_dir, attempt, self.node_rank, self.job_id)
         if self.is_first_node:
             write_local_final_state(plan, run_dir, attempt, self.job_id)
         return False
@@ -386,6 +390,15 @@ class LocalScheduler(Scheduler):
             errors=tuple(errors),
             calls={},  # no scheduler command: the run directory answers
         )
+
+    def allocations_of(
+        self, jobs: Sequence[JobRecord], timeout_s: float
+    ) -> dict[str, list[Allocation]] | None:
+        """No accounting on this machine: each job's nodes record when their processes started and
+        ended (``node_<N>.held.json``, :mod:`orchestrator.schedulers.local.held`)."""
+        from orchestrator.schedulers.local.held import local_allocations
+
+        return local_allocations(jobs)
 
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
         from orchestrator.schedulers.local.state import local_state, read_local_pids
