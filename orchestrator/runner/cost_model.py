@@ -9,6 +9,11 @@ every measured category is taken from the allocation's timeline, and what no rec
 
     start ─ preflight ─ startup ─ step, gap, step, ... step ─ (hang) ─ shutdown ─ end
 
+An allocation the batch step restarted training in (``restarts.jsonl``) holds several attempts, each
+on its own part of the timeline (split where the restart was recorded)::
+
+    start ─ startup ─ steps of A ─ (hang) ─ restart │ restart ─ steps of B ─ shutdown ─ end
+
 * ``preflight``: the checks' own seconds (``preflight.json``), within the time before the first step;
 * ``startup``: the rest of the time from the allocation's start to the first step's start;
 * ``productive``: steps no later attempt trained again; ``lost_work``: steps a later attempt trained
@@ -19,7 +24,10 @@ every measured category is taken from the allocation's timeline, and what no rec
   not recorded, their long gaps are);
 * ``step_overhead``: the other gaps between steps, the step boundary's own work (heartbeats, the
   metrics line, a tracker's log; the ranks' stop agreement where it is a collective of its own);
-* ``hang``: from the last progress the watchdog saw to the allocation's end;
+* ``hang``: from the last progress the watchdog saw to the allocation's end (an attempt's end, where
+  the allocation restarted training);
+* ``restart``: from a failed attempt's last step (or the hang's end) to the next attempt's first step
+  in the same allocation: the fault to training again;
 * ``shutdown``: from the last step (or evaluation) to the end: the save a stop signal or the end of
   training writes, and the processes' exit.
 
@@ -47,6 +55,7 @@ CATEGORIES = (
     "checkpoint",
     "step_overhead",
     "hang",
+    "restart",
     "shutdown",
     "unaccounted",
 )
@@ -61,6 +70,7 @@ LABELS = {
     "checkpoint": "checkpoint stall",
     "step_overhead": "between steps (the boundary)",
     "hang": "hang (to the watchdog's end)",
+    "restart": "restart (the fault to training again)",
     "shutdown": "shutdown (stop's save, exit)",
     "unaccounted": "unaccounted",
 }
@@ -108,6 +118,27 @@ class AttemptEvidence:
     preflight_s: float | None = None
     hang_last_progress: float | None = None
     """The newest heartbeat the hang watchdog saw when it fired (``hang.json``); None: no hang."""
+    window: tuple[float, float | None] | None = None
+    """The part of the allocation this attempt ran in (start, end; end None: until the allocation's
+    end) where the allocation held several attempts; None: the whole allocation."""
+    after_restart: bool = False
+    """It began after a restart inside the allocation: its time to the first step is ``restart``."""
+    restarted: bool = False
+    """A restart inside the allocation followed it: its time after the last step is ``restart``."""
+
+    @property
+    def begins(self) -> float | None:
+        """When this attempt's part of the allocation began (None: the allocation never started)."""
+        if self.allocation.start is None:
+            return None
+        return self.window[0] if self.window is not None else self.allocation.start
+
+    def ends(self, now: float) -> float:
+        """When this attempt's part of the allocation ended (``now`` while it runs)."""
+        end = self.allocation.end if self.allocation.end is not None else now
+        if self.window is not None and self.window[1] is not None:
+            end = min(end, self.window[1])
+        return end
 
     @property
     def restart_point(self) -> int | None:
@@ -231,23 +262,28 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
     alloc = ev.allocation
     resources, unit = _unit(alloc)
     seconds = dict.fromkeys(CATEGORIES, 0.0)
-    cost = AttemptCost(alloc.job_id, ev.attempt, alloc.start, alloc.end, resources, unit, seconds)
-    if alloc.start is None:
+    begins = ev.begins
+    own_end = ev.window[1] if ev.window is not None and ev.window[1] is not None else alloc.end
+    cost = AttemptCost(alloc.job_id, ev.attempt, begins, own_end, resources, unit, seconds)
+    if begins is None:
         return cost
-    start, end = alloc.start, alloc.end if alloc.end is not None else now
+    start, end = begins, max(begins, ev.ends(now))
     length = max(0.0, end - start)
+    tail = "restart" if ev.restarted else "shutdown"
     steps = sorted((s for s in ev.steps if start - SLACK_S <= s.end <= end + SLACK_S), key=lambda s: s.end)
     cost.steps = len(steps)
     if not steps:
         if ev.hang_last_progress is not None:
             seconds["hang"] = min(length, max(0.0, end - ev.hang_last_progress))
         seconds["preflight"] = min(length - seconds["hang"], ev.preflight_s or 0.0)
-        seconds["unaccounted"] = length - seconds["hang"] - seconds["preflight"]
+        if ev.after_restart or ev.restarted:  # a restart inside the allocation that never trained
+            seconds["restart"] = length - seconds["hang"] - seconds["preflight"]
+        seconds["unaccounted"] = length - seconds["hang"] - seconds["preflight"] - seconds["restart"]
         cost.notes.append("no step recorded: its time before any step cannot be split further")
         return cost
     before = max(0.0, min(steps[0].start, end) - start)
     seconds["preflight"] = min(before, ev.preflight_s or 0.0)
-    seconds["startup"] = before - seconds["preflight"]
+    seconds["restart" if ev.after_restart else "startup"] = before - seconds["preflight"]
     for s in steps:  # only the part inside the allocation: its times are whole seconds
         seconds["lost_work" if s.step in lost else "productive"] += max(
             0.0, min(s.end, end) - max(s.start, start)
@@ -280,7 +316,7 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
         seconds["lost_work"] += progress - last_end  # the step the hang interrupted
         seconds["hang"] = end - progress
     else:
-        seconds["shutdown"] = end - last_end
+        seconds[tail] += end - last_end
     seconds["unaccounted"] = length - sum(v for k, v in seconds.items() if k != "unaccounted")
     return cost
 
@@ -288,13 +324,15 @@ def account_attempt(ev: AttemptEvidence, lost: set[int], now: float) -> AttemptC
 def account_run(evidence: Sequence[AttemptEvidence], now: float) -> list[AttemptCost]:
     """Every allocation of one run directory, in time order, with the time it waited before it
     (the first: since its submission; the others: since the previous allocation ended)."""
-    ordered = sorted(evidence, key=lambda e: (e.allocation.start is None, e.allocation.start or 0.0))
+    ordered = sorted(evidence, key=lambda e: (e.begins is None, e.begins or 0.0))
     costs = [account_attempt(ev, lost, now) for ev, lost in zip(ordered, lost_steps(ordered), strict=True)]
     previous_end: float | None = None
     for i, (ev, cost) in enumerate(zip(ordered, costs, strict=True)):
         alloc = ev.allocation
         began = alloc.start if alloc.start is not None else now
-        if i == 0 and alloc.submit is not None:
+        if ev.after_restart:
+            pass  # the same allocation: nothing waited, the restart is billed
+        elif i == 0 and alloc.submit is not None:
             cost.waited["queue_wait"] = max(0.0, began - alloc.submit)
         elif previous_end is not None:
             cost.waited["requeue_gap"] = max(0.0, began - previous_end)

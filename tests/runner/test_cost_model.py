@@ -393,3 +393,54 @@ def test_a_long_gap_is_a_checkpoint_the_short_ones_the_step_boundary() -> None:
     assert s["checkpoint"] == pytest.approx(1.5, abs=1e-5)
     assert s["step_overhead"] == pytest.approx(18 * 0.01, abs=1e-5)
     assert sum(s.values()) == pytest.approx(100.0)
+
+
+def test_every_attempt_of_an_allocation_is_placed_on_its_timeline() -> None:
+    """Restarts inside the allocation (restarts.jsonl): one allocation (0..100 s, 2 GPUs), attempt 0
+    starts up to 10 s, trains steps 1-6 (5 s each) and fails at 40; the restart is recorded at 45;
+    attempt 1 restored step 4 and trains steps 5-10 from 55 to 85. Each attempt gets its own part, the
+    fault to training again is ``restart``, the steps trained twice are lost work, the parts sum up."""
+    one = alloc(0, 100, submit=T0 - 3)
+    first = AttemptEvidence(
+        one, attempt=0, steps=steps(1, 6, 10.0), start_step=0, window=(T0, T0 + 45), restarted=True
+    )
+    second = AttemptEvidence(
+        one, attempt=1, steps=steps(5, 10, 55.0), start_step=4, window=(T0 + 45, None), after_restart=True
+    )
+    a, b = account_run([second, first], now=T0 + 1000)
+    assert (a.start, a.end, b.start, b.end) == (T0, T0 + 45, T0 + 45, T0 + 100)
+    assert a.seconds["startup"] == pytest.approx(10.0)
+    assert a.seconds["productive"] == pytest.approx(20.0) and a.lost_steps == 2
+    assert a.seconds["lost_work"] == pytest.approx(10.0)
+    assert a.seconds["restart"] == pytest.approx(5.0) and a.seconds["shutdown"] == 0
+    assert b.seconds["restart"] == pytest.approx(10.0) and b.seconds["startup"] == 0
+    assert b.seconds["productive"] == pytest.approx(30.0)
+    assert b.seconds["shutdown"] == pytest.approx(15.0)
+    assert a.allocated_s + b.allocated_s == pytest.approx(100.0)
+    assert a.waited == {"queue_wait": pytest.approx(3.0)} and b.waited == {}
+    cost = bill([a, b])
+    assert cost.hours["restart"] == pytest.approx(15.0 * 2 / 3600)
+    assert cost.allocated_hours == pytest.approx(100.0 * 2 / 3600)
+    assert LABELS["restart"].startswith("restart")
+
+
+def test_a_hung_attempt_restarted_in_its_allocation_is_hang_then_restart() -> None:
+    """The watchdog ended attempt 0 (its last progress 42 s, 2 s into step 7): the hang runs to the
+    restart's record, the next attempt's time to its first step is the restart."""
+    one = alloc(0, 100)
+    first = AttemptEvidence(
+        one, steps=steps(1, 6, 10.0), hang_last_progress=T0 + 42, window=(T0, T0 + 45), restarted=True
+    )
+    second = AttemptEvidence(
+        one, steps=steps(5, 10, 55.0), start_step=4, window=(T0 + 45, None), after_restart=True
+    )
+    a, b = account_run([first, second], now=T0 + 1000)
+    assert a.seconds["hang"] == pytest.approx(3.0) and a.seconds["restart"] == 0
+    assert a.seconds["lost_work"] == pytest.approx(12.0)
+    assert b.seconds["restart"] == pytest.approx(10.0)
+    assert sum(a.seconds.values()) + sum(b.seconds.values()) == pytest.approx(100.0)
+    # A restarted attempt that never trained: its part of the allocation is all restart.
+    idle = account_attempt(
+        AttemptEvidence(one, window=(T0 + 45, T0 + 60), after_restart=True), set(), T0 + 99
+    )
+    assert idle.seconds["restart"] == pytest.approx(15.0) and idle.seconds["unaccounted"] == 0
