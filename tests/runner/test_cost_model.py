@@ -335,8 +335,8 @@ def test_the_table_names_every_category_spent_and_the_best_task() -> None:
     assert productive.split()[-1] == "0.08"  # 50 s x 2 GPUs = 0.0278 h at 3.0 an hour
 
 
-def test_a_scheduler_without_accounting_is_said_not_billed(tmp_path: Path) -> None:
-    """A local job: its records are there, its allocation is not: the bill says so instead of guessing."""
+def test_a_job_without_an_allocation_record_is_said_not_billed(tmp_path: Path) -> None:
+    """A local job whose nodes recorded nothing (it never started): the bill says so instead of guessing."""
     from orchestrator.registry.store import Registry
     from orchestrator.runner.cost import cost_report
 
@@ -356,7 +356,7 @@ def test_a_scheduler_without_accounting_is_said_not_billed(tmp_path: Path) -> No
         )
         report = cost_report(registry, "41").to_json()
     assert report["allocated_hours"] == 0 and report["goodput"] is None and report["attempts"] == []
-    assert any("local scheduler" in n and "not billed" in n for n in report["notes"])
+    assert any("local scheduler" in n and "41" in n and "not billed" in n for n in report["notes"])
 
 
 def test_a_successor_starting_as_its_predecessor_ends_gets_none_of_its_steps(tmp_path: Path) -> None:
