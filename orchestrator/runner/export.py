@@ -13,7 +13,6 @@ inside :func:`export`. Nothing is written into the run or its checkpoints; the e
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -118,8 +117,10 @@ def _valid_config(config_json: Path, flag: str) -> None:
         import transformers
     except ImportError:
         return
+    from orchestrator.rundir.export.verify import quiet_transformers
+
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        with warnings.catch_warnings(), quiet_transformers():
             warnings.simplefilter("ignore")
             transformers.AutoConfig.from_pretrained(str(config_json.parent))
     except Exception as exc:  # ValueError, KeyError, TypeError, OSError: whatever the config trips

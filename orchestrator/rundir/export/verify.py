@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,22 @@ class VerifyFailed(OrchestratorError):
 
 
 _WEIGHTS: list[Any] = []
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own warnings and load reports (its logging, which ``redirect_stderr`` does not
+    reach) held back: a config's special tokens outside a tiny vocabulary, a table per load. The export's
+    lines say what was checked; a failure is one line of its own."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 def _position_weights(n: int) -> torch.Tensor:
@@ -180,7 +196,17 @@ def _forward(fmt: str, out: Path, weights: Path, config: Path, source: Source, w
         return
     dtype = torch.bfloat16 if wanted == "bf16" else torch.float32
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # its load report, a line per tensor group
+        with quiet_transformers():
+            with torch.device("meta"):  # the config's shapes, no memory
+                probe = cls(transformers.AutoConfig.from_pretrained(str(config.parent)))
+            shapes = {name: tuple(t.shape) for name, t in probe.state_dict().items()}
+            other = [f"{n} {shapes[n]}, the checkpoint's {s}" for n, (s, _) in source.entries.items()
+                     if n in shapes and shapes[n] != s]  # fmt: skip
+            if other:
+                raise VerifyFailed(
+                    f"verify: {cls.__name__} built from {config} does not fit the checkpoint's weights "
+                    f"({len(other)} tensors of other shapes, first {other[0]})"
+                )
             if fmt == "hf":
                 exported = cls.from_pretrained(str(out), dtype=dtype)
             else:
@@ -189,12 +215,14 @@ def _forward(fmt: str, out: Path, weights: Path, config: Path, source: Source, w
 
                 state = torch.load(weights, weights_only=True) if fmt == "torch" else load_file(str(weights))
                 exported.load_state_dict(state, strict=False)
-        reference = cls(exported.config).to(dtype)
-        reference.load_state_dict({n: converted(source, n, wanted) for n in source.entries}, strict=False)
+            reference = cls(exported.config).to(dtype)
+            reference.load_state_dict({n: converted(source, n, wanted) for n in source.entries}, strict=False)
+    except VerifyFailed:
+        raise
     except Exception as exc:  # a config of another model: shapes that do not fit, a class that fails
         why = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise VerifyFailed(
-            f"verify: {cls.__name__} from {config} cannot load the checkpoint's weights ({why})"
+            f"verify: {cls.__name__} built from {config} cannot load the checkpoint's weights ({why})"
         ) from None
     reference.tie_weights()
     vocab = int(getattr(exported.config, "vocab_size", 2))

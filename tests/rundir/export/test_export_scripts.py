@@ -114,6 +114,21 @@ def test_an_fsdp_trainer_export_stays_out_of_its_checkpoints(
                    "--verify"], orch_env, timeout=180)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"copied config.json, generation_config.json from {final}" in res.stdout, res.stdout
+    # A valid config of another model (wider): --verify's forward pass refuses it in one line, exit 1.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(
+        json.dumps({**json.loads((final / "config.json").read_text()), "n_embd": 48})
+    )
+    res = run_cli(["export", job, "--format", "hf", "--config", str(other), "--out", str(tmp_path / "wrong"),
+                   "--verify"], orch_env, timeout=180)  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"orchestrator export: error: verify: GPT2LMHeadModel built from {other / 'config.json'} does not fit "
+        "the checkpoint's weights ("
+    ), lines
+    assert not (tmp_path / "wrong").exists()
 
 
 def test_a_resumable_loop_checkpoint_exports_verified(orch_env: dict[str, str], tmp_path: Path) -> None:
