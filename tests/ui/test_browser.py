@@ -325,8 +325,10 @@ def test_resumed_run_shows_both_attempts_on_one_axis(dashboard: Dashboard, brows
         "return Array.from(document.querySelectorAll('#attempts tbody tr')).map(r => r.textContent)"
     )
     assert len(rows) == 2 and f"step {resumed_at[0]}" in rows[1], rows
-    # The bill's section (`orchestrator cost`): a local job holds no allocation, and says so.
+    # The bill's section (`orchestrator cost`): a local run is billed from its nodes' own records, in
+    # CPU-hours (both jobs of the run: the preempted one and its resume).
     bill = _wait(browser, "(e => e && e.textContent)(document.getElementById('cost'))", "the cost section")
-    assert bill.startswith("where the hours went") and "no allocations from the local scheduler" in bill, bill
+    assert bill.startswith("where the hours went") and "CPU-hours allocated" in bill, bill
+    assert "productive (steps kept)" in bill and "no bill" not in bill, bill
     _shot(browser, "job_resumed.png", "ui_job.png")
     _no_script_ran(browser)
