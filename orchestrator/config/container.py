@@ -17,7 +17,9 @@ plan means the same inside.
 
 Two wrapping styles: pyxis and OCI are flags of the step's launch command (:func:`step_flags`); apptainer and
 podman wrap the node command (:func:`wrap_command`). Every value reaching the shell is quoted here;
-a path that a runtime's mount syntax cannot carry (``:`` or ``,``) is refused with the path named.
+a path that a runtime's mount syntax cannot carry (``:`` or ``,``) is refused with the path named, and
+no value reaches a runtime's argument list where it could be read as an option: each is an absolute
+path or passes :func:`runtime_argument` (``--container-image=--privileged`` is refused, never a flag).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.profile.container_keys import (
     check_container,
+    check_not_option,
     check_path,
     check_single_line,
     parse_mount,
@@ -183,6 +186,21 @@ def _checked(path: str, what: str) -> str:
         raise UserError(f"container: {exc}") from None
 
 
+def runtime_argument(value: str, key: str) -> str:
+    """``value`` of the profile's ``key`` as a word of a runtime's argument list: refused where the
+    runtime could read it as an option (the profile's check says so first; this one holds for a plan
+    however it was made)."""
+    try:
+        return check_not_option(value)
+    except ValueError as exc:
+        raise UserError(f"{key}: expected {exc}, got {value!r}") from None
+
+
+def _image(container: Container) -> str:
+    assert container.image is not None
+    return runtime_argument(container.image, "container.image")
+
+
 def check_mount_sources(plan: LaunchPlan) -> None:
     """Refuse, before anything is created, a profile mount whose source is missing (the nodes share
     this host's filesystem: a path missing here is missing there)."""
@@ -216,24 +234,24 @@ def inner_command(plan: LaunchPlan, submitit_folder_word: str) -> str:
     """The node command as the image runs it: ``env PYTHONPATH=... PY -u -m container_entry FOLDER``.
     ``submitit_folder_word`` is already a shell word."""
     container = plan.profile.container
-    words = ["env", *map(shlex.quote, _env_words(container)), shlex.quote(container.python)]
+    python = runtime_argument(container.python, "container.python")
+    words = ["env", *map(shlex.quote, _env_words(container)), shlex.quote(python)]
     return " ".join([*words, "-u", "-m", CONTAINER_ENTRY, submitit_folder_word])
 
 
 def workdir(plan: LaunchPlan, run_dir: str) -> str:
-    return plan.profile.container.workdir or run_dir
+    return _checked(plan.profile.container.workdir or run_dir, "container.workdir")
 
 
 def step_flags(plan: LaunchPlan, run_dir: str) -> list[str]:
     """pyxis and OCI: shell words for the step's launch command (empty for the other runtimes)."""
     container = plan.profile.container
     if container.runtime == "pyxis":
-        assert container.image is not None
         mounts = ",".join(
             f"{m.source}:{m.destination}" + (":ro" if m.read_only else "") for m in all_mounts(plan, run_dir)
         )
         words = [
-            f"--container-image={container.image}",
+            f"--container-image={_image(container)}",
             f"--container-mounts={mounts}",
             f"--container-workdir={workdir(plan, run_dir)}",
             "--no-container-mount-home",
@@ -259,7 +277,7 @@ def wrap_command(plan: LaunchPlan, run_dir: str, command: str) -> str:
         words = ["apptainer", "exec"]
         if plan.profile.gpus_per_node:
             words.append("--nv")
-        words += ["--bind", binds, "--pwd", workdir(plan, run_dir), str(image)]
+        words += ["--bind", binds, "--pwd", workdir(plan, run_dir), _image(container)]
         return " ".join(shlex.quote(w) for w in words) + " " + command
     if container.runtime == "podman":
         # The node's namespaces but the mount one: its hostname (UTS) and pids, so the stacks
@@ -277,7 +295,7 @@ def wrap_command(plan: LaunchPlan, run_dir: str, command: str) -> str:
             # land in the overlay, never in the image every job shares.
             words += ["--read-only", "--rootfs", f"{_checked(image, 'container.image')}:O"]
         else:
-            words.append(str(image))
+            words.append(_image(container))
         return " ".join(shlex.quote(w) for w in words) + " " + command
     return command
 

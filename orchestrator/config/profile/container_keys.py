@@ -20,6 +20,7 @@ RUNTIMES = ("pyxis", "apptainer", "oci", "podman", "none")
 #: Characters no mount path may hold: the runtimes' mount syntaxes (``SRC:DST:FLAGS``, comma-separated
 #: lists for pyxis and apptainer) give them a meaning, and none of them has a way to escape one.
 MOUNT_SPECIAL = (":", ",")
+NOT_OPTION = "a value that does not start with '-' (a container runtime would read it as an option)"
 
 
 def check_runtime(value: str) -> str:
@@ -30,8 +31,17 @@ def check_runtime(value: str) -> str:
     return value
 
 
+def check_not_option(value: str) -> str:
+    """A value that no runtime's argument list can read as an option (one starting with ``-``: a
+    ``podman run`` flag, an ``apptainer exec`` ``--bind``). Every value that reaches a runtime's
+    argument list is a path (:func:`check_path`: it starts with ``/``) or passes this check."""
+    if value.startswith("-"):
+        raise ValueError(NOT_OPTION)
+    return value
+
+
 def check_path(value: str, what: str) -> str:
-    """An absolute path that every runtime's mount syntax can carry."""
+    """An absolute path that every runtime's mount syntax can carry (never read as an option)."""
     if not value.startswith("/") or any(c in value for c in "\n\r\0"):
         raise ValueError(f"an absolute single-line path for {what}, got {value!r}")
     bad = [c for c in MOUNT_SPECIAL if c in value]
@@ -65,9 +75,17 @@ def check_single_line(value: str | None) -> str | None:
     return value
 
 
+def check_word(value: str | None) -> str | None:
+    """``image`` and ``python``: single-line, and never read as an option where they are words."""
+    check_single_line(value)
+    return value if value is None else check_not_option(value)
+
+
 def check_container(runtime: str, image: str | None, workdir: str | None) -> None:
     if runtime != "none" and not image:
         raise ValueError(f"container.image: required when container.runtime is '{runtime}'")
+    if image is not None and not _passes(check_not_option, image):
+        raise ValueError(f"container.image: {NOT_OPTION}, got {image!r}")
     if runtime in ("oci",) and image is not None and not image.startswith("/"):
         raise ValueError(f"container.image: an absolute path of a root filesystem or bundle for '{runtime}'")
     if workdir is not None:
@@ -96,11 +114,11 @@ def _scalar_map(v: Any) -> bool:
 #: The fast path's check of each key (True: plainly valid; False: pydantic decides and words it).
 FAST_CHECKS: dict[str, Callable[[Any], bool]] = {
     "runtime": lambda v: _str(v) and v in RUNTIMES,
-    "image": lambda v: v is None or (_str(v) and _passes(check_single_line, v)),
+    "image": lambda v: v is None or (_str(v) and _passes(check_word, v)),
     "mounts": lambda v: type(v) is list and all(_str(m) for m in v) and _passes(check_mounts, v),
     "workdir": lambda v: v is None or (_str(v) and _passes(lambda p: check_path(p, "workdir"), v)),
     "env": lambda v: _scalar_map(v) and _passes(_check_env_names, v),
-    "python": lambda v: _str(v) and _passes(check_single_line, v),
+    "python": lambda v: _str(v) and _passes(check_word, v),
 }
 
 
@@ -125,7 +143,7 @@ def model(base: type[BaseModel]) -> type[BaseModel]:
     validators: dict[str, Any] = {
         "_runtime": field_validator("runtime")(check_runtime),
         "_mounts": field_validator("mounts")(check_mounts),
-        "_lines": field_validator("image", "python")(check_single_line),
+        "_lines": field_validator("image", "python")(check_word),
         "_env": field_validator("env")(_check_env_names),
         "_consistent": model_validator(mode="after")(_consistent),
     }

@@ -1,0 +1,145 @@
+"""No value of a job reaches a container runtime's argument list where the runtime could read it as
+an option (``--container-image=--privileged`` became a ``podman run`` flag, an apptainer image
+``--bind=/:/host`` mounted the node's root); a ``container:`` block on a scheduler that runs none is
+refused, not ignored; ``render`` and ``submit --dry-run`` refuse a missing mount source exactly as
+``submit`` does."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config.container import inner_command, step_flags, wrap_command
+from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.config.profile.load import parse_profile
+from orchestrator.config.profile.records import ClusterProfile, Container
+from orchestrator.config.render import render_sbatch
+from orchestrator.contract.errors import UserError
+from tests.helpers.cli import REPO, run_cli, user_profile_dir
+
+SCRIPT = str(REPO / "train" / "train.py")
+BASE = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
+RUNTIMES = ("pyxis", "apptainer", "podman", "oci")
+#: Values a runtime's argument parser reads as an option (``-``: standard input for many).
+OPTION_LIKE = ("--privileged", "-v", "--bind=/:/host", "-")
+#: A valid block per runtime, whose one value under test is replaced.
+GOOD_IMAGE = {"pyxis": "nvcr.io#nvidia/pytorch:25.01-py3", "apptainer": "/img/t.sif", "podman": "img:1"}
+GOOD_IMAGE["oci"] = "/img/rootfs"
+
+
+def _block(runtime: str, position: str | None = None, value: str = "") -> dict:
+    block: dict = {"runtime": runtime, "image": GOOD_IMAGE[runtime]}
+    if position is None:
+        pass
+    elif position == "image":
+        block["image"] = value
+    elif position == "mount source":
+        block["mounts"] = [f"{value}:/data"]
+    elif position == "mount target":
+        block["mounts"] = [f"/data:{value}"]
+    elif position == "mount options":
+        block["mounts"] = [f"/data:/data:{value}"]
+    else:
+        block[position] = value
+    return block
+
+
+@pytest.mark.parametrize("value", OPTION_LIKE)
+@pytest.mark.parametrize(
+    "position", ["image", "mount source", "mount target", "mount options", "python", "workdir"]
+)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_an_option_like_value_in_any_position_is_refused_by_the_profile(
+    runtime: str, position: str, value: str
+) -> None:
+    text = yaml.safe_dump({**BASE, "container": _block(runtime, position, value)})
+    with pytest.raises(UserError) as err:
+        parse_profile(text, "/p/c.yaml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("/p/c.yaml: container"), message
+    assert value in message, message
+
+
+def _plan_with(runtime: str, **container: str) -> LaunchPlan:
+    """A plan whose container holds ``container``'s values as they are, past every profile check
+    (a record made by hand, a plan read back): the render's own guard is what is left."""
+    profile = parse_profile(yaml.safe_dump({**BASE, "container": _block(runtime)}), "c.yaml")
+    values = {name: getattr(profile.container, name) for name in Container.model_fields}
+    bad = Container._make({**values, **container})
+    profile = ClusterProfile._make(
+        {**{name: getattr(profile, name) for name in ClusterProfile.model_fields}, "container": bad}
+    )
+    options = merge_options(profile, strategy="full_shard")
+    return build_plan("t", profile, options, SCRIPT, nodes=2, procs_per_node=1)
+
+
+@pytest.mark.parametrize("value", OPTION_LIKE)
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer", "podman"])
+@pytest.mark.parametrize("key", ["image", "python"])
+def test_no_option_like_value_reaches_a_runtimes_argument_list_unguarded(
+    runtime: str, key: str, value: str
+) -> None:
+    plan = _plan_with(runtime, **{key: value})
+    with pytest.raises(UserError, match=f"^container.{key}: .*got {value!r}$"):
+        render_sbatch(plan, "/run", "/run/submitit", "python3")
+    with pytest.raises(UserError, match=f"container.{key}"):
+        if key == "python":
+            inner_command(plan, "F")
+        elif runtime == "pyxis":
+            step_flags(plan, "/run")
+        else:
+            wrap_command(plan, "/run", "CMD")
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer", "podman"])
+def test_every_value_in_a_runtimes_argument_list_is_a_path_or_not_option_like(runtime: str) -> None:
+    """The words a user's values became: each is ours (a flag the runtime knows) or starts with
+    something no option does."""
+    plan = _plan_with(runtime)
+    words = shlex.split(" ".join(step_flags(plan, "/run")) or wrap_command(plan, "/run", "CMD"))
+    ours = {"apptainer", "exec", "podman", "run", "--bind", "--pwd", "-v", "-e", "-w", "--rm", "--nv"}
+    ours |= {"--device", "--read-only", "--rootfs", "--no-container-mount-home"}
+    for word in words:
+        if word.startswith("-") and word not in ours:
+            name = word.split("=", 1)[0]
+            assert name in {"--network", "--ipc", "--pid", "--uts"} or name.startswith("--container-"), word
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+        "ORCHESTRATOR_RUNS": str(tmp_path / "runs"),
+        "PATH": "/usr/bin:/bin",
+    }
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_container_image_flag_that_reads_as_an_option_is_refused_for_every_runtime(
+    tmp_path: Path, runtime: str
+) -> None:
+    profiles = user_profile_dir(tmp_path, container={"runtime": runtime, "image": GOOD_IMAGE[runtime]})
+    env = _env(tmp_path)
+    for value in OPTION_LIKE:
+        for command in (["render"], ["submit", "--dry-run"]):
+            res = run_cli(
+                [
+                    *command,
+                    "--profile",
+                    "slurm_test",
+                    "--profiles-dir",
+                    str(profiles),
+                    f"--container-image={value}",
+                    "--",
+                    SCRIPT,
+                ],
+                env,
+                timeout=60,
+            )
+            assert res.returncode == 2, (command, value, res.stdout + res.stderr)
+            assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+            assert "--container-image" in res.stderr and repr(value) in res.stderr, res.stderr
+            assert res.stdout == "", res.stdout
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
