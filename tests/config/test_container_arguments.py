@@ -143,3 +143,23 @@ def test_container_image_flag_that_reads_as_an_option_is_refused_for_every_runti
             assert "--container-image" in res.stderr and repr(value) in res.stderr, res.stderr
             assert res.stdout == "", res.stdout
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_container_block_on_the_local_scheduler_is_refused(tmp_path: Path) -> None:
+    local = yaml.safe_load((REPO / "cluster_profiles" / "local.yaml").read_text())
+    for runtime in RUNTIMES:
+        block = {"runtime": runtime, "image": GOOD_IMAGE[runtime]}
+        with pytest.raises(UserError, match="^/p/l.yaml: container: scheduler 'local' runs no container"):
+            parse_profile(yaml.safe_dump({**local, "container": block}), "/p/l.yaml")
+    parse_profile(yaml.safe_dump({**local, "container": {"runtime": "none"}}), "/p/l.yaml")
+    profiles = user_profile_dir(tmp_path, "local", container={"runtime": "podman", "image": "img:1"})
+    for command in (["render"], ["submit", "--dry-run"], ["submit"]):
+        res = run_cli(
+            [*command, "--profile", "local", "--profiles-dir", str(profiles), "--", SCRIPT],
+            _env(tmp_path),
+            timeout=60,
+        )
+        assert res.returncode == 2, (command, res.stdout + res.stderr)
+        assert res.stderr.count("\n") == 1, res.stderr
+        assert "container: scheduler 'local' runs no container" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -20,6 +20,9 @@ RUNTIMES = ("pyxis", "apptainer", "oci", "podman", "none")
 #: Characters no mount path may hold: the runtimes' mount syntaxes (``SRC:DST:FLAGS``, comma-separated
 #: lists for pyxis and apptainer) give them a meaning, and none of them has a way to escape one.
 MOUNT_SPECIAL = (":", ",")
+#: The schedulers that run a node's task in a container. The local scheduler's nodes are processes of
+#: this machine, started without one: a ``container:`` block there is refused, never ignored.
+CONTAINER_SCHEDULERS = ("slurm",)
 NOT_OPTION = "a value that does not start with '-' (a container runtime would read it as an option)"
 
 
@@ -79,6 +82,17 @@ def check_word(value: str | None) -> str | None:
     """``image`` and ``python``: single-line, and never read as an option where they are words."""
     check_single_line(value)
     return value if value is None else check_not_option(value)
+
+
+def check_scheduler(scheduler: str, container: Any) -> None:
+    """A ``container`` (the block: a record or its pydantic model) on a scheduler that cannot run
+    one is refused, as ``--container-image`` is, never ignored."""
+    if container.runtime != "none" and scheduler not in CONTAINER_SCHEDULERS:
+        raise ValueError(
+            f"container: scheduler '{scheduler}' runs no container (its nodes are processes on this "
+            f"machine, started without an image); remove the container: block or set "
+            f"container.runtime: none"
+        )
 
 
 def check_container(runtime: str, image: str | None, workdir: str | None) -> None:

@@ -196,13 +196,18 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
     },
 }
 
+
+def _check_cluster(v: dict[str, Any]) -> None:
+    """The profile's cross-key rules: its own, then its ``container:`` block's with its scheduler."""
+    _check_profile(v["scheduler"], v["partition"], v["procs_per_node"], v["gpus_per_node"])
+    _container.check_scheduler(v["scheduler"], v["container"])
+
+
 _FAST_AFTER: dict[type[_Record], Callable[[dict[str, Any]], None]] = {
     _container.Container: _container.fast_after,
     NodeLimits: lambda v: _check_node_limits(v["default"], v["max"]),
     PortRange: lambda v: _check_port_range(v["start"], v["end"]),
-    ClusterProfile: lambda v: _check_profile(
-        v["scheduler"], v["partition"], v["procs_per_node"], v["gpus_per_node"]
-    ),
+    ClusterProfile: _check_cluster,
 }
 
 
@@ -388,6 +393,7 @@ def schema() -> dict[str, type[BaseModel]]:
         @model_validator(mode="after")
         def _consistent(self) -> Any:
             _check_profile(self.scheduler, self.partition, self.procs_per_node, self.gpus_per_node)
+            _container.check_scheduler(self.scheduler, self.container)
             return self
 
     models: list[type[BaseModel]] = [
