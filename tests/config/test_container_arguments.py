@@ -6,6 +6,7 @@ refused, not ignored; ``render`` and ``submit --dry-run`` refuse a missing mount
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 
@@ -163,3 +164,37 @@ def test_a_container_block_on_the_local_scheduler_is_refused(tmp_path: Path) -> 
         assert res.stderr.count("\n") == 1, res.stderr
         assert "container: scheduler 'local' runs no container" in res.stderr, res.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_render_and_dry_run_refuse_a_missing_mount_source_as_submit_does(tmp_path: Path) -> None:
+    for runtime in RUNTIMES:
+        image = GOOD_IMAGE[runtime]
+        if runtime == "oci":
+            image = str(tmp_path / "rootfs")
+            (tmp_path / "rootfs" / "usr").mkdir(parents=True, exist_ok=True)
+        block = {"runtime": runtime, "image": image, "mounts": [f"{tmp_path}/absent:/d"]}
+        profiles = user_profile_dir(tmp_path, container=block)
+        said = []
+        for command in (["render"], ["submit", "--dry-run"], ["submit"]):
+            res = run_cli(
+                [*command, "--profile", "slurm_test", "--profiles-dir", str(profiles), "--", SCRIPT],
+                _env(tmp_path),
+                timeout=60,
+            )
+            assert res.returncode == 2 and res.stdout == "", (runtime, command, res.stdout + res.stderr)
+            said.append(res.stderr.split(": error: ", 1)[1])  # after "orchestrator COMMAND: error: "
+        assert said[0] == said[1] == said[2], said
+        assert said[0].count("\n") == 1 and f"the source {tmp_path}/absent does not exist" in said[0]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_dry_run_sweep_refuses_a_missing_mount_source(tmp_path: Path) -> None:
+    from orchestrator.schedulers import get_scheduler
+
+    profile = parse_profile(
+        yaml.safe_dump({**BASE, "container": {"runtime": "podman", "image": "i", "mounts": ["/absent-x"]}}),
+        "c.yaml",
+    )
+    plan = build_plan("t", profile, merge_options(profile, strategy="ddp"), SCRIPT, nodes=1)
+    with pytest.raises(UserError, match="the source /absent-x does not exist"):
+        get_scheduler("slurm").dryrun_array([plan, dataclasses.replace(plan)], tmp_path / "sweep", 1)

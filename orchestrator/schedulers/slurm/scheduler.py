@@ -98,8 +98,12 @@ class SlurmScheduler(Scheduler):
     def dryrun(
         self, plan: LaunchPlan, run_dir: Path, attempt_base: int = 0, python: str | None = None
     ) -> Request:
+        from orchestrator.config.container import check_submittable
         from orchestrator.config.render import render_sbatch
 
+        # What ``check`` refuses of the container (a missing mount source), so that ``render`` and
+        # ``submit --dry-run``, which ask the cluster nothing, say what ``submit`` will say.
+        check_submittable(plan)
         node_python = plan.profile.python or python or sys.executable
         folder = str(Path(run_dir) / SUBMITIT_DIR)
         text = render_sbatch(plan, str(run_dir), folder, node_python, attempt_base)
@@ -175,8 +179,11 @@ class SlurmScheduler(Scheduler):
     def dryrun_array(
         self, plans: Sequence[LaunchPlan], sweep_dir: Path, max_parallel: int, python: str | None = None
     ) -> Request | None:
+        from orchestrator.config.container import check_submittable
         from orchestrator.schedulers.slurm.array import array_request
 
+        for plan in plans:
+            check_submittable(plan)
         return array_request(plans, sweep_dir, max_parallel, python)
 
     def check_array(self, tasks: int) -> None:
