@@ -10,6 +10,7 @@ prefix, py-spy on each node); local jobs are dumped in place. The stacks are sav
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def dump_stacks(job_id: str, run_dir: Path, scheduler_name: str) -> Stacks:
     """Dump the stacks of the newest attempt of the job in ``run_dir``, run by ``scheduler_name``."""
     from orchestrator.contract.run_dir import attempt_dirs, hang_dir
     from orchestrator.schedulers import get_scheduler
-    from orchestrator.supervise.stacks import collect, collect_here, find_culprit
+    from orchestrator.supervise.stacks import collect, collect_here
 
     attempts = attempt_dirs(run_dir)
     if not attempts:
@@ -61,11 +62,41 @@ def dump_stacks(job_id: str, run_dir: Path, scheduler_name: str) -> Stacks:
     scheduler = get_scheduler(scheduler_name)
     nodes = scheduler.job_nodes(job_id)
     prefix = scheduler.on_every_node(nodes, job_id)
-    if prefix is None:  # the job's nodes are this machine: dump in place
-        records = collect_here(str(run_dir), attempt, out_dir)
-    else:  # nodes of their own: dump on each, inside the job
-        if not nodes:
-            raise UserError(f"job {job_id} is not running (the scheduler lists no nodes for it)")
-        records, problem = collect(prefix, run_dir, attempt, out_dir)
-    culprit = find_culprit(records, {}) if records else None
+    if prefix is not None and not nodes:
+        raise UserError(f"job {job_id} is not running (the scheduler lists no nodes for it)")
+
+    def dump() -> tuple[list[dict[str, Any]], str]:
+        if prefix is None:  # the job's nodes are this machine: dump in place
+            return collect_here(str(run_dir), attempt, out_dir), ""
+        return collect(prefix, run_dir, attempt, out_dir)  # nodes of their own: on each, inside the job
+
+    records, problem = dump()
+    records, problem, culprit = culprit_of(records, problem, dump)
     return Stacks(job_id, attempt, out_dir, records, problem, culprit)
+
+
+#: How long after a dump whose ranks look uneven the second one is taken (:func:`culprit_of`).
+CONFIRM_AFTER_S = 1.0
+
+
+def culprit_of(
+    records: list[dict[str, Any]], problem: str, dump: Callable[[], tuple[list[dict[str, Any]], str]]
+) -> tuple[list[dict[str, Any]], str, tuple[int, str, str] | None]:
+    """The rank that differs in a dump of a job that may well be healthy: a dead or missing rank at
+    once; the one rank outside a collective only when a second dump (``dump``) finds every rank where
+    it was. One dump of a healthy job often has a rank still computing while the others wait in the
+    all-reduce ("rank 1 differs" of a job doing fine). Returns the records (and problem) of the
+    dump the answer rests on: the second one, when it was taken (its files replaced the first's)."""
+    from orchestrator.supervise.stacks import find_culprit, unchanged
+
+    if not records:
+        return records, problem, None
+    certain = find_culprit(records, {}, stalled=False)
+    if certain is not None or find_culprit(records, {}) is None:
+        return records, problem, certain
+    time.sleep(CONFIRM_AFTER_S)
+    again, again_problem = dump()
+    if not again:
+        return records, problem, None
+    culprit = find_culprit(again, {}, stalled=unchanged(records, again))
+    return again, again_problem, culprit

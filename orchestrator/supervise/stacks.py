@@ -194,12 +194,19 @@ def collect(
 
 
 def find_culprit(
-    evidence: list[dict[str, Any]], heartbeats: dict[int, dict[str, Any]], world_size: int | None = None
+    evidence: list[dict[str, Any]],
+    heartbeats: dict[int, dict[str, Any]],
+    world_size: int | None = None,
+    stalled: bool = True,
 ) -> tuple[int, str, str] | None:
     """Pure: ``(rank, host, why)`` of the one rank that differs from the others, or None when no
     single rank does. In order of certainty: a rank whose process is stopped or gone; a rank that
     was expected (heartbeat) but has no process; the one rank behind the others' step or in another
-    phase; the one rank that is not inside a collective."""
+    phase; the one rank that is not inside a collective.
+
+    The last two mean something only for ranks that are not moving (``stalled``: the hang watchdog's
+    case, or two dumps alike, :func:`unchanged`): a healthy job has, at any instant, ranks inside an
+    all-reduce and one still computing its way to it."""
     by_rank = {e["rank"]: e for e in evidence}
     dead = [e for e in evidence if e.get("state") in DEAD_STATES]
     if len(dead) == 1:
@@ -210,6 +217,8 @@ def find_culprit(
     if len(missing) == 1:
         r = missing[0]
         return r, str(heartbeats.get(r, {}).get("host", "?")), "no training process for it on its node"
+    if not stalled:
+        return None
     if len(heartbeats) >= 2:
         where = {r: (h.get("step"), h.get("phase")) for r, h in heartbeats.items()}
         common, count = Counter(where.values()).most_common(1)[0]
@@ -226,6 +235,19 @@ def find_culprit(
         e = outside[0]
         return e["rank"], e["host"], "the only rank not inside a collective"
     return None
+
+
+def unchanged(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> bool:
+    """Pure: whether two dumps of the same ranks show every one of them where it was (same process,
+    same innermost frames, same side of a collective): ranks that are not moving."""
+
+    def where(records: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+        return {
+            r["rank"]: (r.get("pid"), r.get("in_collective"), tuple(r.get("stack_tail") or ()))
+            for r in records
+        }
+
+    return bool(first) and where(first) == where(second)
 
 
 def main(argv: list[str] | None = None) -> int:
