@@ -186,3 +186,56 @@ def test_a_python_exception_is_not_restarted(env: dict[str, str], tmp_path: Path
     )
     row = status_of(env, job_id)
     assert row["state"] == "FAILED" and row["restarts"] == 0 and "ValueError" in (row["reason"] or ""), row
+
+
+def _kill_rank_1_and_finish(env: dict[str, str], run_dir: Path, job_id: str, min_step: int) -> dict[str, Any]:
+    """SIGKILL rank 1 once it trained ``min_step``; the job must complete in the same allocation.
+    Returns its one restart record."""
+    try:
+        os.kill(rank_pid(run_dir, 1, min_step=min_step), signal.SIGKILL)
+        wait_for_job_state(job_id, "COMPLETED", timeout=420)
+    finally:
+        scancel_quietly(job_id)
+    restarts = read_restarts(run_dir)
+    assert len(restarts) == 1, (restarts, batch_log(run_dir)[-3000:])
+    assert (restarts[0]["failed_attempt"], restarts[0]["attempt"]) == (0, 1), restarts
+    assert "SIGKILL" in restarts[0]["cause"], restarts
+    assert slurm_requeues(job_id) == 0 and sacct_state(job_id) == "COMPLETED"
+    return restarts[0]
+
+
+def test_an_unchanged_trainer_script_restarts_from_its_checkpoint(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """examples/trainer_cnn.py, an HF Trainer script with no line of ours: its checkpoint-N folders are
+    what the restarted attempt resumes from (orchestrator.hf's resume), and it trains to its end."""
+    profiles = user_profile_dir(tmp_path, max_restarts=3)
+    out = tmp_path / "out"
+    steps = 120
+    job_id, run_dir = submitted(
+        env,
+        ["--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--procs-per-node", "1",
+         "--strategy", "ddp", "--", str(REPO / "examples" / "trainer_cnn.py"), "--max-steps", str(steps),
+         "--save-steps", "10", "--logging-steps", "5", "--output-dir", str(out)],
+    )  # fmt: skip
+    restart = _kill_rank_1_and_finish(env, run_dir, job_id, min_step=12)
+    start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
+    assert start["hook"] == "trainer" and start["step"] == restart["step"] >= 10, (start, restart)
+    assert start["checkpoint"] == str(out / f"checkpoint-{start['step']}"), start
+    assert (out / f"checkpoint-{steps}" / "COMPLETE.json").exists()
+
+
+def test_a_deepspeed_job_restarts_through_torchrun(env: dict[str, str], tmp_path: Path) -> None:
+    """DeepSpeed launches its ranks through torchrun: the batch step reads torchrun's root cause and
+    restarts the step; every step is trained once after the restart's checkpoint."""
+    profiles = user_profile_dir(tmp_path, max_restarts=3)
+    job_id, run_dir = submitted(
+        env,
+        ["--profile", "slurm_test", "--profiles-dir", str(profiles), "--nodes", "2", "--procs-per-node", "1",
+         "--strategy", "deepspeed_zero2", "--", TRAIN, *RUN_ARGS],
+    )  # fmt: skip
+    restart = _kill_rank_1_and_finish(env, run_dir, job_id, min_step=CKPT_EVERY + 2)
+    assert restart["step"] >= CKPT_EVERY and restart["step"] % CKPT_EVERY == 0, restart
+    logged = {e["step"] for e in trains(run_dir)}
+    assert logged == set(range(1, STEPS + 1)), sorted(set(range(1, STEPS + 1)) - logged)
+    assert "ranks started by torchrun" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
