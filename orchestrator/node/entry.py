@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -83,10 +84,16 @@ def tracker_run_id(run_dir: Path) -> str:
 
 
 def training_environment(
-    plan: LaunchPlan, node: NodeEnvironment, run_dir: Path, attempt: int
+    plan: LaunchPlan,
+    node: NodeEnvironment,
+    run_dir: Path,
+    attempt: int,
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Environment for ``accelerate launch`` and, through it, every rank."""
-    env = dict(os.environ)
+    """Environment for ``accelerate launch`` and, through it, every rank: ``environ`` (the node task's
+    own environment when None) with what the plan, the node and the attempt say. Pure: it reads its
+    arguments and changes nothing (the tests launch ``train/`` with it, tests/helpers/train_launch.py)."""
+    env = dict(os.environ if environ is None else environ)
     for name, value in plan.profile.env.items():
         env[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
     if plan.uses_cpu and plan.strategy.uses_deepspeed:

@@ -3,8 +3,9 @@
 Each node is one ``accelerate launch --config_file <cfg>`` where cfg is what the
 orchestrator renders for that node (``orchestrator.config.render.render_accelerate_config``
 on a plan from ``orchestrator.config.plan.build_plan`` with the ``local`` profile), with
-the environment the orchestrator's launcher sets (``ACCELERATE_USE_CPU=1``,
-``OMP_NUM_THREADS=1``, ``ORCHESTRATOR_*`` expectations). Every launch is bounded
+the environment the node entry gives it (``orchestrator.node.entry.training_environment``:
+``ACCELERATE_USE_CPU=1``, the profile's ``OMP_NUM_THREADS=1``, the node site on ``PYTHONPATH``,
+``ORCHESTRATOR_*`` expectations). Every launch is bounded
 by a timeout, and teardown kills the whole psutil process tree of every launcher
 (torchrun puts workers in their own sessions, so a process group is not enough).
 
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -34,6 +36,9 @@ from tests.helpers.net import free_port
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 SCRIPT = "train/train.py"
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
 
 #: Fast, deterministic defaults for tests: tiny model, synthetic data, small batches.
 TINY_ARGS = [
@@ -52,8 +57,6 @@ def render_configs(
     wrap_cls: str | None = None,
     options: dict | None = None,
 ) -> list[Path]:
-    from orchestrator.config.plan import build_plan, merge_options
-    from orchestrator.config.profile.load import load_profile
     from orchestrator.config.render import (
         NodeRuntime,
         needs_deepspeed_config_file,
@@ -61,11 +64,7 @@ def render_configs(
         render_deepspeed_config,
     )
 
-    name, _, profile = load_profile("local")
-    merged = merge_options(
-        profile, strategy=strategy, fsdp_version=fsdp_version, wrap_cls=wrap_cls, **(options or {})
-    )
-    plan = build_plan(name, profile, merged, script=SCRIPT, nodes=nodes, procs_per_node=procs)
+    plan = train_plan(strategy, fsdp_version, nodes, procs, wrap_cls, options)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank in range(nodes):
@@ -84,37 +83,53 @@ def render_configs(
     return paths
 
 
-def launch_env(
-    strategy: str, fsdp_version: int, nodes: int, procs: int, run_dir: Path, extra: dict | None = None
-) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ORCHESTRATOR_", "ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))
-    }
-    env.update(
-        {
-            "ACCELERATE_USE_CPU": "1",
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-            "ORCHESTRATOR_RUN_DIR": str(run_dir),
-            "ORCHESTRATOR_EXPECTED_WORLD_SIZE": str(nodes * procs),
-            "ORCHESTRATOR_EXPECTED_NUM_NODES": str(nodes),
-            "ORCHESTRATOR_PROCS_PER_NODE": str(procs),
-            "ORCHESTRATOR_STRATEGY": strategy,
-            "ORCHESTRATOR_FSDP_VERSION": str(fsdp_version),
-            "TORCH_CPP_LOG_LEVEL": "ERROR",
-        }
-    )
-    if strategy.startswith("deepspeed_"):
-        # What orchestrator.node.entry.training_environment does for DeepSpeed on CPU.
-        from orchestrator.node.site_path import NODE_SITE_DIR
+def train_plan(
+    strategy: str,
+    fsdp_version: int,
+    nodes: int,
+    procs: int,
+    wrap_cls: str | None = None,
+    options: dict | None = None,
+) -> LaunchPlan:
+    """The plan ``submit --profile local`` makes for train/train.py with these options."""
+    from orchestrator.config.plan import build_plan, merge_options
+    from orchestrator.config.profile.load import load_profile
 
-        env["ACCELERATE_USE_CPU"] = None
-        env["PYTHONPATH"] = NODE_SITE_DIR + os.pathsep + env["PYTHONPATH"]
-    env.update(extra or {})
-    return {k: v for k, v in env.items() if v is not None}
+    name, _, profile = load_profile("local")
+    merged = merge_options(
+        profile, strategy=strategy, fsdp_version=fsdp_version, wrap_cls=wrap_cls, **(options or {})
+    )
+    return build_plan(name, profile, merged, script=SCRIPT, nodes=nodes, procs_per_node=procs)
+
+
+#: What the tests' own environment must not hand to a launch: the variables the product sets
+#: (a test process run by orchestrator, or by Accelerate, has its own).
+_PRODUCT_PREFIXES = ("ORCHESTRATOR_", "ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")
+
+
+def node_environments(
+    plan: LaunchPlan, run_dir: Path, attempt: int, extra: dict | None = None
+) -> list[dict[str, str]]:
+    """Each simulated node's environment for ``accelerate launch``: the product's own
+    (orchestrator.node.entry.training_environment, on a local node of the plan) over this process's
+    environment without the product's variables, with the repository importable and torch's C++ log
+    quiet. ``extra`` then sets (None: removes) what a test changes."""
+    from orchestrator.node.entry import training_environment
+    from orchestrator.schedulers.local.scheduler import LocalNodeEnvironment
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(_PRODUCT_PREFIXES)}
+    base["PYTHONPATH"] = str(REPO) + os.pathsep + base.get("PYTHONPATH", "")
+    base["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    envs = []
+    for rank in range(plan.nodes):
+        node = object.__new__(LocalNodeEnvironment)  # what submitit's task would be: node `rank` of the job
+        node.node_rank, node.num_nodes, node.job_id = rank, plan.nodes, f"tests-{run_dir.name}"
+        env: dict[str, str | None] = {
+            **training_environment(plan, node, run_dir, attempt, base),
+            **(extra or {}),
+        }
+        envs.append({k: v for k, v in env.items() if v is not None})
+    return envs
 
 
 @dataclass
@@ -218,9 +233,10 @@ def start(
         config_paths = render_configs(
             strategy, fsdp_version, nodes, procs, free_port(), launch_dir, wrap_cls, options
         )
-    full_env = launch_env(strategy, fsdp_version, nodes, procs, run_dir, env)
     procs_started, logs = [], []
     attempt = len(list(launch_dir.glob("node0-*.log")))
+    plan = train_plan(strategy, fsdp_version, nodes, procs, wrap_cls, options)
+    envs = node_environments(plan, run_dir, attempt, env)
     for rank, config in enumerate(config_paths):
         log = launch_dir / f"node{rank}-{attempt}.log"
         cmd = [
@@ -238,7 +254,7 @@ def start(
                 subprocess.Popen(
                     cmd,
                     cwd=REPO,
-                    env=full_env,
+                    env=envs[rank],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
