@@ -19,16 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--token", default=None, help="required by every request (needed for any --host but 127.0.0.1)"
     )
     parser.add_argument(
-        "--refresh", type=float, default=5.0, metavar="S", help="seconds between a page's updates (default 5)"
+        "--refresh",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between a page's updates (default 5; 0.5 to 3600)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: expected 0..65535")
-    if args.refresh <= 0:
-        raise UserError(f"--refresh must be positive, not {args.refresh}")
-    from orchestrator.ui.server import serve
+    from orchestrator.ui.server import check_refresh, serve
 
-    serve(args.host, args.port, args.token, refresh_s=args.refresh)
+    serve(args.host, args.port, args.token, refresh_s=check_refresh(args.refresh))
     return 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import html
 import json
+import math
 import mimetypes
 import os
 import socket
@@ -43,6 +44,9 @@ CSP = (
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
 PAGES = {"": "jobs", "job": "job", "sweep": "sweep"}
+#: ``--refresh`` bounds, seconds: faster than twice a second is a busy loop over the registry; slower
+#: than an hour is not a live page (and a browser's timer overflows past 24.8 days: it fires at once).
+REFRESH_MIN_S, REFRESH_MAX_S = 0.5, 3600.0
 
 
 def plotly_js() -> Path:
@@ -64,7 +68,7 @@ class Dashboard(ThreadingHTTPServer):
     def __init__(self, host: str, port: int, views: Views, token: str | None, refresh_s: float) -> None:
         self.views = views
         self.token = token
-        self.refresh_s = refresh_s
+        self.refresh_s = check_refresh(refresh_s)
         self.loopback = host in LOOPBACK
         self.plotly = plotly_js()
         if ":" in host:
@@ -220,6 +224,18 @@ def _int(query: dict[str, str], key: str) -> int | None:
         raise UserError(f"?{key}={value!r}: expected a whole number") from None
 
 
+def check_refresh(seconds: float) -> float:
+    """``--refresh``: a finite number of seconds in ``REFRESH_MIN_S..REFRESH_MAX_S`` (nan, inf, 0, a
+    negative or a huge value is refused in one line, exit 2)."""
+    if not (isinstance(seconds, int | float) and math.isfinite(seconds)) or not (
+        REFRESH_MIN_S <= seconds <= REFRESH_MAX_S
+    ):
+        raise UserError(
+            f"--refresh {seconds}: expected a number of seconds from {REFRESH_MIN_S:g} to {REFRESH_MAX_S:g}"
+        )
+    return float(seconds)
+
+
 def check_binding(host: str, token: str | None) -> str | None:
     """The token to require: None on a loopback address without one; any other address needs one."""
     token = token or os.environ.get("ORCHESTRATOR_UI_TOKEN") or None
@@ -245,6 +261,7 @@ def serve(
 ) -> None:
     """Serve until interrupted; prints the address first (port 0: a free one is chosen)."""
     token = check_binding(host, token)
+    refresh_s = check_refresh(refresh_s)
     try:
         server = Dashboard(host, port, Views(home), token, refresh_s)
     except OSError as exc:

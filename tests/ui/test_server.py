@@ -190,3 +190,51 @@ def test_run_details_read_attempts_and_the_watchdogs_hang_report(
     hang = details["hang"]
     assert hang["attempt"] == 1 and hang["culprit_rank"] == 3 and "rank 3" in hang["reason"]
     assert list(hang["stacks"]) == ["2", "3", "10"] and "rank 3" in hang["stacks"]["3"]
+
+
+# ---------------------------------------------------------------------------- issue 41
+BAD_REFRESH = ["nan", "inf", "-inf", "0", "-1", "0.1", "1e9", "1e300"]
+
+
+@pytest.mark.parametrize("value", BAD_REFRESH)
+def test_cli_refuses_a_refresh_that_is_not_a_sane_number_of_seconds(tmp_path: Path, value: str) -> None:
+    """nan and inf made every page a 500 (``int(nan * 1000)``), 0 and negatives polled nonstop, and a
+    huge value overflowed the browser's timer (it then fires at once): each is one line, exit 2."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "ORCHESTRATOR_HOME": str(tmp_path / "home")}
+    res = run_cli(["ui", "--port", "0", f"--refresh={value}"], env, timeout=30)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        f"orchestrator ui: error: --refresh {float(value)}: expected a number of seconds from 0.5 to 3600"
+    ]
+
+
+@pytest.mark.parametrize("value", [float(v) for v in BAD_REFRESH])
+def test_the_server_refuses_a_bad_refresh_too(tmp_path: Path, value: float) -> None:
+    require_modules("plotly")
+    from orchestrator.ui.server import Dashboard
+    from orchestrator.ui.views import Views
+
+    with pytest.raises(UserError, match="--refresh"):
+        Dashboard("127.0.0.1", 0, Views(tmp_path / "home"), None, value).server_close()
+
+
+@pytest.mark.parametrize("value", [0.5, 5, 3600])
+def test_a_page_polls_at_the_refresh_it_was_given(tmp_path: Path, value: float) -> None:
+    require_modules("plotly")
+    from orchestrator.ui.server import Dashboard
+    from orchestrator.ui.views import Views
+
+    server = Dashboard("127.0.0.1", 0, Views(tmp_path / "home"), None, value)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("GET", "/job/x")
+        res = conn.getresponse()
+        page = res.read().decode()
+        conn.close()
+        assert res.status == 200 and f"data-refresh-ms='{int(value * 1000)}'" in page
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

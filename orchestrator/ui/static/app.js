@@ -7,7 +7,9 @@
 const body = document.body;
 const PAGE = body.dataset.page;
 const ID = body.dataset.id;
-const REFRESH_MS = Number(body.dataset.refreshMs) || 5000;
+// The server refuses a --refresh outside 0.5 s..1 h; kept in range here too (a browser's timer fires at
+// once past 2^31 ms, which would poll nonstop).
+const REFRESH_MS = Math.min(3600000, Math.max(500, Number(body.dataset.refreshMs) || 5000));
 const main = document.getElementById("main");
 
 function el(tag, attrs, ...children) {
