@@ -31,7 +31,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlsplit
 
 from orchestrator.contract.errors import UserError
 from orchestrator.ui.views import Views
@@ -100,7 +100,7 @@ class Handler(BaseHTTPRequestHandler):
             if given is not None and hmac.compare_digest(given.encode(), self.server.token.encode()):
                 # Once: the token moves into a cookie and out of the address bar (and history).
                 self.send_response(303)
-                self.send_header("Location", quote(url.path) or "/")
+                self.send_header("Location", _same_page(url.path, url.query))
                 self.send_header(
                     "Set-Cookie", f"{TOKEN_COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
                 )
@@ -212,6 +212,17 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+
+def _same_page(path: str, query: str) -> str:
+    """Where ``?token=`` redirects: the same page and its other parameters, without the token. The
+    request's path is already percent-encoded: each segment is decoded and encoded exactly once (a
+    ``%2F`` inside an id stays one segment), and it always begins with a single ``/`` (never ``//host``,
+    which a browser would read as another site)."""
+    segments = [quote(unquote(s), safe="") for s in path.lstrip("/").split("/")]
+    location = "/" + "/".join(segments)
+    rest = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "token"]
+    return location + ("?" + urlencode(rest) if rest else "")
 
 
 def _int(query: dict[str, str], key: str) -> int | None:

@@ -3,6 +3,7 @@ refusals of its command line. (The pages themselves: tests/ui/test_browser.py.)"
 
 from __future__ import annotations
 
+import html
 import http.client
 import json
 import subprocess
@@ -238,3 +239,35 @@ def test_a_page_polls_at_the_refresh_it_was_given(tmp_path: Path, value: float) 
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@pytest.mark.parametrize(
+    ("asked", "location", "shown_id"),
+    [
+        ("/job/local%2D1", "/job/local-1", "local-1"),  # was /job/local%252D1
+        ("/job/a%20b", "/job/a%20b", "a b"),  # was /job/a%2520b
+        ("/job/x%2Fy", "/job/x%2Fy", "x/y"),  # an encoded slash stays inside the id
+        ("/job/%C3%A9t%C3%A9", "/job/%C3%A9t%C3%A9", "été"),
+        ("/sweep/s%3A1", "/sweep/s%3A1", "s:1"),
+    ],
+)
+def test_the_token_redirect_encodes_the_address_once(
+    served: Any, asked: str, location: str, shown_id: str
+) -> None:
+    res = _get(served, f"{asked}?token={TOKEN}")
+    assert res.status == 303 and res.getheader("Location") == location
+    cookie = (res.getheader("Set-Cookie") or "").split(";")[0]
+    conn = http.client.HTTPConnection("127.0.0.1", served.server_address[1], timeout=30)
+    conn.request("GET", location, headers={"Cookie": cookie})
+    page = conn.getresponse()
+    body = page.read().decode()
+    conn.close()
+    assert page.status == 200 and f"data-id='{html.escape(shown_id, quote=True)}'" in body
+
+
+def test_the_token_redirect_keeps_other_parameters_and_stays_on_this_site(served: Any) -> None:
+    res = _get(served, f"/job/j1?node=1&token={TOKEN}&rank=3")
+    assert res.status == 303 and res.getheader("Location") == "/job/j1?node=1&rank=3"
+    for asked in (f"//attacker.example/x?token={TOKEN}", f"/%2F%2Fattacker.example?token={TOKEN}"):
+        location = _get(served, asked).getheader("Location") or ""
+        assert location.startswith("/") and not location.startswith("//"), location
