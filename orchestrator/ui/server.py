@@ -154,9 +154,10 @@ class Handler(BaseHTTPRequestHandler):
     def _authorized(self) -> bool:
         token = self.server.token or ""
         offered: list[str] = []
-        auth = self.headers.get("Authorization") or ""
-        if auth.startswith("Bearer "):
-            offered.append(auth[7:].strip())
+        # RFC 7235: the scheme is case-insensitive ("bearer", "BEARER"), one or more spaces follow it.
+        scheme, _, credentials = (self.headers.get("Authorization") or "").strip().partition(" ")
+        if scheme.lower() == "bearer" and credentials.strip():
+            offered.append(credentials.strip())
         for part in (self.headers.get("Cookie") or "").split(";"):
             name, _, value = part.strip().partition("=")
             if name == TOKEN_COOKIE:

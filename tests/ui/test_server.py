@@ -271,3 +271,16 @@ def test_the_token_redirect_keeps_other_parameters_and_stays_on_this_site(served
     for asked in (f"//attacker.example/x?token={TOKEN}", f"/%2F%2Fattacker.example?token={TOKEN}"):
         location = _get(served, asked).getheader("Location") or ""
         assert location.startswith("/") and not location.startswith("//"), location
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR", "Bearer  "])
+def test_the_bearer_scheme_is_matched_whatever_its_case(served: Any, scheme: str) -> None:
+    """RFC 7235 2.1: the authentication scheme is case-insensitive (one or more spaces follow it)."""
+    assert _get(served, "/api/jobs", {"Authorization": f"{scheme} {TOKEN}"}).status == 200
+
+
+@pytest.mark.parametrize(
+    "header", [f"Basic {TOKEN}", f"Token {TOKEN}", f"Bearer{TOKEN}", "Bearer", "bearer ", f"x{TOKEN}"]
+)
+def test_another_scheme_or_no_credentials_is_still_refused(served: Any, header: str) -> None:
+    assert _get(served, "/api/jobs", {"Authorization": header}).status == 401
