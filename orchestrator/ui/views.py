@@ -7,6 +7,9 @@ read of its rows plus ``status`` for one page (one batched scheduler query), not
 directories per poll. A run's curves are followed (``api.get_job(id).curves()``): a poll
 parses only what the run appended since the last one, and at most ``MAX_POINTS`` points a curve go
 to the browser.
+
+A deleted run directory is a 404 with a sentence on the job page, its chart and its logs, and the
+run's followed curves and bill are dropped (not served from memory).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import api
-from orchestrator.contract.errors import UserError
+from orchestrator.contract.errors import RunFailure, UserError
 
 #: Jobs per page of the jobs list.
 PAGE_SIZE = 100
@@ -84,8 +87,21 @@ class Views:
         }
 
     # ------------------------------------------------------------------------ one job
+    def _present(self, job_id: str) -> None:
+        """A job whose run directory was deleted: its followed curves and bill are dropped, and a
+        404 says why (not a 500, not the curves from memory)."""
+        with api.open_registry(self.home) as registry:
+            run_dir = Path(registry.get(job_id).run_dir)
+        if run_dir.is_dir():
+            return
+        with self._lock:
+            self._followers.pop(job_id, None)
+            self._bills.pop(job_id, None)
+        raise RunGone(f"job {job_id}: its run directory {run_dir} no longer exists (deleted)")
+
     def job(self, job_id: str) -> dict[str, Any]:
         """The job's status row, its attempts and nodes, the hang report, and its curves."""
+        self._present(job_id)
         with api.open_registry(self.home) as registry:
             report = api.status([job_id], registry=registry)
             record = registry.get(job_id)
@@ -104,6 +120,7 @@ class Views:
 
     def chart(self, job_id: str) -> dict[str, Any]:
         """The run's curves, downsampled to ``MAX_POINTS`` each; resume points as steps."""
+        self._present(job_id)
         follower = self._follower(job_id)
         with follower.lock:
             full = follower.value.update().series()
@@ -156,9 +173,13 @@ class Views:
     ) -> dict[str, Any]:
         """The newest attempt's log tail (``orchestrator logs --tail``), or the lines holding
         ``search`` among its last ``SEARCH_LINES``."""
+        self._present(job_id)
         out, err = io.StringIO(), io.StringIO()
         tail = SEARCH_LINES if search else LOG_TAIL
-        api.logs(job_id, node=node, rank=rank, tail=tail, out=out, err=err, home=self.home)
+        try:
+            api.logs(job_id, node=node, rank=rank, tail=tail, out=out, err=err, home=self.home)
+        except RunFailure as exc:  # the run directory went away since _present looked
+            raise RunGone(str(exc)) from None
         lines = out.getvalue().splitlines()
         if search:
             needle = search.lower()
@@ -207,6 +228,10 @@ def _points(status: Any) -> list[tuple[int, str, dict[str, str]]]:
     out += [(t, "queued", p) for t, p in status.queued]
     out += [(t, "not started", p) for t, p, _ in status.not_started]
     return out
+
+
+class RunGone(UserError):
+    """The job is in the registry but its run directory is gone (the server answers 404)."""
 
 
 class _Followed:

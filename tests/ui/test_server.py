@@ -284,3 +284,51 @@ def test_the_bearer_scheme_is_matched_whatever_its_case(served: Any, scheme: str
 )
 def test_another_scheme_or_no_credentials_is_still_refused(served: Any, header: str) -> None:
     assert _get(served, "/api/jobs", {"Authorization": header}).status == 401
+
+
+def _registered(served: Any, job_id: str, run_dir: Path) -> None:
+    """``job_id`` in the served registry: a finished local job of one node, run in ``run_dir``."""
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import Registry
+
+    (run_dir / "local_state.json").write_text(json.dumps({"state": "COMPLETED", "exit_code": 0}))
+    with Registry.open(served.views.home) as reg:
+        reg.add_job(
+            job_id=job_id,
+            name="t",
+            profile="local",
+            scheduler="local",
+            strategy="ddp",
+            nodes=1,
+            procs_per_node=1,
+            command=["python", "train.py"],
+            run_dir=run_dir,
+            state=JobState.COMPLETED,
+        )
+
+
+def _json(served: Any, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", served.server_address[1], timeout=60)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {TOKEN}"})
+    res = conn.getresponse()
+    data = json.loads(res.read())
+    conn.close()
+    return res.status, data
+
+
+def test_a_deleted_run_is_a_404_and_its_curves_are_dropped(served: Any, tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "runs" / "local-1"
+    (run / "logs" / "attempt_0").mkdir(parents=True)
+    (run / "logs" / "attempt_0" / "node_0.log").write_text("step 1\n")
+    (run / "metrics.jsonl").write_text(_event(1, 4.0) + _event(2, 3.0))
+    _registered(served, "local-1", run)
+    assert _json(served, "/api/job/local-1/chart")[1]["curves"]["loss"]["y"] == [4.0, 3.0]
+    assert _json(served, "/api/job/local-1/logs")[1]["lines"] == ["step 1"]
+    assert _json(served, "/api/job/local-1")[0] == 200
+    shutil.rmtree(run)
+    sentence = f"job local-1: its run directory {run} no longer exists (deleted)"
+    for what in ("/logs", "/chart", ""):
+        assert _json(served, f"/api/job/local-1{what}") == (404, {"error": sentence}), what
+    assert "local-1" not in served.views._followers  # the cached curves are gone, not only hidden
