@@ -8,10 +8,16 @@ once its newline has been written (a half-written line is held back until it is 
 Requeues add ``attempt_<A+1>/`` while we follow, and a node's log may appear only when that node
 starts; both are picked up on the next poll because the directory listing is repeated each poll
 (a handful of ``scandir`` calls, far cheaper than reading files).
+
+Nothing is read through a symlink that leads out of the run directory (``logs`` itself, an
+``attempt_<A>`` folder or a ``node_<N>.log``, dangling or not): such a path is skipped on every poll
+and named in :attr:`LogFollower.refused`, which ``logs`` and the dashboard print as a note. A link
+that stays inside the run is followed.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -19,12 +25,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from orchestrator.contract.run_dir import attempt_dirs, node_logs
+from orchestrator.contract.run_dir import LOGS_DIR, NODE_LOG_RE, attempt_dirs, node_logs
 
 #: Rank prefixes put on lines by launchers: torchrun ``--tee`` writes ``[default<local_rank>]:``,
 #: our launcher / ``[rank<R>]:`` style writes the global rank.
 _RANK_PREFIX = re.compile(r"^\[(rank|default)(\d+)\]")
 READ_CHUNK = 1 << 20
+
+
+def leaves(path: Path | str, root: Path | str) -> bool:
+    """Whether ``path`` resolves (every symlink on the way, a dangling last one included) to a place
+    outside the directory ``root`` (itself resolved)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real != top and not real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def refusal(path: Path | str) -> str:
+    """The note printed for a path that :func:`leaves` the run directory."""
+    return f"skipped {path}: a symlink that leads out of the run directory (not read)"
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,8 @@ class LogFollower:
         self._cursors: dict[Path, _FileCursor] = {}
         #: ``{(attempt, node): (inode, offset)}``: where the last :meth:`tail` began in each file
         self.window_starts: dict[tuple[int, int], tuple[int, int]] = {}
+        #: paths not read because they lead out of the run directory (kept across polls, in order)
+        self.refused: dict[Path, None] = {}
 
     def start_at(self, min_attempt: int, offsets: dict[tuple[int, int], tuple[int, int]]) -> None:
         """Continue a follow another process began: the same first attempt, and each file from the
@@ -103,13 +123,36 @@ class LogFollower:
     def sources(self) -> list[tuple[int, int, Path]]:
         """``[(attempt, node, path)]`` of log files currently matching the selection."""
         out: list[tuple[int, int, Path]] = []
+        if self._outside(self.run_dir / LOGS_DIR):
+            return out
         for a, adir in attempt_dirs(self.run_dir):
             if a < self.min_attempt or (self.attempt is not None and a != self.attempt):
                 continue
-            for n, path in node_logs(adir):
+            if self._outside(adir):
+                continue
+            for n, path in self._node_logs(adir):
                 if self.node is None or n == self.node:
                     out.append((a, n, path))
         return out
+
+    def _node_logs(self, adir: Path) -> list[tuple[int, Path]]:
+        """The attempt's node logs that stay inside the run; a symlinked one that leaves it (dangling
+        too: its target could appear later) is refused. Only symlinks are resolved (the listing
+        says which), so a poll costs no more system calls than before for a run without them."""
+        try:
+            links = {e.name for e in os.scandir(adir) if NODE_LOG_RE.match(e.name) and e.is_symlink()}
+        except OSError:
+            links = set()
+        refused = {name for name in links if self._outside(adir / name, link=True)}
+        return [(n, path) for n, path in node_logs(adir) if path.name not in refused]
+
+    def _outside(self, path: Path, link: bool | None = None) -> bool:
+        """Whether ``path`` (whose parents inside the run were checked already) is a symlink that
+        leads out of the run; such a path is added to :attr:`refused`."""
+        if not (os.path.islink(path) if link is None else link) or not leaves(path, self.run_dir):
+            return False
+        self.refused[path] = None
+        return True
 
     def _keep(self, text: str) -> bool:
         if self.rank is None:

@@ -2,7 +2,8 @@
 
 The dashboard's job page shows these; they come from the run-directory contract's own readers
 (attempt folders, node logs and exit files, ``start.json``, ``hang/attempt_<A>/``), never from a
-second parser of the layout. Straggler ranks are the heartbeats' own verdict
+second parser of the layout. A node's exit file or a rank's stack that is a symlink out of the run
+directory is not read (the dashboard would show another file's text). Straggler ranks are the heartbeats' own verdict
 (:func:`orchestrator.contract.heartbeat.stragglers`), the one the watchdog logs.
 """
 
@@ -19,6 +20,7 @@ from orchestrator.contract.run_dir import (
     node_logs,
     read_json,
 )
+from orchestrator.rundir.log_follow import leaves
 
 #: Bytes of one rank's stack file shown (py-spy dumps of deep stacks run to tens of kB).
 STACK_CHARS = 20_000
@@ -33,8 +35,9 @@ def attempts(run_dir: Path) -> list[dict[str, Any]]:
     for number, folder in attempt_dirs(Path(run_dir)):
         nodes = []
         for node, _log in node_logs(folder):
+            path = node_exit_file(folder, node)
             try:
-                code: str | None = node_exit_file(folder, node).read_text().strip() or None
+                code: str | None = None if leaves(path, run_dir) else path.read_text().strip() or None
             except OSError:
                 code = None
             nodes.append({"node": node, "exit_code": code})
@@ -73,6 +76,8 @@ def hang_report(run_dir: Path) -> dict[str, Any] | None:
             continue
         stacks: dict[str, str] = {}
         for path in sorted(folder.glob("rank_*.txt"), key=lambda p: _rank_of(p.name)):
+            if leaves(path, run_dir):
+                continue
             try:
                 with open(path, errors="replace") as fh:
                     stacks[str(_rank_of(path.name))] = fh.read(STACK_CHARS)

@@ -20,7 +20,7 @@ from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.job_states import JobState
 from orchestrator.contract.run_dir import LOGS_DIR
 from orchestrator.registry.store import JobRecord, Registry
-from orchestrator.rundir.log_follow import LogFollower, LogLine
+from orchestrator.rundir.log_follow import LogFollower, LogLine, leaves, refusal
 from orchestrator.runner.refresh import refresh_states
 
 DEFAULT_FOLLOW_TAIL = 10
@@ -28,13 +28,17 @@ DEFAULT_FOLLOW_TAIL = 10
 DEFAULT_SCHEDULER_TAIL = 20
 
 
-def print_scheduler_logs(job: JobRecord, tail: int, out: TextIO) -> None:
+def print_scheduler_logs(job: JobRecord, tail: int, out: TextIO, err: TextIO | None = None) -> None:
     """A job that ended before any node started says why only in the scheduler's files (a set-up
-    line, a missing interpreter, a refused allocation): show their last lines."""
+    line, a missing interpreter, a refused allocation): show their last lines. One that is a symlink
+    out of the run directory is not read (a note on ``err``)."""
     from orchestrator.rundir.summary import iter_lines_reversed
     from orchestrator.schedulers import get_scheduler
 
     for path in get_scheduler(job.scheduler).log_files(Path(job.run_dir), job.job_id):
+        if leaves(path, job.run_dir):
+            print(refusal(path), file=sys.stderr if err is None else err)
+            continue
         try:
             if path.stat().st_size == 0:
                 continue
@@ -45,6 +49,14 @@ def print_scheduler_logs(job: JobRecord, tail: int, out: TextIO) -> None:
         if shown:
             out.write(f"==> {path} <==\n")
             out.write("\n".join(shown) + "\n")
+
+
+def _note_refused(follower: LogFollower, err: TextIO, said: set[Path]) -> None:
+    """One line on ``err`` for each path the follower would not read (a symlink out of the run)."""
+    for path in follower.refused:
+        if path not in said:
+            said.add(path)
+            print(refusal(path), file=err, flush=True)
 
 
 def _printer(out: TextIO, prefixed: bool) -> Callable[[LogLine], None]:
@@ -150,6 +162,7 @@ def follow_job_until_done(
     query_timeout_s: float = 5.0,
     framed: bool = False,
     resume_from: Resume | None = None,
+    err: TextIO | None = None,
 ) -> JobState:
     """Print the job's logs as they grow until it reaches a terminal state; return that state.
 
@@ -160,6 +173,8 @@ def follow_job_until_done(
     own = registry is None
     reg = Registry.open() if registry is None else registry
     stream = sys.stdout if out is None else out
+    notes = sys.stderr if err is None else err
+    said: set[Path] = set()
     try:
         job = reg.get(job_id)
         follower = make_follower(job, node=node, rank=rank, attempt=attempt)
@@ -188,12 +203,16 @@ def follow_job_until_done(
         for line in shown:
             emit(line)
         stream.flush()
+        _note_refused(follower, notes, said)
         for line in follower.follow(
             is_done, interval=interval, max_interval=max_interval, done_check_s=state_every_s
         ):
             emit(line)
             stream.flush()
+            if len(follower.refused) > len(said):
+                _note_refused(follower, notes, said)
         stream.flush()
+        _note_refused(follower, notes, said)
         return final[0]
     finally:
         if own:
@@ -252,13 +271,16 @@ def show_logs(
             max_interval=max(2.0, interval),
             framed=framed,
             resume_from=resume_from,
+            err=stderr,
         )
     follower = make_follower(job, node=node, rank=rank, attempt=attempt)
     sources = follower.sources()
+    said: set[Path] = set()
+    _note_refused(follower, stderr, said)
     if not sources:
         where = Path(job.run_dir) / LOGS_DIR
         print(f"no node logs for job {job.job_id} (looked in {where}; state {job.last_state})", file=stderr)
-        print_scheduler_logs(job, DEFAULT_SCHEDULER_TAIL if tail is None else tail, stdout)
+        print_scheduler_logs(job, DEFAULT_SCHEDULER_TAIL if tail is None else tail, stdout, stderr)
         return None
     emit = _printer(stdout, prefixed=len(sources) > 1)
     if tail is not None:
@@ -268,6 +290,7 @@ def show_logs(
         for line in follower.stream(final=True):
             emit(line)
     stdout.flush()
+    _note_refused(follower, stderr, said)
     note_error_elsewhere(job, {str(path) for _, _, path in sources}, stderr)
     return None
 

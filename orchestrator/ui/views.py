@@ -172,7 +172,8 @@ class Views:
         self, job_id: str, node: int | None = None, rank: int | None = None, search: str = ""
     ) -> dict[str, Any]:
         """The newest attempt's log tail (``orchestrator logs --tail``), or the lines holding
-        ``search`` among its last ``SEARCH_LINES``."""
+        ``search`` among its last ``SEARCH_LINES``; a log that is a symlink out of the run is not
+        read (a note says so)."""
         self._present(job_id)
         out, err = io.StringIO(), io.StringIO()
         tail = SEARCH_LINES if search else LOG_TAIL

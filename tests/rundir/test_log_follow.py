@@ -250,3 +250,94 @@ def test_a_second_follower_continues_at_each_files_offsets(tmp_path: Path) -> No
     for n in (0, 1):
         got = [t for t in texts(printed) + texts(rest) if t.startswith(f"n{n} ")]
         assert got == [f"n{n} line {i}" for i in range(20, 35)]
+
+
+# ---------------------------------------------------------------- symlinks out of the run (issue 41)
+SECRET = "secret line from outside the run"
+
+
+def link_out_of_run(rd: Path, outside: Path, kind: str) -> Path:
+    """The run's one node log (attempt 0, node 0) reached through a symlink of ``kind``; returns the
+    link. ``outside`` is a folder next to the run holding a log of someone else's."""
+    outside.mkdir(parents=True, exist_ok=True)
+    (outside / "node_0.log").write_text(SECRET + "\n")
+    attempt = rd / "logs" / "attempt_0"
+    if kind == "file":  # node_0.log -> a file outside
+        attempt.mkdir(parents=True)
+        link, target = attempt / "node_0.log", outside / "node_0.log"
+    elif kind == "attempt folder":  # attempt_0 -> a folder outside
+        (rd / "logs").mkdir(parents=True)
+        link, target = attempt, outside
+    elif kind == "logs folder":  # logs -> a folder outside (holding attempt_0/node_0.log)
+        rd.mkdir(parents=True)
+        (outside / "attempt_0").mkdir()
+        (outside / "node_0.log").rename(outside / "attempt_0" / "node_0.log")
+        link, target = rd / "logs", outside
+    elif kind == "dangling":  # node_0.log -> a file outside that does not exist yet
+        attempt.mkdir(parents=True)
+        link, target = attempt / "node_0.log", outside / "later.log"
+    else:
+        raise AssertionError(kind)
+    link.symlink_to(target)
+    return link
+
+
+LINK_KINDS = ["file", "attempt folder", "logs folder", "dangling"]
+
+
+@pytest.mark.parametrize("kind", LINK_KINDS)
+def test_the_follower_reads_nothing_through_a_symlink_out_of_the_run(tmp_path: Path, kind: str) -> None:
+    rd = tmp_path / "run"
+    link = link_out_of_run(rd, tmp_path / "elsewhere", kind)
+    for follower_read in (lambda f: f.tail(10), lambda f: f.poll(final=True)):
+        follower = LogFollower(rd)
+        assert follower_read(follower) == [] and follower.sources() == []
+        assert list(follower.refused) == [link]
+    if kind == "dangling":  # its target appears later: still not read
+        (tmp_path / "elsewhere" / "later.log").write_text(SECRET + "\n")
+        follower = LogFollower(rd)
+        assert follower.poll(final=True) == [] and list(follower.refused) == [link]
+
+
+def test_a_symlink_that_stays_inside_the_run_is_followed(tmp_path: Path) -> None:
+    rd = tmp_path / "run"
+    append(log_path(rd, 0, 0), "attempt 0\n")
+    (rd / "logs" / "attempt_1").mkdir()
+    (rd / "logs" / "attempt_1" / "node_0.log").symlink_to(rd / "logs" / "attempt_0" / "node_0.log")
+    follower = LogFollower(rd, attempt=1)
+    assert texts(follower.poll()) == ["attempt 0"] and not follower.refused
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["print", "follow"])
+@pytest.mark.parametrize("kind", LINK_KINDS)
+def test_logs_cli_refuses_a_symlink_out_of_the_run(
+    orch_env: dict[str, str], tmp_path: Path, kind: str, follow: bool
+) -> None:
+    rd = tmp_path / "runs" / "local-1"
+    link = link_out_of_run(rd, tmp_path / "elsewhere", kind)
+    if kind == "dangling":
+        (tmp_path / "elsewhere" / "later.log").write_text(SECRET + "\n")  # dangling no more
+    (rd / "local_state.json").write_text(json.dumps({"state": "COMPLETED", "exit_code": 0}))
+    _job(orch_env, rd, nodes=1)
+    res = run_cli(["logs", "local-1", *(["-f"] if follow else [])], orch_env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert SECRET not in res.stdout + res.stderr and "Traceback" not in res.stderr
+    assert f"skipped {link}: a symlink that leads out of the run directory (not read)" in res.stderr
+
+
+def test_logs_cli_refuses_a_scheduler_log_that_links_out_of_the_run(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """No node logged: the scheduler's own files are shown instead, but not one that links out."""
+    rd = tmp_path / "runs" / "local-1"
+    (rd / "submitit").mkdir(parents=True)
+    (tmp_path / "elsewhere.txt").write_text(SECRET + "\n")
+    link = rd / "submitit" / "local-1_0_log.err"
+    link.symlink_to(tmp_path / "elsewhere.txt")
+    (rd / "submitit" / "local-1_0_log.out").write_text("the scheduler's own line\n")
+    (rd / "local_state.json").write_text(json.dumps({"state": "FAILED", "exit_code": 1}))
+    _job(orch_env, rd, nodes=1)
+    res = run_cli(["logs", "local-1"], orch_env, timeout=60)
+    assert SECRET not in res.stdout + res.stderr
+    assert "the scheduler's own line" in res.stdout
+    assert f"skipped {link}: a symlink that leads out of the run directory (not read)" in res.stderr

@@ -332,3 +332,44 @@ def test_a_deleted_run_is_a_404_and_its_curves_are_dropped(served: Any, tmp_path
     for what in ("/logs", "/chart", ""):
         assert _json(served, f"/api/job/local-1{what}") == (404, {"error": sentence}), what
     assert "local-1" not in served.views._followers  # the cached curves are gone, not only hidden
+
+
+@pytest.mark.parametrize("kind", ["file", "attempt folder", "logs folder", "dangling"])
+def test_the_logs_view_reads_nothing_through_a_symlink_out_of_the_run(
+    served: Any, tmp_path: Path, kind: str
+) -> None:
+    from tests.rundir.test_log_follow import SECRET, link_out_of_run
+
+    run = tmp_path / "runs" / "local-1"
+    link = link_out_of_run(run, tmp_path / "elsewhere", kind)
+    if kind == "dangling":
+        (tmp_path / "elsewhere" / "later.log").write_text(SECRET + "\n")  # dangling no more
+    _registered(served, "local-1", run)
+    code, data = _json(served, "/api/job/local-1/logs")
+    assert code == 200 and SECRET not in json.dumps(data)
+    assert f"skipped {link}: a symlink that leads out of the run directory (not read)" in data["notes"]
+    code, data = _json(served, "/api/job/local-1/logs?q=secret")
+    assert code == 200 and SECRET not in json.dumps(data)
+
+
+def test_the_job_page_reads_no_stack_or_exit_code_through_a_symlink_out_of_the_run(
+    served: Any, tmp_path: Path
+) -> None:
+    from orchestrator.contract.run_dir import HANG_REPORT_FILE, hang_dir, node_exit_file
+
+    run = tmp_path / "runs" / "local-1"
+    (run / "logs" / "attempt_0").mkdir(parents=True)
+    (run / "logs" / "attempt_0" / "node_0.log").write_text("step 1\n")
+    secret = tmp_path / "elsewhere.txt"
+    secret.write_text("secret text from outside the run\n")
+    node_exit_file(run / "logs" / "attempt_0", 0).symlink_to(secret)
+    hang = hang_dir(run, 0)
+    hang.mkdir(parents=True)
+    (hang / HANG_REPORT_FILE).write_text(json.dumps({"reason": "hang", "culprit_rank": 1}))
+    (hang / "rank_0.txt").write_text("Thread 1: all_reduce\n")
+    (hang / "rank_1.txt").symlink_to(secret)
+    _registered(served, "local-1", run)
+    code, data = _json(served, "/api/job/local-1")
+    assert code == 200 and "secret text" not in json.dumps(data)
+    assert data["details"]["hang"]["stacks"] == {"0": "Thread 1: all_reduce\n"}
+    assert data["details"]["attempts"][0]["nodes"] == [{"node": 0, "exit_code": None}]
