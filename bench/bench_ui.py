@@ -12,6 +12,13 @@ loopback (request, server work, JSON encoding, transfer). Baselines, same invoca
 ``orchestrator status --json`` over the same registry (the CLI's 1,000 active rows), and reading the
 100,000 events the way ``plot`` did before the follower (one ``json.loads`` per line).
 
+Concurrent jobs pages (issue 41): ``--concurrent N`` (default 100) clients each open a connection and
+GET ``/api/jobs`` at once (released together by a barrier); the figure is the wall time until the last
+answer, and the server's peak RSS (``VmHWM``) minus its RSS before the first burst. The same bursts go,
+interleaved, to a second server over the same registry running the code of ``--before REF`` (default
+f364cc5, the dashboard before issue 41), extracted with ``git archive``; ``--only-concurrent`` skips
+the other cases.
+
 Cold chart: the run's metrics.jsonl is replaced by a copy (a new inode) before the request, so the
 server reads all 100,000 events again. Warm: 100 events were appended since the previous poll.
 """
@@ -28,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -128,31 +136,137 @@ def per_line_read(run_dir: Path) -> int:
     return sum(1 for _ in iter_metrics(run_dir))
 
 
+def start_ui(env: dict[str, str], code: Path = REPO) -> tuple[subprocess.Popen[str], int]:
+    """``orchestrator ui --port 0`` from the sources in ``code``; the process and its port."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "ui", "--port", "0"],
+        env=dict(env, PYTHONPATH=str(code)),
+        cwd=code,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    m = re.search(r":(\d+)/", proc.stdout.readline())
+    assert m, "no address from orchestrator ui"
+    return proc, int(m.group(1))
+
+
+def rss_kb(pid: int, field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` (peak) of a process, in kB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def burst(port: int, clients: int, resets: list[int]) -> float:
+    """``clients`` GETs of /api/jobs released together; the wall time until the last answer. A
+    connection the server resets (its listen backlog overflowed) is tried again, as a browser does,
+    and counted in ``resets[0]``."""
+    gate = threading.Barrier(clients + 1)
+    errors: list[str] = []
+
+    def one() -> None:
+        gate.wait()
+        for _ in range(20):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            try:
+                conn.request("GET", "/api/jobs")
+                res = conn.getresponse()
+                body = res.read()
+                break
+            except (ConnectionResetError, BrokenPipeError):
+                resets[0] += 1
+            finally:
+                conn.close()
+        else:
+            errors.append("reset 20 times")
+            return
+        if res.status != 200 or len(json.loads(body)["jobs"]) != 100:
+            errors.append(f"{res.status} {body[:200]!r}")
+
+    threads = [threading.Thread(target=one) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {clients} answers failed, e.g. {errors[0]}")
+    return wall
+
+
+def measure_concurrent(
+    env: dict[str, str], before: Path, clients: int, reps: int
+) -> dict[str, dict[str, Any]]:
+    """The same bursts against this tree's server and the ``before`` one, interleaved."""
+    servers = {"now": start_ui(env), "before": start_ui(env, before)}
+    try:
+        base = {}
+        for name, (proc, port) in servers.items():
+            get(port, "/api/jobs")  # imports and the first read done before the baseline RSS
+            base[name] = rss_kb(proc.pid, "VmRSS")
+        walls: dict[str, list[float]] = {n: [] for n in servers}
+        resets = {n: [0] for n in servers}
+        for r in range(reps):
+            for name in ("now", "before") if r % 2 == 0 else ("before", "now"):
+                walls[name].append(burst(servers[name][1], clients, resets[name]))
+                print(f"{name}: burst {r + 1}: {walls[name][-1]:.2f} s", flush=True)
+        grown = {n: (rss_kb(proc.pid, "VmHWM") - base[n]) / 1024 for n, (proc, _) in servers.items()}
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    label = {
+        "now": f"{clients} concurrent /api/jobs, 10,001 jobs (this tree)",
+        "before": f"{clients} concurrent /api/jobs, 10,001 jobs (before)",
+    }
+    return {
+        label[n]: {
+            "median_s": round(statistics.median(w), 4),
+            "min_s": round(min(w), 4),
+            "max_s": round(max(w), 4),
+            "note": f"; peak RSS growth {grown[n]:.0f} MB; {resets[n][0]} connections reset and tried again",
+            "peak_rss_growth_mb": round(grown[n], 1),
+            "resets": resets[n][0],
+        }
+        for n, w in walls.items()
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument(
+        "--concurrent", type=int, default=100, metavar="N", help="clients of a burst (default 100)"
+    )
+    p.add_argument("--concurrent-reps", type=int, default=3)
+    p.add_argument("--before", default="f364cc5", metavar="REF", help="the code to compare the bursts with")
+    p.add_argument("--only-concurrent", action="store_true")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_ui_"))
     started = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
     try:
+        before = tmp / "before"
+        before.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", args.before, "orchestrator"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
         env, big_id, big = build(tmp)
         print(f"built 10,001 jobs in {time.perf_counter() - started:.1f} s", flush=True)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "ui", "--port", "0"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None
-            m = re.search(r":(\d+)/", proc.stdout.readline())
-            assert m, "no address from orchestrator ui"
-            port = int(m.group(1))
-            results = measure(port, env, big_id, big, args.reps)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        if not args.only_concurrent:
+            proc, port = start_ui(env)
+            try:
+                results.update(measure(port, env, big_id, big, args.reps))
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        results.update(measure_concurrent(env, before, args.concurrent, args.concurrent_reps))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for name, r in results.items():

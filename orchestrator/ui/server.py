@@ -64,6 +64,9 @@ def plotly_js() -> Path:
 
 class Dashboard(ThreadingHTTPServer):
     daemon_threads = True
+    #: connections the kernel holds until they are accepted (socketserver's default, 5, reset the
+    #: rest of 100 browsers polling at once)
+    request_queue_size = 128
 
     def __init__(self, host: str, port: int, views: Views, token: str | None, refresh_s: float) -> None:
         self.views = views

@@ -9,7 +9,9 @@ parses only what the run appended since the last one, and at most ``MAX_POINTS``
 to the browser.
 
 A deleted run directory is a 404 with a sentence on the job page, its chart and its logs, and the
-run's followed curves and bill are dropped (not served from memory).
+run's followed curves and bill are dropped (not served from memory). Concurrent asks for the same
+jobs page share one computation (:class:`_Shared`), and at most ``JOBS_AT_ONCE`` different ones run
+at a time: 100 browsers polling a 10,000-job registry cost one read of it, not 100 copies in memory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import io
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,8 @@ SEARCH_LINES = 20_000
 MAX_FOLLOWED = 64
 #: A job's bill is asked of the scheduler's accounting at most this often.
 COST_EVERY_S = 30.0
+#: Different jobs pages (filters, page numbers) computed at once; the others wait their turn.
+JOBS_AT_ONCE = 2
 
 _COMMAND = re.compile(r"`(orchestrator [^`]+)`")
 
@@ -55,12 +60,17 @@ class Views:
         self._followers: dict[str, Any] = {}
         self._bills: dict[str, tuple[float, dict[str, Any]]] = {}
         self._lock = threading.Lock()
+        self._jobs = _Shared(JOBS_AT_ONCE)
 
     # ------------------------------------------------------------------------ jobs
     def jobs(self, state: str = "", text: str = "", page: int = 0) -> dict[str, Any]:
         """One page of jobs, newest first, with their status rows; ``state``/``text`` filter the
-        registry's rows (their last known state, their id or name) before the page is cut."""
+        registry's rows (their last known state, their id or name) before the page is cut. Requests
+        for the same page while it is being computed get that computation's answer."""
         state, text = state.strip().upper(), text.strip().lower()
+        return self._jobs.get((state, text, page), lambda: self._jobs_page(state, text, page))
+
+    def _jobs_page(self, state: str, text: str, page: int) -> dict[str, Any]:
         with api.open_registry(self.home) as registry:
             records = api.list_jobs(registry=registry)
             records.reverse()
@@ -233,6 +243,46 @@ def _points(status: Any) -> list[tuple[int, str, dict[str, str]]]:
 
 class RunGone(UserError):
     """The job is in the registry but its run directory is gone (the server answers 404)."""
+
+
+class _Flight:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _Shared:
+    """Single flight: callers asking for the same key while its computation runs wait for it and
+    share its answer (nothing is kept after it ends: the next poll computes afresh); at most
+    ``at_once`` computations of different keys run together."""
+
+    def __init__(self, at_once: int) -> None:
+        self._lock = threading.Lock()
+        self._flights: dict[Any, _Flight] = {}
+        self._slots = threading.BoundedSemaphore(at_once)
+
+    def get(self, key: Any, compute: Callable[[], Any]) -> Any:
+        with self._lock:
+            flight = self._flights.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+        if leader:
+            try:
+                with self._slots:
+                    flight.value = compute()
+            except BaseException as exc:
+                flight.error = exc
+            finally:
+                with self._lock:
+                    del self._flights[key]
+                flight.done.set()
+        else:
+            flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        return flight.value
 
 
 class _Followed:
