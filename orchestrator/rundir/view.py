@@ -28,9 +28,12 @@ STACK_CHARS = 20_000
 
 def attempts(run_dir: Path) -> list[dict[str, Any]]:
     """Each attempt: its number, its nodes (with their exit codes once written), what it started
-    from (``start.json``: a resume at step k, or step 0)."""
+    from (``start.json``: a resume at step k, or step 0), and why, when it is a restart inside the
+    allocation (``restarts.jsonl``)."""
     from orchestrator.contract.attempt_start import read_attempt_start
+    from orchestrator.contract.restarts import read_restarts
 
+    causes = {r.get("attempt"): r.get("cause") for r in read_restarts(Path(run_dir))}
     out: list[dict[str, Any]] = []
     for number, folder in attempt_dirs(Path(run_dir)):
         nodes = []
@@ -50,6 +53,7 @@ def attempts(run_dir: Path) -> list[dict[str, Any]]:
                 "start_checkpoint": start.get("checkpoint")
                 if isinstance(start.get("checkpoint"), str)
                 else None,
+                "restarted_after": causes.get(number) if isinstance(causes.get(number), str) else None,
             }
         )
     return out

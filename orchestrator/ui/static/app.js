@@ -221,7 +221,7 @@ function jobSummary(data) {
 function attemptsTable(details) {
   const rows = details.attempts.map((a) => el("tr", {},
     el("td", {}, String(a.attempt)),
-    el("td", {}, a.start_step === null ? "-" : "step " + a.start_step),
+    el("td", {}, (a.start_step === null ? "-" : "step " + a.start_step) + (a.restarted_after ? " (restarted in the allocation: " + a.restarted_after + ")" : "")),
     el("td", {}, a.nodes.map((n) => "node " + n.node + (n.exit_code === null ? " (running)" : " exit " + n.exit_code)).join(", ") || "-")));
   const parts = [el("h2", {}, "attempts"), el("table", { class: "attempts" },
     el("thead", {}, el("tr", {}, el("th", {}, "attempt"), el("th", {}, "started from"), el("th", {}, "nodes"))), el("tbody", {}, rows))];
