@@ -116,6 +116,73 @@ def seconds(name: str, value: object, optional: bool = True) -> float | None:
     return float(value)
 
 
+def text(name: str, value: object, what: str = "a non-empty string", optional: bool = False) -> str | None:
+    """A non-empty string without a NUL byte (a job id, a sweep id, a metric's name); a list, a
+    number or None (unless ``optional``) is refused with ``what`` was expected."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise UserError(f"{name}: expected {what}, got {_kind(value)}")
+    return value
+
+
+def path_or_id(name: str, value: object, what: str) -> str:
+    """A job id, a sweep id or a run directory (a string or an ``os.PathLike``), as text."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    return text(name, value, what) or ""
+
+
+def texts(name: str, value: object, what: str = "job ids") -> list[str]:
+    """A list or tuple of non-empty strings (job ids); a bare string is refused, not iterated."""
+    if isinstance(value, str | bytes):
+        raise UserError(f"{name}: expected a list of {what}, not the string {value!r} (write [{value!r}])")
+    if not isinstance(value, list | tuple):
+        raise UserError(f"{name}: expected a list of {what}, got {_kind(value)}")
+    return [text(f"{name}[{i}]", item, "a non-empty string") or "" for i, item in enumerate(value)]
+
+
+def number(name: str, value: object, optional: bool = True) -> float | None:
+    """A finite number (a time stamp): ``"5"``, a bool, nan and inf refused."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UserError(f"{name}: expected a finite number, got {_kind(value)}")
+    return float(value)
+
+
+def choice(name: str, value: object, choices: Any) -> str:
+    """One of ``choices`` (a format, a dtype, a metric), as the CLI's ``choices=`` keeps it."""
+    if not isinstance(value, str) or value not in choices:
+        raise UserError(f"{name}: expected one of {', '.join(map(str, choices))}, got {_kind(value)}")
+    return value
+
+
+def stream(name: str, value: object) -> Any:
+    """None (the default stream) or a text stream to write lines to (an object with ``write``)."""
+    if value is not None and not callable(getattr(value, "write", None)):
+        raise UserError(f"{name}: expected a text stream (an object with write()), got {_kind(value)}")
+    return value
+
+
+def mapping(name: str, value: object, optional: bool = True) -> dict[str, Any] | None:
+    """None (unless not ``optional``) or a mapping with string keys."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise UserError(f"{name}: expected a mapping with string keys, got {_kind(value)}")
+    return dict(value)
+
+
+def instance(name: str, value: object, kind: type, what: str, optional: bool = False) -> Any:
+    """An object of ``kind`` (a plan, a registry...), or None when ``optional``."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind):
+        raise UserError(f"{name}: expected {what}, got {_kind(value)}")
+    return value
+
+
 def _word(name: str, value: object) -> str:
     """One command-line word: a string, or a number written as a command line shows it."""
     if isinstance(value, str):
@@ -196,6 +263,22 @@ def signal_value(value: object) -> signal.Signals | None:
     except (KeyError, ValueError):
         raise UserError(f"--signal {value!r}: not a signal name or number (e.g. TERM, USR1, 10)") from None
     return sig
+
+
+def registry_home(name: str, value: object, filename: str) -> Path | None:
+    """None (the default home), or a folder that holds the registry file ``filename`` already: a call
+    that only reads never makes one in a mistyped folder (it answered from a new empty registry)."""
+    text = path_text(name, value, optional=True)
+    if text is None:
+        return None
+    home = Path(text).expanduser()
+    if not (home / filename).is_file():
+        where = f"holds no registry ({filename})" if home.exists() else "does not exist"
+        raise UserError(
+            f"{name}: {home} {where}; name the folder of an existing registry "
+            "($ORCHESTRATOR_HOME, default ~/.orchestrator); nothing was created there"
+        )
+    return home
 
 
 def env_folder(name: str, default: str | os.PathLike[str], must_be_folder: bool = False) -> Path:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.inputs import env_folder
+from orchestrator.config.inputs import env_folder, registry_home
 from orchestrator.config.scheduler_kinds import SCHEDULER_NAMES
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.job_states import JobState, parse_state
@@ -85,10 +85,13 @@ class Registry(WritesMixin, SubmissionsMixin, SweepsMixin):
 
     # ------------------------------------------------------------------ opening / migrations
     @classmethod
-    def open(cls, home: Path | None = None) -> Registry:
-        """Open (creating if needed) ``<home>/registry.db`` and bring its schema up to date."""
+    def open(cls, home: Path | None = None, create: bool = True) -> Registry:
+        """Open (creating if needed) ``<home>/registry.db`` and bring its schema up to date;
+        ``create=False`` (the API's reads given a ``home``): none there is a UserError, none made."""
         home = Path(home).expanduser() if home is not None else default_home()
         path = home / REGISTRY_FILENAME
+        if not create:
+            registry_home("home", home, REGISTRY_FILENAME)
         try:
             home.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not path.exists():
