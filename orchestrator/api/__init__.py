@@ -13,6 +13,10 @@ The command line is built on these functions (each command parses its flags, cal
 one path, the same checks, run directories and registry rows. Importing this module imports no
 torch, accelerate, registry or scheduler; a call imports what it needs. ``registry``: an open one
 to use (a command asking several things opens it once); else the one under ``home`` is opened.
+
+Every function checks its arguments first (:mod:`orchestrator.api.door`, the CLI's checks): a wrong
+type or value is a :class:`UserError` naming the call and the argument, before anything is created;
+a ``home`` given to a call that reads must hold a registry (never a new empty one made there).
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.api import door
+from orchestrator.api.door import JOB_ID, SWEEP_ID
 from orchestrator.api.handles import NOT_RESUMED, Job, Sweep, cancel, get_job, get_sweep, resume
+from orchestrator.api.runs import cost, export, logs, plot, stacks
+from orchestrator.config import inputs
 from orchestrator.config.job_request import JobRequest, PlanKeywords
 from orchestrator.contract.errors import UserError
 from orchestrator.remote import handles as remote
@@ -41,10 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
     from orchestrator.registry.sweeps import SweepRecord
-    from orchestrator.runner.cost import CostReport
-    from orchestrator.runner.export import Exported
     from orchestrator.runner.resume import ResumeOverrides
-    from orchestrator.runner.stacks import Stacks
     from orchestrator.runner.status import StatusReport
     from orchestrator.runner.status import StatusRow as StatusRow
     from orchestrator.schedulers.base import Request
@@ -94,32 +98,29 @@ def parse_after(text: str) -> str:
     """``JOB`` or ``JOB:ok`` -> ``afterok:JOB``; ``JOB:any`` -> ``afterany:JOB`` (Slurm's words)."""
     from orchestrator.config.job_request import parse_after as parse
 
+    with door.door("parse_after"):
+        inputs.text("text", text, "a dependency such as '1234' or '1234:any' (a string)")
     return parse(text)
 
 
 # ---------------------------------------------------------------------------- the registry
-def open_registry(home: Path | None = None) -> Registry:
-    """The registry under ``home`` (default ``$ORCHESTRATOR_HOME``), open; close it (``with``)."""
+def open_registry(home: Path | str | None = None, *, create: bool = True) -> Registry:
+    """The registry under ``home`` (default ``$ORCHESTRATOR_HOME``), open; close it (``with``).
+    ``create``: make it when the folder has none (``False``: a UserError naming ``home``)."""
     from orchestrator.registry.store import Registry
 
-    return Registry.open(home)
+    with door.door("open_registry"):
+        inputs.path_text("home", home, optional=True)
+        inputs.flag("create", create)
+    return Registry.open(None if home is None else Path(home), create=create)
 
 
-@contextmanager
-def _using(registry: Registry | None, home: Path | None = None) -> Iterator[Registry]:
-    """``registry`` as it is, or the one under ``home`` opened for the call and closed after it."""
-    if registry is not None:
-        yield registry
-        return
-    with open_registry(home) as opened:
-        yield opened
-
-
-def reconcile(registry: Registry | None = None, home: Path | None = None) -> list[str]:
+def reconcile(registry: Registry | None = None, home: Path | str | None = None) -> list[str]:
     """Settle submissions a killed ``submit`` left half done (adopt or clean up); a line for each."""
     from orchestrator.runner.submission import reconcile_pending
 
-    with _using(registry, home) as reg:
+    registry, home = door.checked("reconcile", registry, home)
+    with door.using(registry, home) as reg:
         return reconcile_pending(reg)
 
 
@@ -127,32 +128,50 @@ def list_jobs(
     state: JobState | str | None = None,
     since: float | None = None,
     registry: Registry | None = None,
-    home: Path | None = None,
+    home: Path | str | None = None,
 ) -> list[JobRecord]:
     """Registry rows (no scheduler query), oldest first: only in ``state`` / submitted since ``since``."""
-    with _using(registry, home) as reg:
+    from orchestrator.contract.job_states import JobState, parse_state
+
+    with door.door("list_jobs"):
+        if state is not None and not isinstance(state, JobState):
+            inputs.text("state", state, "a job state such as 'RUNNING' (a string or a JobState)")
+            try:
+                parse_state(str(state))
+            except ValueError as exc:
+                raise UserError(f"state: {exc}") from None
+        since = inputs.number("since", since)
+    registry, home = door.checked("list_jobs", registry, home)
+    with door.using(registry, home) as reg:
         return reg.list_jobs(state=state, since=since)
 
 
-def list_sweeps(registry: Registry | None = None, home: Path | None = None) -> list[SweepRecord]:
+def list_sweeps(registry: Registry | None = None, home: Path | str | None = None) -> list[SweepRecord]:
     """Every sweep in the registry, newest first."""
-    with _using(registry, home) as reg:
+    registry, home = door.checked("list_sweeps", registry, home)
+    with door.using(registry, home) as reg:
         return reg.list_sweeps()
 
 
 def find_sweep(
-    sweep_id: str, registry: Registry | None = None, home: Path | None = None
+    sweep_id: str, registry: Registry | None = None, home: Path | str | None = None
 ) -> SweepRecord | None:
     """The sweep with this id, or None when the id is not a sweep's."""
-    with _using(registry, home) as reg:
+    with door.door("find_sweep"):
+        inputs.text("sweep_id", sweep_id, SWEEP_ID)
+    registry, home = door.checked("find_sweep", registry, home)
+    with door.using(registry, home) as reg:
         return reg.find_sweep(sweep_id)
 
 
 def get_sweep_record(
-    sweep_id: str, registry: Registry | None = None, home: Path | None = None
+    sweep_id: str, registry: Registry | None = None, home: Path | str | None = None
 ) -> SweepRecord:
     """The sweep's registry record (its tasks, grid points and jobs); an unknown id is a user error."""
-    with _using(registry, home) as reg:
+    with door.door("get_sweep_record"):
+        inputs.text("sweep_id", sweep_id, SWEEP_ID)
+    registry, home = door.checked("get_sweep_record", registry, home)
+    with door.using(registry, home) as reg:
         return reg.get_sweep(sweep_id)
 
 
@@ -170,13 +189,20 @@ def plan_request(request: JobRequest) -> LaunchPlan:
     """:func:`make_plan` of a request already built (the command line's flags build one)."""
     from orchestrator.runner.planning import plan_request as plan
 
+    with door.door("plan_request"):
+        inputs.instance("request", request, JobRequest, "a JobRequest")
     return plan(request)
 
 
 def check_profile(name: str, path: Path, profile: ClusterProfile) -> None:
     """Refuse a profile whose own defaults make a plan ``render`` would refuse (the file and key named)."""
+    from orchestrator.config.profile.load import ClusterProfile
     from orchestrator.runner.planning import check_profile_defaults
 
+    with door.door("check_profile"):
+        inputs.text("name", name, "a profile name (a non-empty string)")
+        inputs.path_text("path", path)
+        inputs.instance("profile", profile, ClusterProfile, "a ClusterProfile")
     check_profile_defaults(name, path, profile)
 
 
@@ -184,6 +210,10 @@ def render_files(plan: LaunchPlan, node_rank: int | None = None, python: str | N
     """What ``render`` shows: file name -> text (batch script for a SAMPLE run directory, node configs)."""
     from orchestrator.runner.rendering import render_files as render
 
+    with door.door("render_files"):
+        _plan("plan", plan)
+        inputs.whole("node_rank", node_rank, 0)
+        inputs.path_text("python", python, optional=True)
     return render(plan, node_rank, python or sys.executable)
 
 
@@ -194,10 +224,10 @@ def resume_plan(
     """The plan a resume of ``previous`` submits (None: as before)."""
     from orchestrator.runner.resume import resume_plan as plan
 
-    return plan(
-        previous,
-        **overrides,
-    )
+    with door.door("resume_plan"):
+        _plan("previous", previous)
+        checked = door.resume_overrides("resume_plan", overrides)
+    return plan(previous, **checked)
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -205,6 +235,10 @@ def submit_plan(plan: LaunchPlan, *, snapshot: bool = False, registry: Registry 
     """Submit a checked plan (``submit``'s one path); the job and its run directory."""
     from orchestrator.runner.submission import submit as submit_
 
+    with door.door("submit_plan"):
+        _plan("plan", plan)
+        inputs.flag("snapshot", snapshot)
+        door.registry(registry)
     reg = registry if registry is not None else open_registry()
     submitted = submit_(plan, snapshot=snapshot, registry=reg)
     return Job(submitted.job_id, submitted.run_dir, reg.path.parent)
@@ -214,12 +248,16 @@ def dry_run(plan: LaunchPlan) -> Request:
     """The request ``submit`` would make for ``plan`` now (``submit --dry-run`` prints it)."""
     from orchestrator.runner.submission import dry_run as dry_run_
 
+    with door.door("dry_run"):
+        _plan("plan", plan)
     return dry_run_(plan)
 
 
 def submit(*, snapshot: bool = False, **plan: Unpack[PlanKeywords]) -> Job | RemoteJob:
     """Submit a job; the keywords are :func:`make_plan`'s (``script``, ``profile``, ``strategy``,
     ``nodes``, ``after``...). A profile with ``login.host``: a :class:`RemoteJob` on that login host."""
+    with door.door("submit"):
+        inputs.flag("snapshot", snapshot)
     request = JobRequest.from_keywords(plan, "submit")
     if remote.has_login(request):
         return remote.submit(request, snapshot)
@@ -231,13 +269,17 @@ def status(
     *,
     timeout_s: float = 5.0,
     registry: Registry | None = None,
-    home: Path | None = None,
+    home: Path | str | None = None,
 ) -> StatusReport | None:
     """``status``: a row per job (one batched scheduler query); no ids: the active and recent jobs.
     None when no job is selected."""
     from orchestrator.runner.status import StatusReport, collect_status, select_jobs
 
-    with _using(registry, home) as reg:
+    with door.door("status"):
+        job_ids = inputs.texts("job_ids", job_ids)
+        timeout_s = inputs.seconds("timeout_s", timeout_s, optional=False) or timeout_s
+    registry, home = door.checked("status", registry, home)
+    with door.using(registry, home) as reg:
         jobs = select_jobs(reg, job_ids)
         if not jobs:
             return None
@@ -252,7 +294,7 @@ def wait(
     timeout: float | None = None,
     out: TextIO | None = None,
     registry: Registry | None = None,
-    home: Path | None = None,
+    home: Path | str | None = None,
 ) -> JobState:
     """Follow the job (into the job its run continues as) to its end; its final state. Progress lines
     go to ``out`` (default nowhere); ``timeout`` seconds passed: :class:`WaitTimeout` (its ``job_id``
@@ -260,13 +302,16 @@ def wait(
     import io
     import time
 
-    from orchestrator.config.inputs import seconds
     from orchestrator.runner.progress import wait_for_job
 
-    poll = seconds("poll", poll, optional=False) or poll
-    timeout = seconds("timeout", timeout)
+    with door.door("wait"):
+        inputs.text("job_id", job_id, JOB_ID)
+        poll = inputs.seconds("poll", poll, optional=False) or poll
+        timeout = inputs.seconds("timeout", timeout)
+        inputs.stream("out", out)
+    registry, home = door.checked("wait", registry, home)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with _using(registry, home) as reg:
+    with door.using(registry, home) as reg:
         job = reg.get(job_id)  # an unknown id: a user error
         return wait_for_job(reg, job.job_id, poll_s=poll, out=out or io.StringIO(), deadline=deadline)
 
@@ -277,106 +322,27 @@ def wait_sweep(
     poll: float = 2.0,
     timeout: float | None = None,
     out: TextIO | None = None,
-    home: Path | None = None,
+    home: Path | str | None = None,
 ) -> JobState:
     """``wait SWEEP``: progress lines (to ``out``) until every task ended; COMPLETED when every task's
     run completed, FAILED otherwise; ``timeout`` passed: :class:`WaitTimeout`."""
     import io
     import time
 
-    from orchestrator.config.inputs import seconds
     from orchestrator.runner.sweep_status import sweep_outcome, wait_for_sweep
 
-    poll = seconds("poll", poll, optional=False) or poll
-    timeout = seconds("timeout", timeout)
+    with door.door("wait_sweep"):
+        inputs.text("sweep_id", sweep_id, SWEEP_ID)
+        poll = inputs.seconds("poll", poll, optional=False) or poll
+        timeout = inputs.seconds("timeout", timeout)
+        inputs.stream("out", out)
+        home = door.home(home)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with open_registry(home) as reg:
+    with door.using(None, home) as reg:
         status = wait_for_sweep(reg, sweep_id, poll, out or io.StringIO(), deadline)
     outcome = sweep_outcome(status)
     assert outcome is not None
     return outcome
-
-
-def logs(
-    job_id: str,
-    *,
-    follow: bool = False,
-    node: int | None = None,
-    rank: int | None = None,
-    attempt: int | None = None,
-    tail: int | None = None,
-    interval: float = 0.25,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    home: Path | None = None,
-    resume_from: Mapping[str, Any] | None = None,
-    framed: bool = False,
-) -> JobState | None:
-    """``logs``: print the selected node logs (or the last ``tail`` lines of each) to ``out`` (default
-    stdout), notes to ``err``. ``follow``: keep printing until the job ends; its final state (None
-    without ``follow``). ``framed``/``resume_from``: the resumable stream of ``core.logs.Resume``."""
-    from orchestrator.runner.logs import Resume, show_logs
-
-    with open_registry(home) as registry:
-        return show_logs(
-            registry,
-            job_id,
-            follow=follow,
-            node=node,
-            rank=rank,
-            attempt=attempt,
-            tail=tail,
-            interval=interval,
-            out=out,
-            err=err,
-            framed=framed,
-            resume_from=Resume(dict(resume_from)) if resume_from else None,
-        )
-
-
-def export(run: str | None, out: str | Path, **options: Any) -> Exported:
-    """A run's (job id or run directory) checkpoint as files inference tools read; the keywords and
-    what they do: :func:`orchestrator.runner.export.export_run`. Imports torch."""
-    from orchestrator.runner.export import export_run
-
-    return export_run(run, Path(out), **options)
-
-
-def plot(job_id: str, output: str | Path | None = None, home: Path | None = None) -> Path:
-    """Loss and throughput of the job's run to a PNG (default ``<run_dir>/plot.png``); the file written."""
-    with open_registry(home) as registry:
-        job = registry.get(job_id)
-    out = Path(output) if output else job.run_dir / "plot.png"
-    if out.suffix.lower() != ".png":
-        raise UserError(f"-o {out}: only PNG output is supported (name it *.png)")
-    if not job.run_dir.is_dir():
-        raise UserError(f"run directory {job.run_dir} of job {job.job_id} does not exist")
-    if not out.parent.is_dir():
-        # Never created here: a mistyped -o path should fail, not grow a tree of folders.
-        raise UserError(f"-o {out}: folder {out.parent} does not exist")
-    from orchestrator.rundir.plotting import plot_run
-
-    return plot_run(job.run_dir, out, job_id=job.job_id)
-
-
-def cost(
-    target: str, *, whole_run: bool = False, timeout_s: float = 10.0, home: Path | None = None
-) -> CostReport:
-    """Where the allocated hours of a job, a run (a run directory, or a job with ``whole_run``) or a
-    sweep went: productive, lost work, start-up, hang... (:mod:`orchestrator.runner.cost_model`)."""
-    from orchestrator.runner.cost import cost_report
-
-    with open_registry(home) as registry:
-        return cost_report(registry, target, whole_run=whole_run, timeout_s=timeout_s)
-
-
-def stacks(job_id: str, home: Path | None = None) -> Stacks:
-    """Every rank's Python stack now (py-spy, on the job's nodes), saved in the run directory."""
-    from orchestrator.runner.stacks import dump_stacks
-
-    with open_registry(home) as registry:
-        job = registry.get(job_id)
-    return dump_stacks(job.job_id, Path(job.run_dir), job.scheduler)
 
 
 # ---------------------------------------------------------------------------- sweeps
@@ -396,10 +362,14 @@ def dry_run_sweep(
 ) -> tuple[Request | None, list[tuple[dict[str, str], LaunchPlan]]]:
     """What :func:`submit_sweep_plan` would submit now: the array request (None where the scheduler
     has no arrays) and each task's parameters and plan."""
+    from orchestrator.config.inputs import grid as check_grid
     from orchestrator.config.inputs import max_parallel as check_max_parallel
     from orchestrator.runner.sweep_submit import dry_run_sweep as dry_run_
 
-    limit = check_max_parallel(max_parallel)
+    with door.door("dry_run_sweep"):
+        _plan("base", base)
+        grid = check_grid(grid)
+        limit = check_max_parallel(max_parallel)
     return dry_run_(base, grid, limit or math.prod(len(v) for v in grid.values()))
 
 
@@ -409,10 +379,15 @@ def submit_sweep_plan(
     max_parallel: int | None,
     registry: Registry | None = None,
 ) -> Sweep:
+    from orchestrator.config.inputs import grid as check_grid
     from orchestrator.config.inputs import max_parallel as check_max_parallel
     from orchestrator.runner.sweep_submit import submit_sweep
 
-    limit = check_max_parallel(max_parallel)
+    with door.door("submit_sweep_plan"):
+        _plan("base", base)
+        grid = check_grid(grid)
+        limit = check_max_parallel(max_parallel)
+        door.registry(registry)
     reg = registry if registry is not None else open_registry()
     done = submit_sweep(base, grid, limit or math.prod(len(v) for v in grid.values()), reg)
     return Sweep(done.sweep_id, done.sweep_dir, reg.path.parent)
@@ -423,14 +398,22 @@ def sweep(
 ) -> Sweep | RemoteSweep:
     """A grid of runs as one job array: ``args`` name grid values as ``{lr}``; at most
     ``max_parallel`` tasks run at once (default: all). The keywords are :func:`make_plan`'s."""
+    from orchestrator.config.inputs import grid as check_grid
     from orchestrator.config.inputs import max_parallel as check_max_parallel
 
     check_max_parallel(max_parallel)  # before the plan: nothing is created for a refused sweep
+    check_grid(grid)  # and before a login host is asked
     request = JobRequest.from_keywords(plan, "sweep")
     if remote.has_login(request):
         return remote.sweep(request, grid, max_parallel)
     base, text_grid = sweep_plan_points(grid, **plan)
     return submit_sweep_plan(base, text_grid, max_parallel)
+
+
+def _plan(name: str, value: object) -> LaunchPlan:
+    from orchestrator.config.plan import LaunchPlan
+
+    return inputs.instance(name, value, LaunchPlan, "a LaunchPlan (api.make_plan(...))")
 
 
 def _show_request_keywords(func: Callable[..., Any]) -> None:

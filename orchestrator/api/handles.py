@@ -1,6 +1,10 @@
 """``Job`` and ``Sweep``: handles on submitted work, by id and folder. Each method asks afresh
 (the registry, the scheduler, the run directory); :mod:`orchestrator.api` hands them out.
 
+Every method checks its arguments first (:mod:`orchestrator.api.door`): a refusal is a
+:class:`UserError` naming the call and the argument, and nothing is created (a handle's ``home``
+without a registry is refused, never given a new empty one).
+
 Importing this module imports no registry and no scheduler (``import orchestrator.api`` stays light).
 """
 
@@ -11,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.api import door
+from orchestrator.api.door import JOB_ID, SWEEP_ID
+from orchestrator.config import inputs
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
@@ -33,16 +40,23 @@ class Job:
     run_dir: Path
     _home: Path | None = field(default=None, repr=False, compare=False)
 
-    def _open(self) -> Registry:
-        from orchestrator.registry.store import Registry
+    def __post_init__(self) -> None:
+        with door.door("Job"):
+            inputs.text("job_id", self.job_id, JOB_ID)
+            object.__setattr__(self, "run_dir", Path(inputs.path_text("run_dir", self.run_dir) or ""))
+            home = inputs.path_text("home", self._home, optional=True)
+        object.__setattr__(self, "_home", None if home is None else Path(home))
 
-        return Registry.open(self._home)
+    def _open(self, caller: str) -> Registry:
+        return _open(caller, self._home)
 
     def status(self, timeout_s: float = 5.0) -> StatusRow:
         """State (one scheduler query) and training progress, as one row of ``orchestrator status``."""
         from orchestrator.runner.status import collect_status
 
-        with self._open() as registry:
+        with door.door("Job.status"):
+            timeout_s = inputs.seconds("timeout_s", timeout_s, optional=False) or timeout_s
+        with self._open("Job.status") as registry:
             rows, _ = collect_status(registry, [registry.get(self.job_id)], timeout_s=timeout_s)
         return rows[0]
 
@@ -51,13 +65,14 @@ class Job:
         where progress lines go (default nowhere). ``timeout`` passed: :class:`TimeoutError`."""
         import time
 
-        from orchestrator.config.inputs import seconds
         from orchestrator.runner.progress import WaitTimeout, wait_for_job
 
-        poll = seconds("poll", poll, optional=False) or poll
-        timeout = seconds("timeout", timeout)
+        with door.door("Job.wait"):
+            poll = inputs.seconds("poll", poll, optional=False) or poll
+            timeout = inputs.seconds("timeout", timeout)
+            inputs.stream("out", out)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._open() as registry:
+        with self._open("Job.wait") as registry:
             try:
                 return wait_for_job(
                     registry, self.job_id, poll_s=poll, out=out or io.StringIO(), deadline=deadline
@@ -69,6 +84,9 @@ class Job:
         """The node entry point's log (launcher and rank output) of one attempt (default: the last)."""
         from orchestrator.contract.run_dir import attempt_dirs, node_log_file
 
+        with door.door("Job.logs"):
+            inputs.whole("node", node, 0, optional=False)
+            inputs.whole("attempt", attempt, 0)
         attempts = dict(attempt_dirs(self.run_dir))
         if not attempts:
             return ""
@@ -104,6 +122,7 @@ class Job:
 
     def cancel(self, signal: signal.Signals | str | None = None) -> str:
         """Cancel the job, or send it ``signal`` (e.g. ``"USR1"``); the line ``cancel`` prints."""
+        door.checked_home("Job.cancel", self._home)
         return cancel(self.job_id, signal, home=self._home)
 
     def resume(
@@ -111,6 +130,9 @@ class Job:
         **overrides: Unpack[ResumeOverrides],
     ) -> Job:
         """A new job in the same run directory from its last complete checkpoint (None: as before)."""
+        with door.door("Job.resume"):
+            door.resume_overrides("Job.resume", overrides)
+            door.home(self._home)
         return resume(
             self.job_id,
             home=self._home,
@@ -118,40 +140,50 @@ class Job:
         )[0]
 
 
-def get_job(job_id: str, home: Path | None = None) -> Job:
+def _open(caller: str, home: Path | str | None) -> Registry:
+    """The registry under ``home`` (None: ``$ORCHESTRATOR_HOME``, made when missing); an explicit
+    ``home`` without one is refused, naming ``caller`` and ``home``, and none is made there."""
     from orchestrator.registry.store import Registry
 
-    with Registry.open(home) as registry:
+    return Registry.open(door.checked_home(caller, home), create=home is None)
+
+
+def get_job(job_id: str, home: Path | str | None = None) -> Job:
+    """The handle of a job of the registry; an unknown id is a user error."""
+    with door.door("get_job"):
+        inputs.text("job_id", job_id, JOB_ID)
+    home = door.checked_home("get_job", home)
+    with _open("get_job", home) as registry:
         record = registry.get(job_id)
     return Job(record.job_id, Path(record.run_dir), home)
 
 
-def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | None = None) -> str:
+def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | str | None = None) -> str:
     """Cancel a job (or signal it), under its run's lock; the line to print."""
     from orchestrator.config.inputs import signal_value
-    from orchestrator.registry.store import Registry
     from orchestrator.runner.cancel import cancel_locked
 
+    with door.door("cancel"):
+        inputs.text("job_id", job_id, JOB_ID)
     signum = signal_value(sig)  # 0, "5s", 1.5: refused, as `cancel --signal` refuses them
-    with Registry.open(home) as registry:
+    with _open("cancel", home) as registry:
         return cancel_locked(registry, job_id, signum)
 
 
 def resume(
     job_id: str,
-    home: Path | None = None,
+    home: Path | str | None = None,
     **overrides: Unpack[ResumeOverrides],
 ) -> tuple[Job, list[str]]:
     """``orchestrator resume``: the new job and the lines the command prints."""
-    from orchestrator.registry.store import Registry
     from orchestrator.runner.resume import resume_job
 
-    with Registry.open(home) as registry:
-        new_job_id, lines = resume_job(
-            registry,
-            job_id,
-            **overrides,
-        )
+    with door.door("resume"):
+        inputs.text("job_id", job_id, JOB_ID)
+        checked = door.resume_overrides("resume", overrides)
+    home = door.checked_home("resume", home)
+    with _open("resume", home) as registry:
+        new_job_id, lines = resume_job(registry, job_id, **checked)
         record = registry.get(new_job_id)
     return Job(new_job_id, Path(record.run_dir), home), lines
 
@@ -166,32 +198,39 @@ class Sweep:
     sweep_dir: Path
     _home: Path | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        with door.door("Sweep"):
+            inputs.text("sweep_id", self.sweep_id, SWEEP_ID)
+            object.__setattr__(self, "sweep_dir", Path(inputs.path_text("sweep_dir", self.sweep_dir) or ""))
+            home = inputs.path_text("home", self._home, optional=True)
+        object.__setattr__(self, "_home", None if home is None else Path(home))
+
     @property
     def jobs(self) -> list[Job]:
         """The tasks' jobs in task order (a local sweep's tasks appear as they start)."""
-        from orchestrator.registry.store import Registry
-
-        with Registry.open(self._home) as registry:
+        with _open("Sweep.jobs", self._home) as registry:
             record = registry.get_sweep(self.sweep_id)
             by_id = {j.job_id: j for j in registry.get_many(record.job_ids)}
         return [Job(t.job_id, Path(by_id[t.job_id].run_dir), self._home) for t in record.tasks]
 
     def status(self, metric: str = "loss", timeout_s: float = 5.0) -> SweepStatus:
         """Every task's row (one scheduler query for the whole sweep) and the best by ``metric``."""
-        from orchestrator.registry.store import Registry
-        from orchestrator.runner.sweep_status import sweep_status
+        from orchestrator.runner.sweep_status import SWEEP_METRICS, sweep_status
 
-        with Registry.open(self._home) as registry:
+        with door.door("Sweep.status"):
+            inputs.choice("metric", metric, SWEEP_METRICS)
+            timeout_s = inputs.seconds("timeout_s", timeout_s, optional=False) or timeout_s
+        with _open("Sweep.status", self._home) as registry:
             return sweep_status(registry, self.sweep_id, metric, timeout_s)
 
     def wait(self, timeout: float | None = None, poll: float = 2.0) -> dict[str, JobState]:
         """Every task's final state, by job id (a local sweep's later tasks are waited for as they start)."""
         import time
 
-        from orchestrator.config.inputs import seconds
-
-        poll = seconds("poll", poll, optional=False) or poll
-        timeout = seconds("timeout", timeout)
+        with door.door("Sweep.wait"):
+            poll = inputs.seconds("poll", poll, optional=False) or poll
+            timeout = inputs.seconds("timeout", timeout)
+        door.checked_home("Sweep.wait", self._home)
         deadline = None if timeout is None else time.monotonic() + timeout
         states: dict[str, JobState] = {}
         while True:
@@ -226,6 +265,9 @@ class Sweep:
         (None, and a line "task N: ... new starter ...")."""
         from orchestrator.runner import local_sweep
 
+        with door.door("Sweep.resume_failed"):
+            door.resume_overrides("Sweep.resume_failed", overrides)
+            door.home(self._home)
         done: list[tuple[int, Job | None, list[str]]] = []
         status = self.status()
         for i, row in zip(status.tasks, status.rows, strict=True):
@@ -255,6 +297,7 @@ class Sweep:
 
         from orchestrator.contract.run_dir import write_cancel_marker
 
+        door.checked_home("Sweep.cancel", self._home)
         write_cancel_marker(self.sweep_dir, "CANCEL", getpass.getuser())
         lines = []
         for job in self.jobs:
@@ -265,9 +308,11 @@ class Sweep:
         return lines
 
 
-def get_sweep(sweep_id: str, home: Path | None = None) -> Sweep:
-    from orchestrator.registry.store import Registry
-
-    with Registry.open(home) as registry:
+def get_sweep(sweep_id: str, home: Path | str | None = None) -> Sweep:
+    """The handle of a sweep of the registry; an unknown id is a user error."""
+    with door.door("get_sweep"):
+        inputs.text("sweep_id", sweep_id, SWEEP_ID)
+    home = door.checked_home("get_sweep", home)
+    with _open("get_sweep", home) as registry:
         record = registry.get_sweep(sweep_id)
         return Sweep(record.sweep_id, record.sweep_dir, home)
