@@ -4,7 +4,7 @@ Every key of a profile is declared once, with its type, default and docstring: t
 :mod:`orchestrator.config.profile.records` and, for ``defaults:``, :class:`orchestrator.config.options.TrainingOptions`.
 This module turns those declarations into a Markdown table (attribute docstrings are read from the
 source with :mod:`ast`: Python keeps no other copy of them), and ``docs/profiles.md`` carries that
-table between two markers. ``tests/test_profile_reference.py`` fails when the page's copy is stale;
+table between two markers. ``tests/config/profile/test_reference.py`` fails when the page's copy is stale;
 ``python -m orchestrator.config.profile.reference --write`` refreshes it.
 """
 

@@ -9,7 +9,7 @@ use), which decides and words the errors. pydantic runs in strict mode: YAML alr
 types, so ``nodes: "2"`` is a mistake worth reporting, not something to coerce.
 
 The fast path only ever accepts a subset of what pydantic accepts, with the same values;
-tests/test_cli_latency_profiles.py checks that on fuzzed documents, and that both layers list
+tests/config/profile/test_schema.py checks that on fuzzed documents, and that both layers list
 the same keys and defaults. The ``defaults:`` block's checks and model are derived from
 :data:`orchestrator.config.options.OPTIONS`, so they cannot drift from the options' declaration.
 """
@@ -278,7 +278,7 @@ def schema() -> dict[str, type[BaseModel]]:
     """The pydantic models, built on first use: the authority on validity and error wording.
 
     Same keys, order and defaults as the records of :mod:`orchestrator.config.profile.records`
-    (tests/test_cli_latency_profiles.py compares them); documentation lives on the records.
+    (tests/config/profile/test_schema.py compares them); documentation lives on the records.
     """
     from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 

@@ -23,7 +23,7 @@ from orchestrator.contract.run_dir import (
     JOB_ID_FILE,
     LOCAL_PIDS_FILE,
     LOCAL_STATE_FILE,
-    NODE_HELD_FILE,
+    NODE_HELD_PATTERN,
     attempt_dir,
     attempt_dirs,
     read_json,
@@ -36,12 +36,12 @@ if TYPE_CHECKING:
     from orchestrator.schedulers.query import Allocation
 
 
-NODE_HELD_RE = re.compile("^" + re.escape(NODE_HELD_FILE).replace(re.escape("{node}"), r"(\d+)") + "$")
+NODE_HELD_RE = re.compile("^" + re.escape(NODE_HELD_PATTERN).replace(re.escape("{node}"), r"(\d+)") + "$")
 
 
 def node_held_file(attempt_path: Path, node: int) -> Path:
     """A local node's own record of when its process held the machine (``cost``'s allocation)."""
-    return Path(attempt_path) / NODE_HELD_FILE.format(node=node)
+    return Path(attempt_path) / NODE_HELD_PATTERN.format(node=node)
 
 
 def _number(value: object) -> float | None:
