@@ -105,7 +105,7 @@ def with_container_image(profile: ClusterProfile, image: str, source: str) -> Cl
 
     if profile.container.runtime == "none":
         raise UserError(
-            f"--container-image: profile {source} runs no container (container.runtime: none); "
+            f"--container-image {image!r}: profile {source} runs no container (container.runtime: none); "
             "set container.runtime there first"
         )
     try:
