@@ -284,8 +284,10 @@ def _root_death(attempt_path: Path, consequence_ranks: set[int]) -> RankDeath | 
         found = rank_deaths(lines, node)
         # A node the job itself stopped (another node failed first; our own SIGKILL after the grace)
         # holds consequences only, whichever signal its ranks died of and whenever it was seen.
+        # Every death the launcher reported, not only the one it saw first: under load torchrun's
+        # "first observed failure" can be the peer that died of the cause (issue 47).
         if found and not any(_STOPPED_BY_THE_JOB.search(line) for line in lines):
-            deaths.append(found[0])
+            deaths.extend(found)
     if not deaths:
         return None
 

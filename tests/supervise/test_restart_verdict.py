@@ -121,3 +121,31 @@ def test_a_node_the_job_stopped_is_never_the_cause(tmp_path: Path) -> None:
         why
     )
     assert restart_verdict(tmp_path, "7", procs_per_node=2).cause is None
+
+
+TORCHRUN_ROOT_IS_THE_PEER = (
+    "[orchestrator node] host=vm node_rank=0/1 job=7 attempt=0\n"
+    "[default0]:[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1\n"
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    "Failures:\n"
+    "[1]:\n"
+    "  rank      : 1 (local_rank: 1)\n"
+    "  exitcode  : -6 (pid: 124)\n"
+    "Root Cause (first observed failure):\n"
+    "[0]:\n"
+    "  rank      : 0 (local_rank: 0)\n"
+    "  exitcode  : 1 (pid: 123)\n"
+)
+
+
+def test_a_signal_death_outranks_torchruns_first_observed_peer(tmp_path: Path) -> None:
+    """Issue 47: under load torchrun observed rank 0 (dead of the connection rank 1's abort closed)
+    before rank 1's SIGABRT, and named rank 0 its root cause. The abort is the cause, whatever the
+    order; it is what a restart cures."""
+    from orchestrator.supervise.failure_report import explain_failure
+
+    attempt(tmp_path, TORCHRUN_ROOT_IS_THE_PEER, 1)
+    why = explain_failure(tmp_path, "7", procs_per_node=2)
+    assert why is not None and why.rank == 1 and "rank 1 died of SIGABRT" in why.lines[0], why
+    verdict = restart_verdict(tmp_path, "7", procs_per_node=2)
+    assert verdict.cause is not None and "SIGABRT" in verdict.cause, verdict
