@@ -111,7 +111,12 @@ def _name(run_dir: Path) -> str:
 
 
 def attempt_events(
-    run_dir: Path, attempt: int, first: int, job_id: str, name: str | None = None
+    run_dir: Path,
+    attempt: int,
+    first: int,
+    job_id: str,
+    name: str | None = None,
+    restarts: list[dict[str, Any]] | None = None,
 ) -> list[Event]:
     """What attempt ``attempt`` of a run (first attempt ``first``) says about itself so far: it
     started (the run's first), was restarted inside its allocation (``restarts.jsonl``), came back as
@@ -123,7 +128,14 @@ def attempt_events(
     out: list[Event] = []
     if attempt <= first:
         out.append(Event("started", "started", f"{name}: job {job_id} started", base))
-    elif restart := next((r for r in read_restarts(run_dir) if r.get("attempt") == attempt), None):
+    elif restart := next(
+        (
+            r
+            for r in (read_restarts(run_dir) if restarts is None else restarts)
+            if r.get("attempt") == attempt
+        ),
+        None,
+    ):
         cause = str(restart.get("cause") or "a fault")
         out.append(
             Event(
@@ -182,7 +194,8 @@ def run_dir_events(run_dir: Path, job_id: str) -> list[Event]:
     if not attempts:
         return []
     name = _name(Path(run_dir))
-    return [e for a in attempts for e in attempt_events(run_dir, a, attempts[0], job_id, name)]
+    restarts = read_restarts(Path(run_dir))  # once, not once per attempt
+    return [e for a in attempts for e in attempt_events(run_dir, a, attempts[0], job_id, name, restarts)]
 
 
 def end_event(
