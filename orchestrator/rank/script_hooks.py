@@ -145,6 +145,7 @@ def patch_trainer(module: ModuleType) -> None:
     if getattr(cls, "_orchestrator_patched", False):
         return
     original_init, original_train, original_save_model = cls.__init__, cls.train, cls.save_model
+    original_log = cls.log
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
@@ -184,9 +185,28 @@ def patch_trainer(module: ModuleType) -> None:
                 return
         original_save_model(self, output_dir, _internal_call)
 
+    def log(self: Any, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        # A stop signal (TERM) reaches every process of the step, the script's reporting services too:
+        # wandb's service dies of it, and a log call on the way to the agreed save then raises in the
+        # rank (ConnectionResetError), which loses the save. From the moment this rank heard the signal,
+        # a log reaches orchestrator's callback only (metrics.jsonl); log_history keeps it as usual.
+        from orchestrator.rank.hf import CallbackMixin
+
+        everyone = self.callback_handler.callbacks
+        ours = [cb for cb in everyone if isinstance(cb, CallbackMixin)]
+        if not enabled() or not any(cb.stop.signum for cb in ours):
+            original_log(self, logs, *args, **kwargs)
+            return
+        self.callback_handler.callbacks = ours
+        try:
+            original_log(self, logs, *args, **kwargs)
+        finally:
+            self.callback_handler.callbacks = everyone
+
     cls.__init__ = __init__
     cls.train = train
     cls.save_model = save_model
+    cls.log = log
     cls._orchestrator_patched = True
 
 

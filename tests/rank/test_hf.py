@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,28 @@ def test_a_new_run_never_overwrites_another_runs_checkpoints(
         timeout=180,
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_reporting_service_killed_by_the_stop_signal_does_not_lose_the_agreed_save(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """TERM reaches a Trainer script's reporting service (wandb-core) with the rank, after the step's
+    stop check and before the step's log: the log must not raise into the rank (issue 47, measured on
+    the cluster under load: the rank died of wandb's ConnectionResetError and the save was lost)."""
+    out = tmp_path / "reporter_out"
+    script = str(REPO / "tests" / "scripts" / "trainer_reporter_dies.py")
+    one_rank = ["--profile", "local", "--nodes", "1", "--procs-per-node", "1", "--strategy", "ddp"]
+    res = run_cli(
+        ["submit", *one_rank, "--", script, "--output-dir", str(out), "--term-at", "10"], orch_env, 60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    res = run_cli(["wait", job_id, "--timeout", "120"], orch_env, timeout=150)
+    assert res.returncode == 1 and "PREEMPTED" in res.stdout, res.stdout + res.stderr
+    stopped = read_exit_status(run_dir)
+    # The signal came after step 10's check: every rank agrees at step 11's end and saves step 11.
+    assert stopped is not None and stopped["code"] == 75 and stopped["step"] == 11, stopped
+    assert sorted(complete_checkpoints(out)) == [11], sorted(complete_checkpoints(out))
+    # Step 10's log was kept (the Trainer's history), only the dead service was not called.
+    history = json.loads((out / "checkpoint-11" / "trainer_state.json").read_text())["log_history"]
+    assert [e["step"] for e in history if "loss" in e] == [5, 10], history
