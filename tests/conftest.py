@@ -12,6 +12,8 @@ import pytest
 from tests.helpers.cli import REPO, kill_tree
 from tests.helpers.preconditions import in_ci
 
+pytest_plugins = ["tests.helpers.cpu_load"]
+
 #: Tests allowed to skip when ``CI`` is set, by node id, each with its reason. Empty: in CI a skip is a
 #: failure (a missing cluster, package or device must never pass unnoticed as "skipped").
 SKIP_ALLOWED_IN_CI: dict[str, str] = {}
