@@ -51,6 +51,15 @@ def hold(run_dir: Path | str) -> int | None:
     return fd
 
 
+def release(run_dir: Path | str) -> None:
+    """Drop this process's lock: its part of the run is over (a local job's node 0 that stays only
+    to send the run's last notifications must not make the run read as running)."""
+    fd = _held.pop(str(Path(run_dir).absolute()), None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def forget_inherited() -> None:
     """In a forked child: drop the parent's lock descriptors (the child takes its own with
     :func:`hold`, so that ``/proc/locks`` names it)."""

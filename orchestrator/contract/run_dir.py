@@ -62,7 +62,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       preflight/attempt_<A>/        the checks before training (orchestrator.supervise.preflight):
         node_<N>.json               node N's own results: run directory, free space, GPUs, its link to node 0
         preflight.json              the verdict: the node(s) named, the reason, every figure, its cost
-      notify/                       ``notify:``: a file per event claimed (O_EXCL: sent once), notify.log
+      notify/                       ``notify:``: events/ recorded once, sent/ per channel, notify.log
 
 A sweep (``orchestrator sweep``) is a directory of run directories: ``<sweep_dir>/sweep.json`` (the grid, each
 task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) and one run directory

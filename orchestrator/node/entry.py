@@ -435,6 +435,7 @@ class NodeTask:
             plan = LaunchPlan.from_json(data)
             node = get_scheduler(self.scheduler).node_environment(self.job_key)
             attempt = node.attempt(self.attempt_base)
+            node.begin(run_dir, attempt)
             code = run_node(plan, run_dir, node, attempt, prewarmed)
         finally:
             prewarmed.discard()

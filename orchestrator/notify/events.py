@@ -1,27 +1,21 @@
-"""Notifications of a run's events (a profile's ``notify:``), each sent exactly once.
+"""Notifications of a run's events (a profile's ``notify:``): which events a run has, and where
+they go.
 
-Two sides see a run change: the Slurm batch step on the cluster (it starts each attempt, sees the
-hang watchdog fire and the step end) and ``status``/``wait`` on the login host (they see every
-state the scheduler reports, and a sweep end). Whichever sees an event first sends it: before
-sending, it *claims* the event by creating ``<run_dir>/notify/<key>`` with ``O_EXCL``, which
-exactly one process can do on a shared filesystem; the loser sends nothing. An event's key names
-what it is about (``started``, ``requeued.attempt_2``, ``end.<job id>``...), so both sides derive
-the same key from the same facts (:func:`attempt_events`, :func:`end_event`).
+The run's owner (its supervising process: the Slurm batch step, a local job's node 0) derives each
+event from the run directory as it changes (:func:`attempt_events`, :func:`end_event`), records it
+once by its key (``started``, ``requeued.attempt_2``, ``end.<job id>``...) and sends it, in order and
+durably (:mod:`orchestrator.notify.outbox`). ``status``, ``wait`` and the dashboard never send or
+claim one: a shell without the secret, or a command that must not wait on a receiver, has no part in
+it.
 
-The webhook URL is a secret: the profile names an environment variable or a file, read here at
-send time. The URL is never written anywhere: the claim file holds the event, and the log
-(``notify/notify.log``) says what was sent and how each try ended, with the URL scrubbed.
-
-A failed notification never fails or delays a job: senders run in threads; sending retries with
-backoff within the target's ``timeout_s``; whoever waits for them waits a bounded time.
-Standard library only: the batch step and ``status`` import it without anything else.
+The webhook URL is a secret: the profile names an environment variable or a file, read at send time,
+where the job runs (the job has it because its submission had it). The URL is written nowhere.
+Standard library only: the batch step imports it without anything else.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +31,6 @@ from orchestrator.contract.run_dir import (
     plan_file,
     read_json,
 )
-
-#: The sending log inside ``notify/``: one line per try, never the URL.
-LOG_NAME = "notify.log"
 
 
 @dataclass(frozen=True)
@@ -101,6 +92,11 @@ class Event:
 
     def payload(self) -> dict[str, Any]:
         return {"event": self.kind, "key": self.key, "text": self.text, **self.details}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Event:
+        details = {k: v for k, v in payload.items() if k not in ("event", "key", "text")}
+        return cls(str(payload["key"]), str(payload["event"]), str(payload["text"]), details)
 
 
 # ------------------------------------------------------------------------------- the events
@@ -201,13 +197,22 @@ def run_dir_events(run_dir: Path, job_id: str) -> list[Event]:
 def end_event(
     run_dir: Path, job_id: str, state: str, reason: str | None, name: str | None = None
 ) -> Event | None:
-    """A job's end: ``completed``, or ``failed`` with the one-line reason ``status`` gives. A
-    cancelled job (the user's own doing) and a job still running have none."""
+    """A job's end: ``completed``; ``preempted`` (it checkpointed on a stop signal and waits for
+    ``orchestrator resume``); or ``failed`` with the one-line reason ``status`` gives. A cancelled
+    job (the user's own doing) and a job still running have none."""
     name = name or _name(Path(run_dir))
     details = {"run_dir": str(run_dir), "name": name, "job_id": job_id, "state": state}
     if state == "COMPLETED":
         return Event(f"end.{job_id}", "completed", f"{name}: job {job_id} completed", details)
-    if state in ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
+    if state == "PREEMPTED":
+        why = reason or "checkpointed on a stop signal and stopped"
+        return Event(
+            f"end.{job_id}",
+            "preempted",
+            f"{name}: job {job_id} preempted ({why}); `orchestrator resume {job_id}` continues it",
+            {**details, "reason": why},
+        )
+    if state in ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE"):
         why = reason or state
         return Event(
             f"end.{job_id}", "failed", f"{name}: job {job_id} {state}: {why}", {**details, "reason": why}
@@ -226,10 +231,9 @@ def sweep_event(sweep_dir: Path, sweep_id: str, outcome: str, best: str | None) 
     )
 
 
-# ------------------------------------------------------------------------------- once
+# ------------------------------------------------------------------------------- the folder
 def enabled(run_dir: str | Path) -> bool:
-    """Whether the run sends notifications: its submission made ``notify/`` (one stat: ``status``
-    asks it of every row, so no ``Path`` objects)."""
+    """Whether the run sends notifications: its submission made ``notify/`` (one stat)."""
     return os.path.isdir(os.path.join(run_dir, NOTIFY_DIR))
 
 
@@ -237,26 +241,4 @@ def prepare(run_dir: Path, plan: dict[str, Any]) -> None:
     """At submission: make ``notify/`` when the plan's profile has a target (see :func:`enabled`)."""
     profile = plan.get("profile")
     if isinstance(profile, dict) and Target.from_profile(profile.get("notify")) is not None:
-        (Path(run_dir) / NOTIFY_DIR).mkdir(exist_ok=True)
-
-
-def claim(run_dir: Path, event: Event) -> bool:
-    """Exactly one caller, across processes and hosts sharing the run directory, gets True."""
-    folder = Path(run_dir) / NOTIFY_DIR
-    try:
-        fd = os.open(folder / event.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        return False
-    except OSError:
-        return False  # no notify/ folder (not enabled) or an unwritable run directory: send nothing
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump({**event.payload(), "claimed_by": os.uname().nodename, "pid": os.getpid()}, fh)
-    return True
-
-
-def log(run_dir: Path, line: str) -> None:
-    try:
-        with open(Path(run_dir) / NOTIFY_DIR / LOG_NAME, "a", encoding="utf-8") as fh:
-            fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.uname().nodename} {line}\n")
-    except OSError:
-        pass
+        (Path(run_dir) / NOTIFY_DIR).mkdir(mode=0o700, exist_ok=True)

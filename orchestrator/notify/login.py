@@ -1,70 +1,26 @@
-"""The login host's side of notifications: what ``status``, ``wait`` and ``status SWEEP`` see.
+"""The one event the login host records: a sweep's end.
 
-The batch step on the cluster sends what it sees first (:mod:`orchestrator.schedulers.slurm.batch_step`);
-these calls send whatever it has not claimed yet (:mod:`orchestrator.notify.events` claims each
-event once), from the same facts: the run directory's attempts, start records and hang reports, and
-the status row's state and reason. A run without ``notify:`` costs one ``stat`` (no ``notify/``
-folder) and nothing is imported or sent.
+A run's events are its owner's (:mod:`orchestrator.notify.owner`); a sweep has no owner on Slurm
+(its tasks are separate jobs, nothing supervises all of them), so ``status SWEEP`` is where its end
+is seen. It records ``sweep_finished`` once (the outbox's O_EXCL record) in the sweep folder's
+``notify/`` and sends it from a thread that the command waits for at its exit at most
+:data:`EXIT_WAIT_S`; a send that fails there is tried again by the next ``status SWEEP``. A run's own
+events are never sent from here.
 """
 
 from __future__ import annotations
 
 import atexit
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.job_states import JobState
 from orchestrator.contract.run_dir import NOTIFY_DIR
 from orchestrator.notify import events as notify
-from orchestrator.notify import send
+from orchestrator.notify import outbox, send
 
-#: At most this long a command (``status``, ``wait``) stays after its output for its senders: a
-#: receiver that is down must not hold the terminal for a target's whole ``timeout_s``.
-EXIT_WAIT_S = 15.0
-_pending: list[threading.Thread] = []
-
-
-def _outlive(threads: list[threading.Thread]) -> None:
-    """Keep the process alive for ``threads`` at its exit, at most :data:`EXIT_WAIT_S` in all."""
-    if threads and not _pending:
-        atexit.register(lambda: send.join(_pending, EXIT_WAIT_S))
-    _pending.extend(threads)
-
-
-def run_events(
-    run_dir: Path, job_id: str, state: JobState, reason: str | None, continued_as: str | None = None
-) -> list[notify.Event]:
-    """Every event the run directory and this job's state say now (claimed or not)."""
-    events = notify.run_dir_events(run_dir, job_id)
-    if continued_as is None and state.is_terminal():
-        end = notify.end_event(run_dir, job_id, state.value, reason)
-        if end is not None:
-            events.append(end)
-    return events
-
-
-def notify_run(
-    run_dir: Path, job_id: str, state: JobState, reason: str | None, continued_as: str | None = None
-) -> None:
-    """Send this run's unsent events from threads the process waits for at its exit (bounded)."""
-    run_dir = Path(run_dir)
-    if not notify.enabled(run_dir):
-        return
-    if state.is_terminal() and (run_dir / NOTIFY_DIR / f"end.{job_id}").exists():
-        return  # its end was sent, and every event before it was seen then
-    try:
-        _outlive(send.notify(run_dir, run_events(run_dir, job_id, state, reason, continued_as), daemon=True))
-    except Exception:  # noqa: BLE001 (a notification never breaks status)
-        pass
-
-
-def notify_rows(rows: Sequence[Any]) -> None:
-    """``status``'s rows (:class:`~orchestrator.runner.status.StatusRow`; not imported: status imports this)."""
-    for row in rows:
-        if notify.enabled(row.run_dir):
-            notify_run(Path(row.run_dir), row.job_id, row.state, row.reason, row.continued_as)
+#: At most this long ``status SWEEP`` stays after its output for the sweep's event.
+EXIT_WAIT_S = 5.0
 
 
 def notify_sweep(status: Any, outcome: JobState | None, sweep_dir: Path) -> None:
@@ -79,9 +35,21 @@ def notify_sweep(status: Any, outcome: JobState | None, sweep_dir: Path) -> None
         task = status.tasks[status.best] if status.tasks else status.best
         best = f"task {task} ({params}), job {row.job_id}, {status.metric} {getattr(row, status.metric)}"
     try:
-        (Path(sweep_dir) / NOTIFY_DIR).mkdir(exist_ok=True)
         target = notify.Target.of_run(Path(status.rows[0].run_dir))
+        if target is None:
+            return
+        sweep_dir = Path(sweep_dir)
+        (sweep_dir / NOTIFY_DIR).mkdir(mode=0o700, exist_ok=True)
         event = notify.sweep_event(sweep_dir, status.sweep_id, outcome.value, best)
-        _outlive(send.notify(Path(sweep_dir), [event], target, daemon=True))
-    except Exception:  # noqa: BLE001
+        outbox.record(sweep_dir, event.key, event.payload())
+        channels = send.channels(target)
+        if not outbox.pending(sweep_dir, channels):
+            return
+
+        def deliver(recorded: outbox.Recorded, channel: str) -> str | None:
+            return send.deliver(target, notify.Event.from_payload(recorded.payload), channel)
+
+        courier = outbox.Courier(sweep_dir, channels, deliver).start()
+        atexit.register(courier.drain, EXIT_WAIT_S)
+    except Exception:  # noqa: BLE001 (a notification never breaks status)
         pass

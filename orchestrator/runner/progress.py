@@ -54,7 +54,6 @@ def wait_for_job(
     run, not for the first job of it. A failed job is explained (failing node and rank, its first
     error lines, the ``logs`` command: :mod:`orchestrator.runner.failure_reasons`). ``deadline``
     (``time.monotonic()``) raises :class:`WaitTimeout` when passed."""
-    from orchestrator.notify.login import notify_run
     from orchestrator.rundir.summary import summarize
     from orchestrator.runner.failure_reasons import EXPLAINED_STATES, explain_job, record_explanations
     from orchestrator.runner.refresh import refresh_states
@@ -74,13 +73,10 @@ def wait_for_job(
         if line.split("]", 1)[1] != last:
             print(line, file=out, flush=True)
             last = line.split("]", 1)[1]
-        if not state.is_terminal():
-            notify_run(job.run_dir, job_id, state, None)
         if state.is_terminal():
             record_explanations(registry, [job], {job_id: state.value})
             ended = registry.get(job_id)
             successor = registry.successors([job_id]).get(job_id)
-            notify_run(job.run_dir, job_id, state, ended.end_reason or (st.reason if st else None), successor)
             explanation = explain_job(ended) if state.value in EXPLAINED_STATES else None
             why = ended.end_reason or (st.reason if st is not None else None)  # ours says more
             reason = f" ({why})" if why and explanation is None else ""

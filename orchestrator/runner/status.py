@@ -8,14 +8,12 @@ hanging. ``status``, ``status SWEEP``, ``Job.status`` and ``Sweep.status`` share
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.contract.attempt_start import NO_HOOK, describe_newest_start
 from orchestrator.contract.job_states import JobState
-from orchestrator.contract.run_dir import NOTIFY_DIR
 from orchestrator.registry.store import JobRecord, Registry
 from orchestrator.rundir.summary import RunSummary
 from orchestrator.rundir.summary_cache import SUMMARY_CACHE_FILE, SummaryCache
@@ -263,10 +261,6 @@ def collect_status(
         if row.job_id in explained_now and row.state.is_terminal() and row.started_from == NO_HOOK:
             registry.set_end_reason(row.job_id, NO_HOOK)
             rows[i] = replace(row, reason=NO_HOOK)
-    if any(os.path.isdir(os.path.join(row.run_dir, NOTIFY_DIR)) for row in rows):  # profiles with notify:
-        from orchestrator.notify.login import notify_rows
-
-        notify_rows(rows)  # the events the batch step has not sent yet
     return rows, result
 
 

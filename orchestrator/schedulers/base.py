@@ -268,6 +268,11 @@ class NodeEnvironment(ABC):
         (its step's kill-on-bad-exit ends it), so the default is None."""
         return None
 
+    def begin(self, run_dir: Path, attempt: int) -> None:
+        """Before this node's training starts (a scheduler whose node 0 owns the run's
+        notifications starts them here; Slurm's batch step owns them there: nothing)."""
+        return None
+
     @abstractmethod
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
         """After this node's training ended with ``code``: record or requeue, as the scheduler needs.

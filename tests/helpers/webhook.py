@@ -13,9 +13,9 @@ SECRET = "/hooks/T000/B000/s3cr3t-token-for-notify-tests"
 
 class Receiver:
     """A Slack-like webhook on loopback: records each POSTed JSON body; ``fail_first`` answers 500
-    that many times first."""
+    that many times first; ``port`` brings one back where another was (0: any free port)."""
 
-    def __init__(self, host: str = "127.0.0.1", fail_first: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", fail_first: int = 0, port: int = 0) -> None:
         self.bodies: list[dict] = []
         self.fail_first = fail_first
         outer = self
@@ -36,7 +36,9 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((host, 0), Handler)
+        ThreadingHTTPServer.allow_reuse_address = True  # back on the port of a receiver that was down
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.port = int(self.server.server_address[1])
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://{host}:{self.server.server_address[1]}{SECRET}"

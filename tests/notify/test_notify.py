@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +29,8 @@ from orchestrator.contract.run_dir import (
     write_plan,
 )
 from orchestrator.notify import events as notify
-from orchestrator.notify import send
-from orchestrator.notify.login import notify_run
+from orchestrator.notify import outbox
+from orchestrator.notify.owner import RunNotifier
 from tests.helpers.cli import REPO, poll
 from tests.helpers.webhook import SECRET, Receiver
 
@@ -67,6 +66,7 @@ def test_a_valid_notify_block_is_read() -> None:
         ({"webhook_env": "SLACK WEBHOOK"}, "notify.webhook_env", "like SLACK_WEBHOOK"),
         ({"webhook_file": "https://hooks.slack.com/x"}, "notify.webhook_file", "not a URL"),
         ({"command": "a\nb"}, "notify.command", "single-line"),
+        ({"webhook_file": "hook.url"}, "notify.webhook_file", "from / or ~/"),
         ({"timeout_s": 0}, "notify.timeout_s", "1"),
         ({"webhook": "x"}, "notify.webhook", ""),
     ],
@@ -128,64 +128,130 @@ def test_events_derived_from_the_run_directory(tmp_path: Path) -> None:
     assert "resumed.attempt_0" not in {e.key for e in notify.run_dir_events(run_dir, "42")}
 
 
-def _claim(args: tuple[str, int]) -> bool:
+def _record(args: tuple[str, int]) -> bool:
     run_dir, i = args
-    return notify.claim(Path(run_dir), notify.Event("end.7", "completed", f"claimer {i}"))
+    return outbox.record(
+        Path(run_dir), "end.7", {"event": "completed", "key": "end.7", "text": f"recorder {i}"}
+    )
 
 
-def test_each_event_is_claimed_exactly_once_among_concurrent_processes(tmp_path: Path) -> None:
+def test_each_event_is_recorded_exactly_once_among_concurrent_processes(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, {"command": "true"})
     with multiprocessing.get_context("fork").Pool(8) as pool:
-        won = pool.map(_claim, [(str(run_dir), i) for i in range(64)])
+        won = pool.map(_record, [(str(run_dir), i) for i in range(64)])
     assert won.count(True) == 1
-    assert json.loads((run_dir / "notify" / "end.7").read_text())["text"] == f"claimer {won.index(True)}"
+    [only] = outbox.recorded(run_dir)
+    assert only.payload["text"] == f"recorder {won.index(True)}"
 
 
-def test_without_notify_nothing_is_claimed(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    notify.prepare(run_dir, {"profile": {**BASE}})
-    assert not notify.enabled(run_dir) and not notify.claim(run_dir, notify.Event("started", "started", "x"))
+def _owner(run_dir: Path, job_id: str = "9", attempt: int = 0) -> RunNotifier:
+    return RunNotifier(run_dir, job_id, attempt, print)
+
+
+def _modes(folder: Path) -> set[str]:
+    return {oct(p.stat().st_mode & 0o777) for p in folder.rglob("*")}
 
 
 # ---------------------------------------------------------------------------- sending
-def test_status_side_sends_each_event_once_and_retries(
+def test_a_receiver_down_then_up_gets_every_event_once_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    r = Receiver(fail_first=2)
+    """The owner records as things happen and its courier retries with backoff: nothing is lost
+    while the receiver is down, nothing overtakes, nothing comes twice; the log never holds the URL."""
+    down = Receiver()
+    port, url = down.port, down.url
+    down.close()  # connection refused until it comes back on the same port
+    monkeypatch.setenv("NOTIFY_TEST_HOOK", url)
+    run_dir = _run_dir(tmp_path, {"webhook_env": "NOTIFY_TEST_HOOK", "timeout_s": 60})
+    attempt_dir(run_dir, 0).mkdir(parents=True)
+    owner = _owner(run_dir)
+    owner.attempt_events()
+    write_json_atomic(attempt_dir(run_dir, 0) / "start.json", {"step": 0, "checkpoint": None, "hook": "t"})
+    owner.end("FAILED", "node 0 rank 0 failed: ValueError: boom")
+    log = run_dir / "notify" / "notify.log"
+    poll(lambda: log.exists() and "started: webhook try 2 failed" in log.read_text(), 30, "two failed tries")
+    up = Receiver(port=port)
     try:
-        monkeypatch.setenv("NOTIFY_TEST_HOOK", r.url)
-        run_dir = _run_dir(tmp_path, {"webhook_env": "NOTIFY_TEST_HOOK", "timeout_s": 20})
-        attempt_dir(run_dir, 0).mkdir(parents=True)
-        reason = "node 0 rank 0 failed: ValueError: boom; see `orchestrator logs 9`"
-        for _ in range(3):  # three status calls, and the batch step's claims: once each
-            notify_run(run_dir, "9", JobState.FAILED, reason)
-        poll(lambda: len(r.bodies) >= 2, 30, "two notifications")
-        notify_run(run_dir, "9", JobState.FAILED, reason)
-        assert sorted(r.texts()) == sorted(["lm: job 9 started", f"lm: job 9 FAILED: {reason}"])
-        log = (run_dir / "notify" / "notify.log").read_text()
-        assert "retrying" in log and "HTTP Error 500" in log and log.count("sent (") == 2, log
+        owner.close()
+        assert up.texts() == ["lm: job 9 started", "lm: job 9 FAILED: node 0 rank 0 failed: ValueError: boom"]
     finally:
-        r.close()
+        up.close()
+    text = log.read_text()
+    assert (
+        "Connection refused" in text
+        and "started: webhook sent (" in text
+        and "end.9: webhook sent (1 try)" in text
+    )
     everything = b"".join(p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
     assert SECRET.encode() not in everything
+    assert _modes(run_dir / "notify") <= {"0o600", "0o700"}, _modes(run_dir / "notify")
 
 
-def test_a_receiver_down_is_retried_within_the_bound_and_logged(tmp_path: Path) -> None:
-    dead = Receiver()
-    url = dead.url
-    dead.close()  # nothing listens there any more: connection refused
-    (tmp_path / "hook").write_text(url)
-    run_dir = _run_dir(tmp_path, {"webhook_file": str(tmp_path / "hook"), "timeout_s": 2})
-    import time
+def test_what_an_owner_left_unsent_the_next_owner_sends_first(tmp_path: Path) -> None:
+    down = Receiver()
+    port = down.port
+    (tmp_path / "hook").write_text(down.url + "\n")
+    down.close()
+    run_dir = _run_dir(tmp_path, {"webhook_file": str(tmp_path / "hook"), "timeout_s": 60})
+    attempt_dir(run_dir, 0).mkdir(parents=True)
+    first = _owner(run_dir)
+    first.attempt_events()
+    first.close(most_s=1.0)  # the attempt ends (a requeue) with "started" unsent
+    assert [r.key for r in outbox.pending(run_dir, ["webhook"])] == ["started"]
+    assert "left unsent at this owner's end" in (run_dir / "notify" / "notify.log").read_text()
+    up = Receiver(port=port)
+    try:
+        attempt_dir(run_dir, 1).mkdir(parents=True)
+        second = _owner(run_dir, attempt=1)
+        second.attempt_events()
+        second.end("COMPLETED", None)
+        second.close()
+        assert up.texts() == ["lm: job 9 started", "lm: job 9 requeued (attempt 1)", "lm: job 9 completed"]
+    finally:
+        up.close()
 
-    t0 = time.monotonic()
-    ok = send.send(run_dir, notify.Target.of_run(run_dir), notify.Event("started", "started", "x"))  # type: ignore[arg-type]
-    took = time.monotonic() - t0
+
+def test_two_owners_draining_at_once_send_each_event_once(tmp_path: Path) -> None:
+    """A local job's node 0 still waits for a receiver while ``resume``'s new job has started."""
+    r = Receiver(fail_first=3)
+    try:
+        (tmp_path / "hook").write_text(r.url)
+        run_dir = _run_dir(tmp_path, {"webhook_file": str(tmp_path / "hook")})
+        attempt_dir(run_dir, 0).mkdir(parents=True)
+        owners = [_owner(run_dir), _owner(run_dir)]
+        for o in owners:
+            o.end("COMPLETED", None)
+        for o in owners:
+            o.close()
+        assert r.texts() == ["lm: job 9 started", "lm: job 9 completed"]
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        (f"https://hooks.slack.com/x {SECRET}", "holds a space"),
+        (f"https://hooks.slack.com{SECRET}\tx", "holds a space"),
+        (f"file://{SECRET}", "not http(s)"),
+        (f"ftp://hooks.example{SECRET}", "not http(s)"),
+        (f"https://{SECRET}", "names no host"),
+        ("hooks.slack.com/services/T000/B000/s3cr3t", "not http(s)"),
+    ],
+)
+def test_a_url_that_is_not_http_is_never_sent_and_never_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, why: str
+) -> None:
+    monkeypatch.setenv("NOTIFY_TEST_HOOK", url)
+    run_dir = _run_dir(tmp_path, {"webhook_env": "NOTIFY_TEST_HOOK"})
+    attempt_dir(run_dir, 0).mkdir(parents=True)
+    owner = _owner(run_dir)
+    owner.attempt_events()
+    owner.close(most_s=1.0)
     log = (run_dir / "notify" / "notify.log").read_text()
-    assert not ok and took < 4, took
-    assert "try 1 failed" in log and "FAILED after" in log and "Connection refused" in log, log
-    assert SECRET not in log and url not in log
+    assert why in log and "sent (" not in log, log
+    for part in ("s3cr3t", "hooks.slack.com", "hooks.example"):
+        assert part not in log, log
 
 
 def test_the_command_gets_the_event_on_stdin_and_in_its_environment(tmp_path: Path) -> None:
@@ -193,14 +259,19 @@ def test_the_command_gets_the_event_on_stdin_and_in_its_environment(tmp_path: Pa
     command = f'cat > {out}.json; printf %s "$ORCHESTRATOR_EVENT|$ORCHESTRATOR_EVENT_TEXT" > {out}.env'
     run_dir = _run_dir(tmp_path, {"command": command})
     attempt_dir(run_dir, 0).mkdir(parents=True)
-    for thread in send.notify(run_dir, notify.run_dir_events(run_dir, "5")):
-        thread.join(30)
+    owner = _owner(run_dir, "5")
+    owner.attempt_events()
+    owner.close()
     assert json.loads(Path(f"{out}.json").read_text())["event"] == "started"
     assert Path(f"{out}.env").read_text() == "started|lm: job 5 started"
-    assert (
-        not os.path.exists(run_dir / "notify" / "started")
-        or "sent (1 try)" in (run_dir / "notify" / "notify.log").read_text()
-    )
+    assert "started: command sent (1 try)" in (run_dir / "notify" / "notify.log").read_text()
+
+
+def test_a_preempted_job_is_sent_as_preempted_not_failed(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, {"command": "true"})
+    end = notify.end_event(run_dir, "local-3", "PREEMPTED", None)
+    assert end is not None and end.kind == "preempted", end
+    assert "preempted" in end.text and "orchestrator resume local-3" in end.text and "FAILED" not in end.text
 
 
 def test_a_finished_sweep_is_notified_once_naming_its_best_task(tmp_path: Path) -> None:
@@ -247,9 +318,11 @@ def test_the_batch_steps_end_event_follows_the_runs_fate(tmp_path: Path) -> None
     write_exit_status(run_dir, 75, "stop signal")  # checkpointed on a stop signal: a requeue comes
     step.ended(1, step_started=0.0)
     step.flush()
-    assert sent() == ["started"]
+    assert sent() == ["started"] and step.continues
     (run_dir / "job_id").write_text("12")  # handed over to job 12
-    StepNotifier(run_dir, "11", 0, print).ended(1, step_started=1e12)
+    handed = StepNotifier(run_dir, "11", 0, print)
+    handed.ended(1, step_started=1e12)
+    handed.flush()
     assert sent() == ["started"]
     (run_dir / "job_id").write_text("11")
     last = StepNotifier(run_dir, "11", 0, print)

@@ -39,6 +39,17 @@ def check_line(value: str | None) -> str | None:
     return value
 
 
+def check_file(value: str | None) -> str | None:
+    """A webhook file is read where the event is sent (the batch step on a node, a local job's node 0):
+    a relative path would be read from whichever folder that process has, so only absolute or ``~/``."""
+    value = check_line(value)
+    if value is not None and not value.strip().startswith(("/", "~")):
+        raise ValueError(
+            f"a path from / or ~/ (it is read on the nodes, whose current folder is not yours), got {value!r}"
+        )
+    return value
+
+
 def _passes(check: Callable[[Any], Any], value: Any) -> bool:
     if value is not None and type(value) is not str:
         return False
@@ -52,7 +63,7 @@ def _passes(check: Callable[[Any], Any], value: Any) -> bool:
 #: The fast path's check of each key (True: plainly valid; False: pydantic decides and words it).
 FAST_CHECKS: dict[str, Callable[[Any], bool]] = {
     "webhook_env": lambda v: _passes(check_env_name, v),
-    "webhook_file": lambda v: _passes(check_line, v),
+    "webhook_file": lambda v: _passes(check_file, v),
     "command": lambda v: _passes(check_line, v),
     "timeout_s": lambda v: type(v) is int and TIMEOUT_BOUNDS[0] <= v <= TIMEOUT_BOUNDS[1],
 }
@@ -71,6 +82,7 @@ def model(base: type[BaseModel]) -> type[BaseModel]:
     )
     validators: dict[str, Any] = {
         "_env": field_validator("webhook_env")(check_env_name),
-        "_lines": field_validator("webhook_file", "command")(check_line),
+        "_file": field_validator("webhook_file")(check_file),
+        "_lines": field_validator("command")(check_line),
     }
     return create_model("Notify", __base__=base, __validators__=validators, **fields)

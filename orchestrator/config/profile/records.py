@@ -310,17 +310,18 @@ class Container(_Record):
 
 
 class Notify(_Record):
-    """Where a run's events are sent, each once (``orchestrator.notify.events``). The webhook URL
+    """Where a run's events are sent, each once, in order (``orchestrator.notify.outbox``). The webhook URL
     is a secret: name where the node and the login host read it, never the URL itself."""
 
     webhook_env: str | None = None
     """An environment variable holding a webhook URL (Slack-compatible: ``{"text": ...}`` is POSTed)."""
     webhook_file: str | None = None
-    """A file holding the webhook URL (``~/``: the reader's home), read when an event is sent."""
+    """A file holding the webhook URL, from ``/`` or ``~/`` (the sender's home), read when an event is sent."""
     command: str | None = None
     """A shell command run per event: the event as JSON on stdin, ``ORCHESTRATOR_EVENT``(``_TEXT``)."""
     timeout_s: int = 60
-    """Bound on sending one event, retries with backoff included (1..600 s)."""
+    """How long the job's owner stays at its end for events not yet sent (1..600 s); the next owner of
+    the run (the next attempt, a resumed job) sends what is left."""
 
 
 class TrainingDefaults(_Record, TrainingOptions):

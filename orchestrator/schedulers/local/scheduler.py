@@ -39,6 +39,7 @@ from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Sc
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
     from orchestrator.contract.job_states import JobState
+    from orchestrator.notify.owner import RunNotifier
     from orchestrator.registry.store import JobRecord, Registry
     from orchestrator.schedulers.query import Allocation, QueryResult
 
@@ -64,6 +65,8 @@ class LocalNodeEnvironment(NodeEnvironment):
         self.restarts = 0
         self.shares_host = True
         self.watches_hangs = True
+        #: Node 0's owner of the run's notifications (:meth:`begin`).
+        self.notifier: RunNotifier | None = None
         try:
             self.kill_wait_s = max(0.0, float(os.environ.get(KILL_WAIT_ENV, KILL_WAIT_S)))
         except ValueError:
@@ -110,6 +113,14 @@ class LocalNodeEnvironment(NodeEnvironment):
                 return node, code
         return None
 
+    def begin(self, run_dir: Path, attempt: int) -> None:
+        """Node 0 owns a local run's notifications (no batch step here): its attempt's events now."""
+        if self.is_first_node:
+            from orchestrator.notify.owner import RunNotifier
+
+            self.notifier = RunNotifier(run_dir, self.job_id, attempt, _say)
+            self.notifier.attempt_events()
+
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
         from orchestrator.schedulers.local.held import write_node_held
 
@@ -117,7 +128,20 @@ class LocalNodeEnvironment(NodeEnvironment):
         write_node_held(plan, run_dir, attempt, self.node_rank, self.job_id)
         if self.is_first_node:
             write_local_final_state(plan, run_dir, attempt, self.job_id)
+            if self.notifier is not None:
+                from orchestrator.contract import run_alive
+
+                final = read_json(run_dir / LOCAL_STATE_FILE) or {}
+                self.notifier.end(str(final.get("state") or "FAILED"), final.get("reason"))
+                # The job has ended: what is left is sending (at most notify.timeout_s), which must
+                # not keep the run reading RUNNING nor stop `resume`.
+                run_alive.release(run_dir)
+                self.notifier.close()
         return False
+
+
+def _say(line: str) -> None:
+    print(f"[orchestrator node] {line}", file=sys.stderr, flush=True)
 
 
 def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_id: str = "") -> None:
