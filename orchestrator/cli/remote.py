@@ -16,13 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.remote.routing import login_profile
+    from orchestrator.remote.routing import Target, load_login
 
-    profile = login_profile(args.profile)
-    if profile is None:
-        raise UserError(
-            f"profile {args.profile}: no login.host (see `orchestrator profiles show {args.profile}`)"
-        )
+    target = Target(args.profile)
+    profile = load_login(target)  # a profile that does not load says why (its file and key)
     if args.action == "install":
         from orchestrator.remote.install import install
 
@@ -31,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from orchestrator.remote.client import run_captured
 
-    rc, out, err = run_captured(args.profile, ["--version"])
+    rc, out, err = run_captured(target, ["--version"])
     if rc != 0:
         raise UserError(err.strip() or f"the login host's orchestrator exited {rc}")
     print(f"{profile.login.host}: {out.strip()}, same as this laptop")

@@ -10,12 +10,33 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 FILE_NAME = "remote_jobs.json"
 #: Ended jobs' rows kept (the newest); an older one is simply asked for again.
 MAX_FINAL_ROWS = 5000
+
+
+@dataclass(frozen=True)
+class Target:
+    """A laptop's profile with ``login.host``: its name and the folder it was loaded from
+    (``--profiles-dir``; None: the usual search), so every later command finds the same file."""
+
+    name: str
+    profiles_dir: str | None = None
+
+    def to_json(self) -> str | list[str]:
+        return self.name if self.profiles_dir is None else [self.name, self.profiles_dir]
+
+    @classmethod
+    def from_json(cls, value: object) -> Target | None:
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            return cls(value[0], value[1])
+        return None
 
 
 def _path() -> Path:
@@ -41,17 +62,19 @@ def _store(data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def profile_of(job_id: str) -> str | None:
+def profile_of(job_id: str) -> Target | None:
     """The profile whose login host has ``job_id`` (an array task ``A_i`` counts as its array ``A``)."""
     jobs = _load().get("jobs", {})
-    return jobs.get(job_id) or jobs.get(job_id.split("_", 1)[0])
+    if not isinstance(jobs, dict):
+        return None
+    return Target.from_json(jobs.get(job_id) or jobs.get(job_id.split("_", 1)[0]))
 
 
-def remember(profile: str, job_ids: list[str]) -> None:
+def remember(target: Target, job_ids: list[str]) -> None:
     if not job_ids:
         return
     data = _load()
-    data.setdefault("jobs", {}).update({j: profile for j in job_ids})
+    data.setdefault("jobs", {}).update({j: target.to_json() for j in job_ids})
     _store(data)
 
 
@@ -61,7 +84,7 @@ def final_row(job_id: str) -> dict[str, Any] | None:
     return row if isinstance(row, dict) else None
 
 
-def remember_final(profile: str, rows: list[dict[str, Any]]) -> None:
+def remember_final(target: Target, rows: list[dict[str, Any]]) -> None:
     """Keep ended jobs' rows (and their profile); a row whose run continues elsewhere is not final."""
     if not rows:
         return
@@ -71,7 +94,7 @@ def remember_final(profile: str, rows: list[dict[str, Any]]) -> None:
         job = str(row["job_id"])
         final.pop(job, None)
         final[job] = row
-        data.setdefault("jobs", {})[job] = profile
+        data.setdefault("jobs", {})[job] = target.to_json()
     for job in list(final)[: max(0, len(final) - MAX_FINAL_ROWS)]:  # the oldest go: asked again if named
         del final[job]
     _store(data)

@@ -15,8 +15,14 @@ from collections.abc import Sequence
 from typing import IO
 
 from orchestrator.config.profile.records import ClusterProfile
+from orchestrator.contract.errors import UserError
 from orchestrator.remote.routing import version
-from orchestrator.remote.ssh import Connection, no_prompt
+from orchestrator.remote.ssh import SSH_FAILED, Connection, no_prompt
+
+#: A POSIX shell's exit status when it cannot run the command: not executable / not found.
+_SHELL_CANNOT_RUN = (126, 127)
+#: The version mismatch's fix as every version of the agent words it; the laptop names the profile.
+_MISMATCH_FIX = "orchestrator remote install PROFILE"
 
 
 def _remote_word(path: str) -> str:
@@ -90,3 +96,30 @@ def _exchange(proc: subprocess.Popen[bytes], stdin: bytes | None, stdout: IO[byt
         stdout.write(chunk)
         stdout.flush()
     return out
+
+
+def run_agent(
+    conn: Connection,
+    profile: ClusterProfile,
+    name: str,
+    words: Sequence[str],
+    *,
+    stdin: bytes | None = None,
+    stdout: IO[bytes] | None = None,
+    ssh_failure: bool = True,
+) -> tuple[int, bytes, str]:
+    """:func:`call` of the agent with ``words`` for the laptop's profile ``name``. ssh's own failure
+    raises one line naming the host (``ssh_failure=False``: returned, for a caller that reconnects);
+    a ``login.python`` the login host's shell cannot run (exit 126/127, which the CLI's contract of
+    0/1/2 does not have) raises one line naming it and the fix; a version mismatch names the profile."""
+    rc, out, said = call(conn, agent_command(profile, words), stdin=stdin, stdout=stdout)
+    if rc == SSH_FAILED and ssh_failure:
+        raise conn.failure(said)
+    if rc in _SHELL_CANNOT_RUN:
+        last = said.strip().splitlines()[-1] if said.strip() else f"exit {rc}"
+        raise UserError(
+            f"profile {name}: login.python {profile.login.python!r} does not run on {conn.host} ({last}); "
+            f"run `orchestrator remote install {name}` to put a venv there, or set login.python to "
+            "the interpreter of a venv with orchestrator installed"
+        )
+    return rc, out, said.replace(_MISMATCH_FIX, f"orchestrator remote install {shlex.quote(name)}")

@@ -20,18 +20,19 @@ from typing import IO
 from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.contract.errors import UserError
 from orchestrator.remote import book
-from orchestrator.remote.calls import agent_command, call, run_words
-from orchestrator.remote.routing import login_profile
+from orchestrator.remote.book import Target
+from orchestrator.remote.calls import run_agent, run_words
+from orchestrator.remote.routing import load_login
 from orchestrator.remote.ssh import SSH_FAILED, Connection
 
 #: How long ``logs`` keeps trying to reconnect after its connection dropped.
 RECONNECT_S = 120.0
 
 
-def _connect(name: str) -> tuple[ClusterProfile, Connection]:
-    profile = login_profile(name)
-    if profile is None:
-        raise UserError(f"profile {name}: no login.host")
+def _connect(target: Target) -> tuple[ClusterProfile, Connection]:
+    """The target's profile (from the folder it was loaded from; what is wrong with it, named) and
+    an open master to its login host."""
+    profile = load_login(target)
     conn = Connection(profile.login)
     conn.ensure_master()  # fails here, at once, when the host would ask for something
     return profile, conn
@@ -53,48 +54,46 @@ class _Tee:
         sys.stdout.buffer.flush()
 
 
-def run_captured(name: str, argv: Sequence[str], stream: bool = False) -> tuple[int, str, str]:
-    """Run ``argv`` on the login host of profile ``name``: (exit status, stdout, stderr); ``stream``:
+def run_captured(target: Target, argv: Sequence[str], stream: bool = False) -> tuple[int, str, str]:
+    """Run ``argv`` on the login host of ``target``: (exit status, stdout, stderr); ``stream``:
     stdout is also printed as it comes (``submit --wait``, ``resume --wait``). A submit, sweep or
     resume sends the code first (submit, sweep) and books the job ids it printed."""
-    profile, conn = _connect(name)
-    words = _remote_argv(profile, name, list(argv))
+    profile, conn = _connect(target)
+    words = _remote_argv(profile, target.name, list(argv))
     tee = _Tee() if stream else None
     sink: IO[bytes] | None = tee  # type: ignore[assignment]
     if words[0] in ("submit", "sweep"):
         from orchestrator.remote.sync import send_and_run
 
-        rc, out, said = send_and_run(conn, profile, words, stdout=sink)
+        rc, out, said = send_and_run(conn, profile, target.name, words, stdout=sink)
     else:
-        rc, out, said = call(conn, agent_command(profile, [*run_words(profile), "--", *words]), stdout=sink)
-        if rc == SSH_FAILED:
-            raise conn.failure(said)
+        rc, out, said = run_agent(
+            conn, profile, target.name, [*run_words(profile), "--", *words], stdout=sink
+        )
     text = (bytes(tee.kept) if tee is not None else out).decode(errors="replace")
     if words[0] in ("submit", "sweep", "resume"):
-        book.remember(name, _submitted_ids(text))
+        book.remember(target, _submitted_ids(text))
     return rc, text, said
 
 
-def forward(name: str, argv: Sequence[str]) -> int:
-    """Run the command line ``argv`` on the login host of profile ``name``; print here."""
+def forward(target: Target, argv: Sequence[str]) -> int:
+    """Run the command line ``argv`` on the login host of ``target``; print here."""
     command = argv[0]
     if command in ("submit", "sweep", "resume"):
-        rc, _, said = run_captured(name, argv, stream=True)
+        rc, _, said = run_captured(target, argv, stream=True)
         sys.stderr.write(said)
         return rc
-    profile, conn = _connect(name)
-    argv = _remote_argv(profile, name, list(argv))
+    profile, conn = _connect(target)
+    argv = _remote_argv(profile, target.name, list(argv))
     if command == "status" and "--json" in argv and "--watch" not in argv:
-        return _status_json(conn, profile, name, argv)
+        return _status_json(conn, profile, target, argv)
     if command == "logs":
-        return _logs(conn, profile, argv)
+        return _logs(conn, profile, target.name, argv)
     if command == "plot":
-        return _plot(conn, profile, argv)
-    rc, _, said = call(
-        conn, agent_command(profile, [*run_words(profile), "--", *argv]), stdout=sys.stdout.buffer
+        return _plot(conn, profile, target.name, argv)
+    rc, _, said = run_agent(
+        conn, profile, target.name, [*run_words(profile), "--", *argv], stdout=sys.stdout.buffer
     )
-    if rc == SSH_FAILED:
-        raise conn.failure(said)
     sys.stderr.write(said)
     return rc
 
@@ -126,7 +125,7 @@ def _submitted_ids(text: str) -> list[str]:
     return _SUBMITTED.findall(text)
 
 
-def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
+def _logs(conn: Connection, profile: ClusterProfile, name: str, argv: list[str]) -> int:
     """``logs`` through the connection; a dropped connection is reopened (bounded) and the output
     continues where it was cut: nothing printed twice, nothing lost. ``logs -f`` streams framed
     records (``core.logs.Resume``: each line with its file and offset), so the stream that follows a
@@ -176,7 +175,7 @@ def _logs(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
         else:
             words = [*run_words(profile, skip=counting.count), "--", *argv]
         sink = framed if follow else counting
-        rc, _, said = call(conn, agent_command(profile, words), stdout=sink)  # type: ignore[arg-type]
+        rc, _, said = run_agent(conn, profile, name, words, stdout=sink, ssh_failure=False)  # type: ignore[arg-type]
         if rc != SSH_FAILED:
             sys.stderr.write(said)
             return rc
@@ -202,7 +201,7 @@ def _reconnect(conn: Connection) -> None:
         time.sleep(2.0)  # a retry pace against a host that is away, not a synchronisation
 
 
-def _status_json(conn: Connection, profile: ClusterProfile, name: str, argv: list[str]) -> int:
+def _status_json(conn: Connection, profile: ClusterProfile, target: Target, argv: list[str]) -> int:
     """``status --json JOB...``: ended jobs from the book (no round trip), the rest in one call."""
     import json
 
@@ -213,17 +212,14 @@ def _status_json(conn: Connection, profile: ClusterProfile, name: str, argv: lis
     data: dict[str, object] = {"source": "cache", "stale": False, "errors": [], "jobs": rows}
     if ask or not ids:
         flags = [w for w in argv[1:] if w.startswith("-")]
-        rc, out, said = call(
-            conn, agent_command(profile, [*run_words(profile), "--", "status", *flags, *ask])
-        )
-        if rc == SSH_FAILED:
-            raise conn.failure(said)
+        words = [*run_words(profile), "--", "status", *flags, *ask]
+        rc, out, said = run_agent(conn, profile, target.name, words)
         sys.stderr.write(said)
         if rc != 0:
             return rc
         data = json.loads(out)
         fetched = {str(r["job_id"]): r for r in data.get("jobs", [])}  # type: ignore[attr-defined]
-        book.remember_final(name, [r for r in fetched.values() if r.get("terminal")])
+        book.remember_final(target, [r for r in fetched.values() if r.get("terminal")])
         if not ids:
             rows = list(fetched.values())
         else:
@@ -235,7 +231,7 @@ def _status_json(conn: Connection, profile: ClusterProfile, name: str, argv: lis
     return 0
 
 
-def _plot(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
+def _plot(conn: Connection, profile: ClusterProfile, name: str, argv: list[str]) -> int:
     """``plot``: the run's metrics are fetched (one call) and the picture drawn here, into ``-o`` or
     ``./<job>.png`` (the run directory is on the login host)."""
     import argparse
@@ -249,9 +245,7 @@ def _plot(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
     parser.add_argument("-o", "--output")
     args = parser.parse_args(argv[1:])
     home = ["--home", profile.login.home] if profile.login.home else []
-    rc, out, said = call(conn, agent_command(profile, ["fetch", *home, args.job]))
-    if rc == SSH_FAILED:
-        raise conn.failure(said)
+    rc, out, said = run_agent(conn, profile, name, ["fetch", *home, args.job])
     if rc != 0:
         sys.stderr.write(said)
         return rc
@@ -260,7 +254,7 @@ def _plot(conn: Connection, profile: ClusterProfile, argv: list[str]) -> int:
     if target.suffix.lower() != ".png":
         raise UserError(f"-o {target}: only PNG output is supported (name it *.png)")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in fetched["files"].items():
-            (Path(tmp) / Path(name).name).write_text(text)
+        for file_name, text in fetched["files"].items():
+            (Path(tmp) / Path(file_name).name).write_text(text)
         print(plot_run(tmp, target, args.job))
     return 0

@@ -12,13 +12,19 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from orchestrator.config import inputs
 from orchestrator.config.job_request import KEYWORDS, KEYWORDS_BY_NAME, JobRequest
 from orchestrator.config.options import OPTIONS_BY_NAME
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.job_states import JobState
+from orchestrator.remote.book import Target
+
+#: ``orchestrator wait``'s exit status when its ``--timeout`` passed with the job still going.
+_WAIT_TIMED_OUT = 124
 
 
 def plan_flags(request: JobRequest) -> list[str]:
@@ -58,13 +64,61 @@ def plan_flags(request: JobRequest) -> list[str]:
     return [*words, *tail]
 
 
-def _run(profile: str, argv: list[str]) -> str:
+def _run(target: Target, argv: list[str]) -> str:
     from orchestrator.remote.client import run_captured
 
-    rc, out, err = run_captured(profile, argv)
+    rc, out, err = run_captured(target, argv)
     if rc != 0:
-        raise UserError(f"{argv[0]} on the login host of {profile}: {err.strip() or f'exit {rc}'}")
+        raise UserError(f"{argv[0]} on the login host of {target.name}: {err.strip() or f'exit {rc}'}")
     return out
+
+
+def _wait(target: Target, what: str, timeout: float | None, poll: float, out: TextIO | None) -> None:
+    """``orchestrator wait`` on the login host, bounded by ``timeout`` there; its progress lines to
+    ``out`` when it returns. Exit 1 is a job that failed, not an error; 124: :class:`TimeoutError`."""
+    from orchestrator.remote.client import run_captured
+
+    timeout = inputs.seconds("timeout", timeout)
+    poll = inputs.seconds("poll", poll, optional=False) or poll
+    inputs.stream("out", out)
+    words = [
+        "wait",
+        what,
+        "--poll",
+        repr(poll),
+        *(["--timeout", repr(timeout)] if timeout is not None else []),
+    ]
+    rc, text, err = run_captured(target, words)
+    if out is not None:
+        out.write(text)
+    if rc == _WAIT_TIMED_OUT:
+        raise TimeoutError(err.strip() or f"{what} still going after {timeout:g} s")
+    if rc not in (0, 1):
+        raise UserError(f"wait on the login host of {target.name}: {err.strip() or f'exit {rc}'}")
+
+
+class RemoteStatus(dict[str, Any]):
+    """A job's row of ``status --json`` on the login host, read as :class:`orchestrator.api.Job`'s
+    ``status()`` is: ``state`` and ``run_state`` are :class:`JobState`, every other field of the row
+    is an attribute (``step``, ``loss``, ``run_dir``, ...). Still the row itself (a dict: ``["state"]``
+    is its text, ``json.dumps`` writes it)."""
+
+    @property
+    def state(self) -> JobState:
+        return JobState(self["state"])
+
+    @property
+    def run_state(self) -> JobState:
+        return JobState(self.get("run_state") or self["state"])
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"status row has no field {name!r}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self)
 
 
 @dataclass(frozen=True)
@@ -76,22 +130,28 @@ class RemoteJob:
     profile: str
     run_dir: Path
     """The run directory on the login host (its filesystem, not this machine's)."""
+    profiles_dir: str | None = field(default=None, repr=False)
+    """The laptop's folder the profile was loaded from (``profiles_dir=``), None: the usual search."""
 
-    def status(self) -> dict[str, Any]:
-        """The job's ``status --json`` row."""
-        (row,) = json.loads(_run(self.profile, ["status", self.job_id, "--json"]))["jobs"]
-        return dict(row)
+    @property
+    def _target(self) -> Target:
+        return Target(self.profile, self.profiles_dir)
 
-    def wait(self) -> str:
-        """Follow the job to its end on the login host; its final state (``COMPLETED``, ...)."""
-        from orchestrator.remote.client import run_captured
+    def status(self) -> RemoteStatus:
+        """The job's row of ``status --json``: ``.state`` (a JobState), ``.step``, ``.loss``..."""
+        (row,) = json.loads(_run(self._target, ["status", self.job_id, "--json"]))["jobs"]
+        return RemoteStatus(dict(row))
 
-        run_captured(self.profile, ["wait", self.job_id])  # exit 1 is a failed job, not an error
-        return str(self.status()["state"])
+    def wait(self, timeout: float | None = None, poll: float = 2.0, out: TextIO | None = None) -> JobState:
+        """Follow the job to its end on the login host; its final state. ``timeout`` seconds passed:
+        :class:`TimeoutError` (the job goes on). ``out``: where the progress lines go (default nowhere)."""
+        _wait(self._target, self.job_id, timeout, poll, out)
+        return self.status().run_state
 
     def cancel(self, signal: str | None = None) -> str:
         """Cancel the job, or send it ``signal`` (``USR2``: checkpoint and requeue)."""
-        return _run(self.profile, ["cancel", self.job_id, *(["--signal", signal] if signal else [])]).strip()
+        words = ["cancel", self.job_id, *(["--signal", signal] if signal else [])]
+        return _run(self._target, words).strip()
 
     def logs(self, node: int | None = None, tail: int | None = None) -> str:
         """The newest attempt's node logs, as ``orchestrator logs`` prints them."""
@@ -99,7 +159,7 @@ class RemoteJob:
             *(["--node", str(node)] if node is not None else []),
             *(["--tail", str(tail)] if tail else []),
         ]
-        return _run(self.profile, ["logs", self.job_id, *words])
+        return _run(self._target, ["logs", self.job_id, *words])
 
 
 @dataclass(frozen=True)
@@ -108,16 +168,20 @@ class RemoteSweep:
 
     sweep_id: str
     profile: str
+    profiles_dir: str | None = field(default=None, repr=False)
+
+    @property
+    def _target(self) -> Target:
+        return Target(self.profile, self.profiles_dir)
 
     def status(self) -> dict[str, Any]:
         """The sweep's ``status SWEEP --json`` (a row per task, the best one)."""
-        return dict(json.loads(_run(self.profile, ["status", self.sweep_id, "--json"])))
+        return dict(json.loads(_run(self._target, ["status", self.sweep_id, "--json"])))
 
-    def wait(self) -> list[str]:
-        """Follow every task to its end; each task's final state, in task order."""
-        from orchestrator.remote.client import run_captured
-
-        run_captured(self.profile, ["wait", self.sweep_id])  # exit 1: some task failed, not an error
+    def wait(self, timeout: float | None = None, poll: float = 2.0, out: TextIO | None = None) -> list[str]:
+        """Follow every task to its end; each task's final state, in task order. ``timeout`` seconds
+        passed: :class:`TimeoutError` (the sweep goes on)."""
+        _wait(self._target, self.sweep_id, timeout, poll, out)
         return [str(t["state"]) for t in sorted(self.status()["tasks"], key=lambda t: int(t["task"]))]
 
 
@@ -125,37 +189,47 @@ def submit(request: JobRequest, snapshot: bool) -> RemoteJob:
     """``orchestrator submit`` on the login host (the script's folder is always sent: the login host
     has no other copy of it; ``snapshot`` is implied)."""
     checked = request.checked()
-    profile = str(checked.profile)
-    out = _run(profile, ["submit", *plan_flags(checked)])
+    target = _target_of(checked)
+    out = _run(target, ["submit", *plan_flags(checked)])
     job = re.search(r"^submitted job (\S+)", out, re.MULTILINE)
     where = re.search(r"^run directory (.+)$", out, re.MULTILINE)
     if not job or not where:
         raise UserError(f"submit on the login host printed no job id: {out.strip()!r}")
-    return RemoteJob(job.group(1), profile, Path(where.group(1)))
+    return RemoteJob(job.group(1), target.name, Path(where.group(1)), target.profiles_dir)
 
 
 def sweep(request: JobRequest, grid: Mapping[str, Sequence[Any]], max_parallel: int | None) -> RemoteSweep:
     """``orchestrator sweep`` on the login host: one ``--grid`` per axis."""
     checked = request.checked()
-    profile = str(checked.profile)
+    target = _target_of(checked)
     words = [
         "sweep",
         *[w for axis, values in grid.items() for w in ("--grid", f"{axis}={','.join(map(str, values))}")],
     ]
     if max_parallel is not None:
         words += ["--max-parallel", str(max_parallel)]
-    out = _run(profile, [*words, *plan_flags(checked)])
+    out = _run(target, [*words, *plan_flags(checked)])
     sweep_id = re.search(r"^submitted sweep (\S+)", out, re.MULTILINE)
     if not sweep_id:
         raise UserError(f"sweep on the login host printed no sweep id: {out.strip()!r}")
-    return RemoteSweep(sweep_id.group(1), profile)
+    return RemoteSweep(sweep_id.group(1), target.name, target.profiles_dir)
+
+
+def _target_of(request: JobRequest) -> Target:
+    from orchestrator.remote.routing import target
+
+    folder = request.profiles_dir
+    return target(str(request.profile), None if folder is None else str(folder))
 
 
 def has_login(request: JobRequest) -> bool:
-    """Whether the request's profile goes to a login host (never on the login host itself)."""
+    """Whether the request's profile (from its ``profiles_dir`` when given) goes to a login host
+    (never on the login host itself)."""
     import os
 
     from orchestrator.remote.routing import ON_LOGIN_HOST, login_profile
 
-    name = request.profile
-    return bool(name) and not os.environ.get(ON_LOGIN_HOST) and login_profile(str(name)) is not None
+    name, folder = request.profile, request.profiles_dir
+    if not name or os.environ.get(ON_LOGIN_HOST):
+        return False
+    return login_profile(str(name), None if folder is None else str(folder)) is not None

@@ -1,10 +1,12 @@
 """Which command lines go to a login host: cheap enough to ask on every command.
 
-``submit``/``sweep``/``resume`` with ``--profile P`` where P has ``login.host``; else
-``$ORCHESTRATOR_LOGIN`` (a profile name: every command goes there, ``status`` and ``list``
-included); else a job id this laptop submitted through a login host (:mod:`.book`). On the login
-host itself (``ORCHESTRATOR_ON_LOGIN_HOST``, set by the agent) nothing is routed, so a profile
-folder the two share never loops.
+``submit``/``sweep``/``resume`` with ``--profile P`` where P has ``login.host`` (loaded from
+``--profiles-dir`` when given); else ``$ORCHESTRATOR_LOGIN`` (a profile name: every command goes
+there, ``status`` and ``list`` included); else a job id this laptop submitted through a login host
+(:mod:`.book`): every command that names a job follows it there. On the login host itself
+(``ORCHESTRATOR_ON_LOGIN_HOST``, set by the agent) nothing is routed, so a profile folder the two
+share never loops. Every command of the CLI is in one of the tuples below
+(``tests/remote/test_every_command.py`` checks it against ``cli.main.COMMANDS``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.contract.errors import UserError
 from orchestrator.remote import book
+from orchestrator.remote.book import Target
 from orchestrator.version import __version__
 
 if TYPE_CHECKING:
@@ -23,11 +26,15 @@ if TYPE_CHECKING:
 #: Environment variable naming the profile whose login host every command goes to.
 LOGIN_ENV = "ORCHESTRATOR_LOGIN"
 #: Commands that name their profile with ``--profile``.
-_PROFILED = ("submit", "sweep", "resume")
-#: Commands whose first positional word is a job (or sweep) id.
-_BY_JOB = ("status", "logs", "wait", "cancel", "resume", "stacks", "plot")
+PROFILED = ("submit", "sweep", "resume")
+#: Commands whose positional words name jobs (or sweeps): they follow the job to its login host.
+BY_JOB = ("status", "logs", "wait", "cancel", "resume", "stacks", "plot", "cost", "export")
+#: Commands that name no job: here, or on ``$ORCHESTRATOR_LOGIN``'s login host (``ui``: its
+#: dashboard, forwarded to this machine by :mod:`.client`).
+NO_JOB = ("list", "render", "ui")
 #: Commands about this machine or the login host itself: never carried there.
-_HERE = ("remote", "profiles", "strategies")
+HERE = ("remote", "profiles", "strategies")
+
 #: Set by the agent for the command it runs on the login host.
 ON_LOGIN_HOST = "ORCHESTRATOR_ON_LOGIN_HOST"
 
@@ -45,30 +52,46 @@ def _flag(argv: Sequence[str], name: str) -> str | None:
 def login_profile(name: str, profiles_dir: str | None = None) -> ClusterProfile | None:
     """The profile ``name`` when it has a login host; None otherwise (or when it does not load:
     the command then reports that itself)."""
-    from orchestrator.config.profile.load import load_profile
-
     try:
-        _, _, profile = load_profile(name, profiles_dir)
+        return load_login(Target(name, profiles_dir))
     except UserError:
         return None
-    return profile if profile.login.host else None
 
 
-def route(argv: Sequence[str]) -> str | None:
+def load_login(target: Target) -> ClusterProfile:
+    """The profile of ``target``, which must load and have ``login.host``; else a :class:`UserError`
+    saying what is wrong with it (its file and key, or that it names no login host)."""
+    from orchestrator.config.profile.load import load_profile
+
+    _, path, profile = load_profile(target.name, target.profiles_dir)
+    if not profile.login.host:
+        raise UserError(f"profile {target.name} ({path}): no login.host")
+    return profile
+
+
+def target(name: str, profiles_dir: str | None) -> Target:
+    """``name`` with the folder it is loaded from, made absolute (the book keeps it for later commands)."""
+    return Target(name, None if profiles_dir is None else os.path.abspath(os.path.expanduser(profiles_dir)))
+
+
+def route(argv: Sequence[str]) -> Target | None:
     """The profile whose login host runs this command line, or None to run it here."""
-    if os.environ.get(ON_LOGIN_HOST) or not argv or argv[0] in _HERE:
+    if os.environ.get(ON_LOGIN_HOST) or not argv or argv[0] in HERE:
         return None
     command = argv[0]
-    if command in _PROFILED:
+    if command in PROFILED:
         name = _flag(argv, "--profile")
-        if name and login_profile(name, _flag(argv, "--profiles-dir")):
-            return name
+        where = _flag(argv, "--profiles-dir")
+        if name and login_profile(name, where):
+            return target(name, where)
     env = os.environ.get(LOGIN_ENV)
     if env:
-        if not login_profile(env):
-            raise UserError(f"${LOGIN_ENV}={env}: no profile of that name with a login.host")
-        return env
-    if command in _BY_JOB:
+        try:
+            load_login(Target(env))
+        except UserError as exc:
+            raise UserError(f"${LOGIN_ENV}={env}: {exc}") from None
+        return Target(env)
+    if command in BY_JOB:
         words = [w for w in argv[1:] if not w.startswith("-")]
         return next((p for w in words if (p := book.profile_of(w))), None)
     return None

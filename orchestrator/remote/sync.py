@@ -22,8 +22,8 @@ from typing import IO, BinaryIO
 
 from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.contract.errors import UserError
-from orchestrator.remote.calls import agent_command, call, run_words
-from orchestrator.remote.ssh import SSH_FAILED, Connection
+from orchestrator.remote.calls import run_agent, run_words
+from orchestrator.remote.ssh import Connection
 from orchestrator.runner.snapshot import plan_snapshot
 
 #: The run-directory files a plot is drawn from (``fetch``).
@@ -117,7 +117,7 @@ def pack(source: Path, send: list[str], delete: list[str]) -> bytes:
 
 
 def send_and_run(
-    conn: Connection, profile: ClusterProfile, argv: list[str], stdout: IO[bytes] | None = None
+    conn: Connection, profile: ClusterProfile, name: str, argv: list[str], stdout: IO[bytes] | None = None
 ) -> tuple[int, bytes, str]:
     """Sync the script's folder, then run ``argv`` (``submit``/``sweep``) from the mirror with
     ``--snapshot``: (exit status, stdout unless streamed to ``stdout``, stderr)."""
@@ -126,9 +126,7 @@ def send_and_run(
     at = argv.index("--") + 1
     snap = plan_snapshot(argv[at])  # the size limit is checked before anything is sent
     mirror = mirror_of(snap.source, profile)
-    rc, out, said = call(conn, agent_command(profile, ["manifest", mirror]))
-    if rc == SSH_FAILED:
-        raise conn.failure(said)
+    rc, out, said = run_agent(conn, profile, name, ["manifest", mirror])
     if rc != 0:
         return rc, out, said
     send, delete = changes(snap.source, snap.files, json.loads(out))
@@ -138,9 +136,4 @@ def send_and_run(
         remote_argv.insert(1, "--snapshot")
     # a sweep has no --snapshot: its tasks run from a frozen copy of the mirror instead
     words = [*run_words(profile, sync=mirror, freeze=argv[0] == "sweep"), "--", *remote_argv]
-    rc, out, said = call(
-        conn, agent_command(profile, words), stdin=pack(snap.source, send, delete), stdout=stdout
-    )
-    if rc == SSH_FAILED:
-        raise conn.failure(said)
-    return rc, out, said
+    return run_agent(conn, profile, name, words, stdin=pack(snap.source, send, delete), stdout=stdout)

@@ -1,0 +1,155 @@
+"""Every command follows its job to the login host it was submitted through (issue 41, item 3),
+against a real OpenSSH server on loopback and the local scheduler (``tests/remote/conftest.py``):
+no command answers "unknown job id" for a job this laptop submitted there, a profile loaded with
+``--profiles-dir`` is followed as the one in the usual folder, and what is wrong with a login
+profile (an interpreter the login host cannot run, an invalid key) is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from orchestrator.contract.job_states import JobState
+from tests.helpers.cli import kill_tree
+from tests.remote.conftest import Laptop, submitted, write_profile
+
+
+def test_every_command_of_the_cli_has_its_route() -> None:
+    """A new command must say where it runs from a laptop: by its profile, by its job, here or on
+    ``$ORCHESTRATOR_LOGIN``'s host, or only here."""
+    from orchestrator.cli.main import COMMANDS
+    from orchestrator.remote.routing import BY_JOB, HERE, NO_JOB, PROFILED
+
+    assert set(COMMANDS) == {*PROFILED, *BY_JOB, *NO_JOB, *HERE}
+    assert not set(NO_JOB) & {*BY_JOB, *HERE} and not set(HERE) & set(BY_JOB)
+
+
+def _session(laptop: Laptop, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command from the laptop (no ``$ORCHESTRATOR_LOGIN``), which must reach the login host."""
+    before = laptop.host.sessions()
+    res = laptop.cli(*args)
+    assert laptop.host.sessions() > before, f"{args[0]} stayed on the laptop: {res.stderr}"
+    assert "unknown job" not in res.stderr, res.stderr
+    return res
+
+
+def test_every_job_command_follows_the_job_to_its_login_host(laptop: Laptop) -> None:
+    """``cost`` and ``export`` (which stayed home) and every other command naming a job: each goes
+    to the login host the book names for the job, and answers there."""
+    job, run_dir = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node",
+                                        "1", "--", "job.py", "--lines", "2"))  # fmt: skip
+    assert _session(laptop, "wait", job).returncode == 0
+    bill = _session(laptop, "cost", job, "--json")
+    assert bill.returncode == 0, bill.stderr
+    assert json.loads(bill.stdout)["target"] == job
+    exported = _session(laptop, "export", job, "--out", str(laptop.tmp / f"export-{job}"))
+    assert exported.returncode == 2, exported.stdout + exported.stderr  # the login host's own answer:
+    assert "checkpoint" in exported.stderr and str(run_dir) in exported.stderr  # its run, no checkpoint
+    assert _session(laptop, "status", job).returncode == 0
+    assert _session(laptop, "logs", job, "--tail", "1").returncode == 0
+    assert _session(laptop, "plot", job, "-o", f"{job}.png").returncode == 0
+    assert _session(laptop, "stacks", job).returncode == 1  # an ended job: no process to dump
+    assert _session(laptop, "resume", job).returncode == 2  # a COMPLETED job is not resumed
+    assert _session(laptop, "cancel", job).returncode in (0, 2)
+
+
+def test_a_profile_from_profiles_dir_is_followed_to_its_login_host(laptop: Laptop) -> None:
+    """``submit --profiles-dir D --profile P``: P is read from D for the connection too (it used to
+    be looked for in the usual folders and reported as "no login.host"), and the job's later commands
+    find it there again."""
+    login = yaml.safe_load((laptop.tmp / "profiles" / "cluster.yaml").read_text())["login"]
+    elsewhere = laptop.tmp / "elsewhere"
+    write_profile(elsewhere, "aside", "local", login)
+    res = laptop.cli("submit", "--profiles-dir", str(elsewhere), "--profile", "aside", "--nodes", "1",
+                     "--procs-per-node", "1", "--", "job.py", "--lines", "1")  # fmt: skip
+    job, run_dir = submitted(res)
+    assert run_dir.is_relative_to(laptop.login_runs)
+    done = _session(laptop, "wait", job)
+    assert done.returncode == 0 and "COMPLETED" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_login_python_that_does_not_run_is_one_line_and_exit_2(laptop: Laptop) -> None:
+    """The login host's shell answers 127 for a missing interpreter (126: not executable), which the
+    CLI's contract (0, 1, 2) does not have: one line naming the key, its value and the fix."""
+    login = yaml.safe_load((laptop.tmp / "profiles" / "cluster.yaml").read_text())["login"]
+    not_executable = laptop.tmp / "not-executable-python"
+    not_executable.write_text("")
+    for name, python in (("nopy", "/nowhere/venv/bin/python"), ("noexec", str(not_executable))):
+        write_profile(laptop.tmp / "profiles", name, "local", {**login, "python": python})
+        for args in (("list",), ("submit", "--profile", name, "--", "job.py")):
+            res = laptop.cli(*args, env={**laptop.env, "ORCHESTRATOR_LOGIN": name})
+            assert res.returncode == 2, (name, args, res.stdout + res.stderr)
+            (line,) = res.stderr.splitlines()
+            assert f"profile {name}: login.python {python!r} does not run on login-a" in line, line
+            assert f"orchestrator remote install {name}" in line and "Traceback" not in line
+
+
+def test_an_invalid_login_profile_says_what_is_invalid(laptop: Laptop) -> None:
+    """A login profile that does not load is not "missing": the line names its file and key."""
+    login = yaml.safe_load((laptop.tmp / "profiles" / "cluster.yaml").read_text())["login"]
+    write_profile(laptop.tmp / "profiles", "broken", "local", {**login, "connect_timeout": "soon"})
+    for args, env in ((("list",), {"ORCHESTRATOR_LOGIN": "broken"}), (("remote", "check", "broken"), {})):
+        res = laptop.cli(*args, env={**laptop.env, **env})
+        assert res.returncode == 2, res.stdout + res.stderr
+        (line,) = res.stderr.splitlines()
+        assert "broken.yaml" in line and "connect_timeout" in line, line
+        assert "no profile of that name" not in line
+    gone = laptop.cli("list", env={**laptop.env, "ORCHESTRATOR_LOGIN": "nosuch"})
+    assert gone.returncode == 2 and "unknown profile 'nosuch'" in gone.stderr, gone.stderr
+
+
+def test_a_version_mismatch_names_the_profile_to_install(laptop: Laptop) -> None:
+    """The login host's orchestrator of another version: the fix names this laptop's profile."""
+    login = yaml.safe_load((laptop.tmp / "profiles" / "cluster.yaml").read_text())["login"]
+    other = laptop.tmp / "other-version" / "bin" / "python"
+    other.parent.mkdir(parents=True)
+    # `python -m orchestrator.cli.login_agent VERSION ...` as an agent of another version sees it
+    other.write_text(
+        f'#!/bin/sh\nshift 3\nexec {sys.executable} -m orchestrator.cli.login_agent 0.0.0-other "$@"\n'
+    )
+    other.chmod(0o755)
+    write_profile(laptop.tmp / "profiles", "older", "local", {**login, "python": str(other)})
+    res = laptop.cli("list", env={**laptop.env, "ORCHESTRATOR_LOGIN": "older"})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "run `orchestrator remote install older` on the laptop" in res.stderr, res.stderr
+    assert "PROFILE" not in res.stderr
+
+
+API_SCRIPT = """
+import json, orchestrator, sys
+job = orchestrator.submit(profile="cluster", script="job.py", args=["--lines", "2"], nodes=1, procs_per_node=1)
+state = job.wait(timeout=120)
+row = job.status()
+slow = orchestrator.submit(profile="cluster", script="job.py", args=["--lines", "600"], nodes=1,
+                           procs_per_node=1)
+try:
+    slow.wait(timeout=1, poll=0.2)
+    timed_out = None
+except TimeoutError as exc:
+    timed_out = str(exc)
+slow.cancel()
+print(json.dumps({"state": [type(state).__name__, state.value], "row": [type(row.state).__name__,
+                  row.state.value, row.job_id, row.step, row.to_json()["job_id"]], "job": job.job_id,
+                  "timed_out": timed_out, "slow": slow.job_id, "slow_after": slow.wait(timeout=120).value}))
+"""
+
+
+def test_the_remote_api_waits_with_a_timeout_and_its_status_has_a_state(laptop: Laptop) -> None:
+    """``submit(profile=<login profile>).wait(timeout=...)`` (a TypeError after the job was submitted)
+    and ``status().state``, as on a local :class:`orchestrator.Job`; a timeout passed is TimeoutError."""
+    res = subprocess.run([sys.executable, "-c", API_SCRIPT], env=laptop.env, cwd=laptop.project,
+                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+    out = json.loads(res.stdout) if res.returncode == 0 else None
+    if out is None:
+        for pids in laptop.login_runs.glob("*/local_pids.json"):
+            for pid in json.loads(pids.read_text()).values():
+                kill_tree(int(pid))
+    assert out is not None, res.stdout + res.stderr
+    assert out["state"] == ["JobState", "COMPLETED"]
+    assert out["row"] == ["JobState", "COMPLETED", out["job"], 2, out["job"]]
+    assert out["timed_out"] and out["slow"] in out["timed_out"], out["timed_out"]
+    assert out["slow_after"] == JobState.CANCELLED.value
