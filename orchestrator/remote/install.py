@@ -2,7 +2,8 @@
 
 Login hosts often have no internet, so nothing is downloaded there. The laptop sends, in one SSH
 call, a tar of its own ``orchestrator`` package (the code this laptop runs: same version by
-construction) and, with ``--wheels DIR``, the wheels in DIR. A small bootstrap run by the login
+construction) with its data (``job_templates``, ``cluster_profiles``: beside the package in an
+editable install, inside it in the tar) and, with ``--wheels DIR``, the wheels in DIR. A small bootstrap run by the login
 host's ``python3`` creates the venv ``login.python`` names (``--system-site-packages``: the host's
 own packages count), replaces the package in it, installs the wheels with ``pip --no-index``, and
 reports which of the dependencies still do not import. Those are named with the two commands that
@@ -63,12 +64,30 @@ def dependencies() -> dict[str, str]:
     return out
 
 
+def data_folders() -> dict[str, Path]:
+    """The package's data folders, wherever this install keeps them: inside the package (a wheel) or
+    beside it (an editable install from a checkout maps ``orchestrator.job_templates`` to the
+    checkout's ``job_templates/``): the login host needs both to render and to find profiles."""
+    from orchestrator.config.profile.load import builtin_profiles_dir
+    from orchestrator.config.render import templates_dir
+
+    return {"job_templates": templates_dir(), "cluster_profiles": builtin_profiles_dir()}
+
+
+def _no_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if "__pycache__" in info.name else info
+
+
 def package_tar(wheels: Path | None) -> bytes:
-    """This laptop's ``orchestrator`` package (no caches) and the wheels of ``wheels``."""
+    """This laptop's ``orchestrator`` package (no caches), with its data folders inside it, and the
+    wheels of ``wheels``."""
     package = Path(__file__).resolve().parents[1]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(package, arcname="orchestrator", filter=lambda t: None if "__pycache__" in t.name else t)
+        tar.add(package, arcname="orchestrator", filter=_no_caches)
+        for name, folder in data_folders().items():
+            if not folder.resolve().is_relative_to(package):  # an editable install: beside the package
+                tar.add(folder, arcname=f"orchestrator/{name}", filter=_no_caches)
         for wheel in sorted(wheels.glob("*.whl")) if wheels else []:
             tar.add(wheel, arcname=f"wheels/{wheel.name}")
     return buf.getvalue()

@@ -280,6 +280,18 @@ def test_remote_install_pushes_this_laptops_version(laptop: Laptop) -> None:
     assert [p.read_text() for p in installed] == [
         (REPO / "orchestrator" / "remote" / "install.py").read_text()
     ]
+    # The data an editable install keeps beside the package (job_templates/, cluster_profiles/) went too,
+    # where the login host's orchestrator looks for it.
+    probe = ("import importlib.util as u, json, pathlib; print(json.dumps({d: sorted(p.name for p in pathlib.Path("
+             "next(iter(u.find_spec(f'orchestrator.{d}').submodule_search_locations))).iterdir()) for d in "
+             "('job_templates', 'cluster_profiles')}))")  # fmt: skip
+    shipped = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                             timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
+    assert shipped.returncode == 0, shipped.stderr
+    assert json.loads(shipped.stdout) == {
+        d: sorted(p.name for p in (REPO / d).iterdir() if p.name != "__pycache__")
+        for d in ("job_templates", "cluster_profiles")
+    }
     # What does not import there (Debian's python3 lacks some of them) is named, with the fix.
     deps = ["jinja2", "psutil", "pydantic", "submitit", "yaml"]  # sorted, as install names them
     check = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))"
