@@ -322,6 +322,11 @@ def build_plan(
             f"--after: profile '{profile_name}' runs locally, where a job cannot wait for another; "
             "use a Slurm profile (or wait for the job first: orchestrator wait JOB)"
         )
+    if profile.spare_nodes and not kind.can_lose_nodes:
+        raise UserError(
+            f"spare_nodes: profile '{profile_name}' runs locally, where there is no node to lose or replace; "
+            "set spare_nodes: 0 (or use a Slurm profile)"
+        )
     if hang_timeout is not None and not 1 <= hang_timeout <= 86400:
         raise UserError(f"--hang-timeout: expected seconds from 1 to 86400, got {hang_timeout}")
     if max_requeues is not None and not 0 <= max_requeues <= 100:

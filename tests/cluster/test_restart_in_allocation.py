@@ -32,7 +32,15 @@ from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
 from tests.helpers.hold import rank_pid
 from tests.helpers.run_dirs import trains
-from tests.helpers.slurm_cluster import scancel_quietly, slurm, wait_for_job_state
+from tests.helpers.slurm_cluster import (
+    job_nodes,
+    kill_node_processes,
+    revive_nodes,
+    scancel_quietly,
+    slurm,
+    wait_for_job_state,
+    wait_for_node_state,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -239,3 +247,66 @@ def test_a_deepspeed_job_restarts_through_torchrun(env: dict[str, str], tmp_path
     logged = {e["step"] for e in trains(run_dir)}
     assert logged == set(range(1, STEPS + 1)), sorted(set(range(1, STEPS + 1)) - logged)
     assert "ranks started by torchrun" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
+
+
+def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
+    env: dict[str, str], tmp_path: Path, slurm_cluster: dict[str, str]
+) -> None:
+    """``spare_nodes: 1``: the job holds 3 nodes and trains on 2. A training node dies (its slurmd and
+    every process on it, as at a power loss): the spare takes its place in the same job, from the
+    newest complete checkpoint, and the result is bit-equal to an uninterrupted run."""
+    assert slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") == "netns", (
+        "needs nodes in namespaces"
+    )
+    profiles = user_profile_dir(tmp_path, max_restarts=3, spare_nodes=1)
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", *TWO_NODES, "--wait",
+         "--poll", "1", "--", TRAIN, *RUN_ARGS],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    job_id, run_dir = submitted(
+        env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
+    )
+    victim = ""
+    try:
+        assert "#SBATCH --nodes=3" in (run_dir / "sbatch.sh").read_text()
+        rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2)
+        header = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text().splitlines()[0]
+        victim = header.split("host=")[1].split()[0]
+        allocation = job_nodes(job_id)
+        assert len(allocation) == 3 and victim in allocation, (allocation, header)
+        killed_at = time.time()
+        assert kill_node_processes(victim, include_daemons=True)
+        wait_for_job_state(job_id, "COMPLETED", timeout=300)
+        ref_out, ref_err = reference.communicate(timeout=300)
+    finally:
+        scancel_quietly(job_id)
+        kill_tree(reference.pid)
+        if victim:
+            revive_nodes()
+            wait_for_node_state(victim, ("idle", "mixed"), timeout=90)
+    assert reference.returncode == 0, ref_out + ref_err
+    ref_dir = Path(ref_out.split("run directory ")[-1].split()[0])
+
+    restarts = read_restarts(run_dir)
+    assert len(restarts) == 1, (restarts, batch_log(run_dir)[-3000:])
+    restart = restarts[0]
+    assert restart["job_id"] == job_id and f"node(s) {victim} lost; spare" in restart["cause"], restart
+    spare = restart["cause"].split("spare ")[1].split()[0]
+    assert spare in allocation and spare != victim, (spare, allocation)
+    hosts = {
+        p.read_text().splitlines()[0].split("host=")[1].split()[0]
+        for p in (run_dir / "logs" / "attempt_1").glob("node_*.log")
+    }
+    assert victim not in hosts and spare in hosts and len(hosts) == 2, hosts
+    assert sacct_state(job_id) == "COMPLETED" and slurm_requeues(job_id) == 0
+    # Rank 0 logs a step or two after the kill, before the collective breaks: count from the restart.
+    back = min(e["time"] for e in trains(run_dir) if e["time"] > restart["time"])
+    print(
+        f"[spare] node {victim} killed to the next trained step on spare {spare}: {back - killed_at:.1f} s "
+        f"(detected, probed and the step ended: {restart['time'] - killed_at:.1f} s; "
+        f"relaunched on the spare to its first step: {back - restart['time']:.1f} s)"
+    )
+    final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, ref_dir))
+    for key in ("step", "loss", "param_checksum", "optim_checksum"):
+        assert final[key] == ref[key], (key, final[key], ref[key])

@@ -407,6 +407,12 @@ class ClusterProfile(_Record):
     signal (the OOM killer, SIGSEGV, SIGABRT), a collective error or timeout, a hang (0..100; 0: every
     such fault ends the job, as before). A Python exception the script raised is never restarted.
     Counted per allocation (Slurm); ``--max-restarts`` overrides it."""
+    spare_nodes: int = 0
+    """Nodes allocated beyond ``nodes`` that wait idle, preflighted with the others (0..64; Slurm). A
+    training node lost (dead, or named by the preflight or the hang watchdog) is left out and a spare
+    takes its place: the step restarts in the same allocation, from the newest complete checkpoint,
+    counted by ``max_restarts``. The job is submitted with Slurm's no-kill option, so that the allocation
+    outlives a node's failure; the batch host's death is still a requeue."""
     hang_timeout: int | None = None
     """Seconds without progress of any rank (heartbeats) before the hang watchdog saves every rank's
     stacks and ends the job (1..86400). Longer during the first step and while checkpointing. None:

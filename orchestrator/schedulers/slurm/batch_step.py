@@ -40,6 +40,7 @@ from orchestrator.schedulers.slurm.environment import (
     batch_restarts,
     srun_on_every_node,
 )
+from orchestrator.schedulers.slurm.spares import Placement, placement_of
 
 #: After the first failed task, how long srun may take to end the step by itself. With
 #: ``--kill-on-bad-exit`` and live nodes it ends within about a second; measured 1-3 s.
@@ -126,6 +127,22 @@ class StepEnd:
     probes: list[Any] | None = None
 
 
+#: The step's placement on a job with spare nodes (one element), for the hang investigation.
+PLACEMENT: list[Placement] = []
+
+
+def _placement(run_dir: Path) -> Placement | None:
+    """Which nodes train and which wait, for a plan with ``spare_nodes`` (None without)."""
+    from orchestrator.schedulers.slurm.auto_resume import current_plan
+
+    try:
+        plan = current_plan(run_dir)
+        return placement_of(allocation_nodes(), plan.nodes, plan.profile.spare_nodes)
+    except Exception as exc:  # noqa: BLE001 (the plan is read again by the node; train without spares)
+        say(f"spare nodes off: the plan could not be read ({exc})")
+        return None
+
+
 #: Stop signals the batch step received (cancel, preemption, the time limit's warning): no restart
 #: after one, whatever the step's status.
 STOP_SIGNALS_SEEN: list[int] = []
@@ -168,17 +185,24 @@ def supervise(
     started = time.time()
     notifier = StepNotifier(run_dir, job_id, attempt, say)
     notifier.attempt_events()
-    if _preflight_failed(run_dir, job_id, attempt, auto_resume):
+    placement = _placement(run_dir)
+    PLACEMENT[:] = [placement] if placement is not None else []
+    if _preflight_failed(run_dir, job_id, attempt, auto_resume, placement):
         notifier.ended(1, started)
         notifier.flush()
         return 1
     budget = max_restarts_of(run_dir)
     restarted = 0
     while True:
-        end = run_step(argv, run_dir, job_id, attempt, notifier, grace_s, hang_timeout, probe_timeout)
+        step_argv = argv
+        if placement is not None:
+            step_argv = placement.step_argv(argv)
+            spares = ", ".join(placement.spares()) or "none left"
+            say(f"training on {', '.join(placement.training())}; spare: {spares}")
+        end = run_step(step_argv, run_dir, job_id, attempt, notifier, grace_s, hang_timeout, probe_timeout)
         if end.status == 0:
             break
-        cause, refusal = restart_decision(run_dir, job_id, end)
+        cause, refusal = restart_decision(run_dir, job_id, end, placement)
         if cause is None:
             say(f"not restarted in the allocation: {refusal}")
             break
@@ -206,22 +230,35 @@ def supervise(
     return status
 
 
-def restart_decision(run_dir: Path, job_id: str, end: StepEnd) -> tuple[str | None, str]:
-    """(the cause a restart inside the allocation cures, or None; why not). A lost node needs
-    another allocation (auto-resume's path); a stop signal or a cancel means the job is ending."""
+def restart_decision(
+    run_dir: Path, job_id: str, end: StepEnd, placement: Placement | None = None
+) -> tuple[str | None, str]:
+    """(the cause a restart inside the allocation cures, or None; why not). A lost node needs a
+    spare (``placement``) or another allocation (auto-resume's path); a stop signal or a cancel
+    means the job is ending. A node the hang watchdog names is left out when a spare can take its
+    place."""
     from orchestrator.contract.run_dir import read_current_plan_json
     from orchestrator.schedulers.slurm.environment import cancelled_by_user
     from orchestrator.supervise.failure_report import restart_verdict
 
     if STOP_SIGNALS_SEEN:
         return None, f"the job received {signal.Signals(STOP_SIGNALS_SEEN[0]).name}"
-    if end.probes is not None and any(not p.alive for p in end.probes):
-        return None, "a node is lost (another allocation is needed)"
     cancelled = cancelled_by_user(run_dir, job_id)
     if cancelled:
         return None, cancelled
+    lost = [p.node for p in end.probes or [] if not p.alive]
+    if lost:
+        taken = placement.replace(lost) if placement is not None else None
+        if taken is None:
+            why = "no spare node left to take its place" if placement is not None else "no spare_nodes"
+            return None, f"node(s) {', '.join(lost)} lost and {why} (another allocation is needed)"
+        return f"node(s) {', '.join(lost)} lost; spare {', '.join(taken)} took the place", ""
     if end.hang is not None:
-        return end.hang_reason or "the hang watchdog fired", ""
+        cause = end.hang_reason or "the hang watchdog fired"
+        taken = placement.replace([end.bad_node]) if placement is not None and end.bad_node else None
+        if taken:
+            cause += f"; node {end.bad_node} left out, spare {', '.join(taken)} took its place"
+        return cause, ""
     procs = read_current_plan_json(run_dir).get("procs_per_node")
     verdict = restart_verdict(run_dir, job_id, procs_per_node=procs if isinstance(procs, int) else 1)
     return verdict.cause, verdict.refusal or ""
@@ -306,7 +343,9 @@ def run_step(
     return StepEnd(status, probes=probes)
 
 
-def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: bool) -> bool:
+def _preflight_failed(
+    run_dir: Path, job_id: str, attempt: int, auto_resume: bool, placement: Placement | None = None
+) -> bool:
     """The preflight (:mod:`orchestrator.supervise.preflight`) before training; when it names bad nodes the job
     ends FAILED with the reason and, with ``--auto-resume``, comes back without them (the hang
     watchdog's path). A preflight that breaks by itself never stops the training."""
@@ -326,6 +365,12 @@ def _preflight_failed(run_dir: Path, job_id: str, attempt: int, auto_resume: boo
         return False
     if verdict is None or not verdict.failed:
         return False
+    taken = placement.replace(list(verdict.bad_nodes or [])) if placement is not None else None
+    if taken:
+        say(
+            f"preflight: {verdict.reason}; spare {', '.join(taken)} takes the place of {', '.join(verdict.bad_nodes)}"
+        )
+        return False
     after_hang(run_dir, job_id, verdict.reason, None, auto_resume, say, bad_nodes=verdict.bad_nodes)
     return True
 
@@ -340,7 +385,7 @@ def _end_hung_step(watch: StepWatch, run_dir: Path, attempt: int, hang: Any) -> 
     say(f"hang watchdog: {hang.describe()}; collecting every rank's stacks")
     world = read_current_plan_json(run_dir).get("world_size")
     try:
-        nodes = allocation_nodes()
+        nodes = PLACEMENT[0].training() if PLACEMENT else allocation_nodes()
         reason, bad_node = investigate(
             run_dir,
             attempt,

@@ -191,6 +191,15 @@ def expand_hostlist(text: str) -> list[str]:
     return names
 
 
+def step_hostnames() -> list[str] | None:
+    """The host names of this task's step (``SLURM_STEP_NODELIST``), None outside a step. With spare
+    nodes a step runs on some of the allocation's nodes, whose list is the job's."""
+    from submitit.slurm.slurm import _parse_node_list
+
+    listed = os.environ.get("SLURM_STEP_NODELIST", "")
+    return _parse_node_list(listed) if listed else None
+
+
 def fill_task_variables(env: MutableMapping[str, str]) -> None:
     """Inside Slurm 22.05's OCI containers the task's own variables are the batch script's: every
     node's task saw ``SLURM_NODEID=0``, ``SLURM_PROCID=0`` and the first node's SLURMD_NODENAME

@@ -17,6 +17,7 @@ from orchestrator.schedulers.slurm.environment import (
     batch_restarts,
     interface_address,
     step_attempt,
+    step_hostnames,
 )
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ class SlurmNodeEnvironment(NodeEnvironment):
         env = submitit.JobEnvironment()
         self.node_rank = env.global_rank
         self.num_nodes = env.num_tasks
-        self.hostnames = list(env.hostnames)
+        # The step's nodes, not the allocation's: with spare nodes the step runs on some of them.
+        self.hostnames = step_hostnames() or list(env.hostnames)
         self.job_id = batch_job_id() or str(env.job_id)
         self.restarts = batch_restarts()
 
