@@ -16,7 +16,8 @@ others (SIGTERM, then SIGKILL after a grace period). What it does differently: a
 ``os._exit`` once the script, its non-daemon threads, its ``atexit`` functions and the flush of
 every open file are done (:mod:`orchestrator.rank.run_script`, which torchrun's ranks use too):
 no interpreter teardown, where torch 2.13 + gloo aborts or hangs after a job trained to the end
-(FIELD_NOTES). The node exits with the first failing rank's own code.
+(FIELD_NOTES). The node exits with the code of the failure's cause whichever death was seen first
+(:func:`_weight`): a busy launcher reaps a peer that died of the cause in the cause's pass, or before.
 
 Fork safety: the parent has imported modules only (no CUDA context, no process group, no thread
 pool); each child sets up CUDA and its thread count from its own environment.
@@ -28,6 +29,7 @@ import contextlib
 import faulthandler
 import io
 import os
+import select
 import selectors
 import signal
 import socket
@@ -41,11 +43,12 @@ from orchestrator.contract.env import FORKED_RANK_ENV, LAUNCHER_ENV, RUN_DIR_ENV
 from orchestrator.node.cuda_driver import driver_initialized
 from orchestrator.rank.run_script import leave, run_script
 
-#: The environment variable carrying the profile's ``launcher`` to the node's launcher.
 #: Seconds the other ranks get to leave after one failed, before SIGKILL (torchrun: 30).
 STOP_GRACE_S = 30.0
 #: Seconds the ranks' output may still arrive after the last rank exited (from processes they left).
 DRAIN_S = 5.0
+#: Bytes of each rank's latest output kept to tell its own error from a consequence of another's.
+TAIL_BYTES = 16384
 #: Signals the parent (the launcher) lives through; the node entry relays them to the ranks.
 PARENT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -231,9 +234,12 @@ class _Rank:
         self.partial = b""
         self.code: int | None = None
         self.open = True
+        self.tail, self.seen = b"", 0  # its latest output; the pass that reaped it (a tie-break)
+        self.pidfd: int | None = None  # readable once it exited: its death wakes the supervisor
 
     def relay(self, data: bytes, out: Any) -> None:
         """Best effort: a write a full disk refuses is lost, never the launcher's supervision."""
+        self.tail = (self.tail + data)[-TAIL_BYTES:]
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
         with contextlib.suppress(OSError):
@@ -266,34 +272,52 @@ def _rank_log(log_dir: str | None, rank: str) -> io.BufferedWriter | None:
 
 def _supervise(ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> int:
     out = sys.stdout.buffer
-    first_failure: _Rank | None = None
+    cause: _Rank | None = None
+    killed = False
     kill_at: float | None = None
     drain_until: float | None = None
+    passes = 0
+    for rank in ranks.values():
+        with contextlib.suppress(OSError, AttributeError):  # no pidfd: the 0.1 s poll still reaps it
+            rank.pidfd = os.pidfd_open(rank.pid)
+            sel.register(rank.pidfd, selectors.EVENT_READ, (rank,))
     while any(r.code is None for r in ranks.values()) or any(r.open for r in ranks.values()):
+        passes += 1
         for key, _ in sel.select(timeout=0.1):
-            rank: _Rank = key.data
-            try:
-                data = os.read(rank.fd, 65536)
-            except OSError:
-                data = b""
-            if data:
-                rank.relay(data, out)
+            if isinstance(key.data, tuple):  # a rank exited: reaped below, in this pass
+                _close_pidfd(key.data[0], sel)
             else:
-                rank.close(out, sel)
+                _read(key.data, out, sel)
+        fresh = []
         for rank in ranks.values():
             if rank.code is None:
                 rank.code = _poll_exit(rank.pid)
-                if rank.code is not None and rank.code != 0 and first_failure is None:
-                    first_failure = rank
-                    alive = [r for r in ranks.values() if r.code is None]
-                    say(
-                        f"rank {rank.rank} (local {rank.local}) exited with code {rank.code}"
-                        + (f": sending SIGTERM to {len(alive)} other rank(s)" if alive else "")
-                    )
-                    for other in alive:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(other.pid, signal.SIGTERM)
-                    kill_at = time.monotonic() + STOP_GRACE_S
+                if rank.code is not None:
+                    rank.seen = passes
+                    _close_pidfd(rank, sel)
+                    if rank.code != 0:
+                        fresh.append(rank)
+        if fresh:
+            for rank in fresh:  # its last words (the error) before it is weighed; bounded
+                for _ in range(64):
+                    if not (rank.open and select.select([rank.fd], [], [], 0)[0] and _read(rank, out, sel)):
+                        break
+            best = min(fresh, key=lambda r: _weight(r, killed))
+            if cause is None:
+                cause = best
+                alive = [r for r in ranks.values() if r.code is None]
+                say(
+                    f"rank {best.rank} (local {best.local}) exited with code {best.code}"
+                    + (f": sending SIGTERM to {len(alive)} other rank(s)" if alive else "")
+                )
+                for other in alive:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(other.pid, signal.SIGTERM)
+                kill_at = time.monotonic() + STOP_GRACE_S
+            elif _weight(best, killed) < _weight(cause, killed):
+                say(f"rank {best.rank} (local {best.local}) exited with code {best.code}: the cause, "
+                    f"not rank {cause.rank} (code {cause.code}), whose death was seen first")  # fmt: skip
+                cause = best
         if drain_until is None and all(r.code is not None for r in ranks.values()):
             drain_until = time.monotonic() + DRAIN_S
         if drain_until is not None and time.monotonic() > drain_until:
@@ -301,12 +325,56 @@ def _supervise(ranks: dict[int, _Rank], sel: selectors.BaseSelector) -> int:
                 if rank.open:
                     rank.close(out, sel)
         if kill_at is not None and time.monotonic() > kill_at:
+            killed = True
             for other in ranks.values():
                 if other.code is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(other.pid, signal.SIGKILL)
             kill_at = None
-    return first_failure.code if first_failure is not None and first_failure.code is not None else 0
+    return cause.code if cause is not None and cause.code is not None else 0
+
+
+def _weight(rank: _Rank, killed: bool) -> tuple[int, int, int]:
+    """How surely this failed rank is the cause of its node's failure; lower is surer. First a rank
+    killed by a signal the job did not send (SIGKILL from outside, SIGSEGV, SIGABRT); then one that
+    exited non-zero with an error of its own; then one whose errors are all consequences of another's
+    death (gloo's "connection closed by peer"; the failure report's rule, ``scan_errors``); last one
+    that died of a stop's SIGTERM (this launcher's, or the job's relayed) or of our SIGKILL after the
+    grace. Ties: the death seen first, then the lowest local rank."""
+    code = rank.code or 0
+    sig = code - 128 if 128 < code < 160 else None
+    if sig == signal.SIGTERM or (sig == signal.SIGKILL and killed):
+        weight = 3
+    elif sig is not None:
+        weight = 0
+    else:
+        from orchestrator.supervise.failure_report import scan_errors
+
+        lines = rank.tail.decode("utf-8", "replace").splitlines()
+        found = [e for e in scan_errors(lines).values() if e.lines]
+        weight = 2 if found and all(e.consequence_only for e in found) else 1
+    return (weight, rank.seen, rank.local)
+
+
+def _read(rank: _Rank, out: Any, sel: selectors.BaseSelector) -> bool:
+    """Relay what the rank wrote; at its end of output close its pipe. Whether there was more."""
+    try:
+        data = os.read(rank.fd, 65536)
+    except OSError:
+        data = b""
+    if data:
+        rank.relay(data, out)
+    else:
+        rank.close(out, sel)
+    return bool(data)
+
+
+def _close_pidfd(rank: _Rank, sel: selectors.BaseSelector) -> None:
+    if rank.pidfd is not None:
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(rank.pidfd)
+        os.close(rank.pidfd)
+        rank.pidfd = None
 
 
 def _poll_exit(pid: int) -> int | None:

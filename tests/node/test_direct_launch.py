@@ -143,9 +143,10 @@ def test_a_failed_rank_ends_the_others_and_its_exit_code_is_the_nodes(
     # As Python prints it: the script's frames only ([rank1]: is torch.distributed's excepthook).
     assert "[default1]:[rank1]: ValueError: direct boom (rank 1)" in log, log
     assert "runpy" not in log and "direct_launch.py" not in log, log
-    assert (
-        "[orchestrator launch] rank 1 (local 1) exited with code 1: sending SIGTERM to 1 other rank(s)" in log
-    )
+    # Rank 0 dies of rank 1's death (gloo) or of the launcher's SIGTERM; either way rank 1 is named,
+    # even when a busy launcher reaps both in one pass (the order made for real: test_direct_launch_blame).
+    named = [line for line in log.splitlines() if line.startswith("[orchestrator launch] rank ")]
+    assert named and named[0].startswith("[orchestrator launch] rank 1 (local 1) exited with code 1"), log
     assert (run_dir / "logs" / "attempt_0" / "node_0.exit").read_text() == "1"
     assert "direct boom (rank 1)" in text and "--node 0 --rank 1" in text, text
 
