@@ -36,20 +36,6 @@ def explain_job(job: object) -> Explanation | None:
     )
 
 
-def hang_reason(run_dir: Path) -> str | None:
-    """The hang watchdog's reason when it ended the run's newest attempt (``hang.json``): its ranks
-    then die of the watchdog's SIGKILL, which is no error of theirs (a local job read "rank 0 died
-    of SIGKILL ... killed from outside the job")."""
-    from orchestrator.contract.run_dir import HANG_REPORT_FILE, attempt_dirs, hang_dir, read_json
-
-    attempts = attempt_dirs(run_dir)
-    if not attempts:
-        return None
-    report = read_json(hang_dir(run_dir, attempts[-1][0]) / HANG_REPORT_FILE) or {}
-    reason = report.get("reason")
-    return reason if isinstance(reason, str) and reason else None
-
-
 #: Ended states that a failure explains (CANCELLED, COMPLETED, PREEMPTED and TIMEOUT say why by
 #: themselves: their ranks die of the stop signal, which is no error of theirs).
 EXPLAINED_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "NODE_FAIL"})
@@ -65,9 +51,8 @@ def record_explanations(registry: object, jobs: Sequence[object], states: dict[s
         job_id = str(getattr(job, "job_id"))  # noqa: B009
         if states.get(job_id) not in EXPLAINED_STATES or getattr(job, "end_reason", None):
             continue
-        hung = hang_reason(Path(getattr(job, "run_dir")))  # noqa: B009
-        why = None if hung else explain_job(job)
-        text = hung or (
+        why = explain_job(job)  # a hang's own reason when the watchdog ended it, as everywhere
+        text = (
             why.summary()
             if why is not None
             else f"no error found in its logs; see `orchestrator logs {job_id}`"

@@ -10,6 +10,8 @@ SIGTERM a moment later, and those consequences must not hide the cause.
 
 ``status``, ``submit --wait`` / ``wait`` and the registry's ``end_reason`` all show
 :meth:`Explanation.summary` (:mod:`orchestrator.runner.failure_reasons`); a local job's node 0 writes it. Standard library only: the CLI imports it without torch.
+An attempt the hang watchdog ended is explained by its ``hang.json``, whatever its ranks died of
+(the watchdog's SIGKILL): one reason in ``wait``, ``status`` and the notification.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from pathlib import Path
 
 from orchestrator.contract.run_dir import (
     EXIT_REQUEUE,
+    HANG_REPORT_FILE,
     NODE_EXIT_RE,
     attempt_dirs,
+    hang_dir,
     node_logs,
     read_exit_status,
+    read_json,
 )
 from orchestrator.supervise.disk_full import DiskFull, disk_full, read_tail
 
@@ -87,6 +92,8 @@ class Explanation:
     """Set when a log of the attempt says the disk is full (or the run directory's filesystem is):
     the cause of whatever the rank raised (a full disk makes ``torch.save`` raise C++'s
     ``basic_ios::clear: iostream error``, which names no disk)."""
+    hang: bool = False
+    """The hang watchdog ended the attempt: ``lines`` is its reason (``hang.json``), said as it is."""
 
     @property
     def logs_command(self) -> str:
@@ -108,6 +115,8 @@ class Explanation:
 
     def summary(self) -> str:
         """One line: ``node 1 rank 3 failed: ValueError: boom; see `orchestrator logs J --node 1 --rank 3```."""
+        if self.hang:
+            return self.lines[0]
         what = self.lines[0] if self.lines else "no error line found"
         if "SELF-CHECK FAILED" in what and len(self.lines) > 1:
             what += " " + self.lines[1].split("]", 1)[-1].strip()  # the header alone says nothing
@@ -119,6 +128,8 @@ class Explanation:
 
     def text(self, indent: str = "  ") -> str:
         """Several lines, for ``--wait``: where, the quoted error lines, the command."""
+        if self.hang:
+            return f"{indent}{self.lines[0]}\n{indent}see: {self.logs_command}"
         out = [f"{indent}{self.where} failed" + (f" (read from {self.source})" if self.source else "") + ":"]
         if self.disk is not None:
             out.append(f"{indent}  | {self.disk}")
@@ -292,8 +303,9 @@ def _root_death(attempt_path: Path, consequence_ranks: set[int]) -> RankDeath | 
         return None
 
     def order(d: RankDeath) -> tuple[int, int, int]:
-        by_signal = d.signal is not None and d.signal != _SIGTERM
-        return (0 if by_signal else 1, 1 if d.rank in consequence_ranks else 0, d.node)
+        # A signal the job did not send, then an exit, then our own SIGTERM (a stop's consequence).
+        kind = 1 if d.signal is None else 2 if d.signal == _SIGTERM else 0
+        return (kind, 1 if d.rank in consequence_ranks else 0, d.node)
 
     return min(deaths, key=order)
 
@@ -340,6 +352,9 @@ def explain_failure(
     A full disk is the cause whenever any log of that attempt says so (:func:`disk_full`), whatever
     the failing rank raised."""
     run_dir = Path(run_dir)
+    hung = _hang(run_dir, job_id)
+    if hung is not None:
+        return hung
     why = _explain(run_dir, job_id, procs_per_node, scheduler_logs)
     disk = disk_full(run_dir, scheduler_logs)
     if disk is None:
@@ -347,6 +362,20 @@ def explain_failure(
     if why is None:
         return Explanation(job_id, None, None, (), str(run_dir), {}, disk)
     return replace(why, disk=disk)
+
+
+def _hang(run_dir: Path, job_id: str) -> Explanation | None:
+    """The hang watchdog's reason when it ended the newest attempt: its ranks then die of the
+    watchdog's SIGKILL, no error of theirs (``wait`` said "rank 0 died of SIGKILL ... killed from
+    outside the job" where ``status`` and the notification said hang)."""
+    attempts = attempt_dirs(run_dir)
+    if not attempts:
+        return None
+    path = hang_dir(run_dir, attempts[-1][0]) / HANG_REPORT_FILE
+    reason = (read_json(path) or {}).get("reason")
+    if not isinstance(reason, str) or not reason:
+        return None
+    return Explanation(job_id, None, None, (reason,), str(path), hang=True)
 
 
 def _explain(

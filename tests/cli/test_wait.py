@@ -51,6 +51,31 @@ def test_wait_returns_1_on_a_failed_job_and_says_why(orch_env: dict[str, str], t
     )
 
 
+def test_wait_says_the_hang_status_and_the_notification_say(orch_env: dict[str, str], tmp_path: Path) -> None:
+    """The hang watchdog ended the job: its ranks died of the watchdog's SIGKILL, which ``wait`` read as
+    "rank 0 died of SIGKILL ... killed from outside the job" while ``status`` and the notification
+    said hang (issue 41 item 8). One reason everywhere: the watchdog's."""
+    run_dir = _finished_job(orch_env, tmp_path, "FAILED")
+    reason = "hang: no rank advanced for 8 s; rank 1 on node vm differs: state stopped"
+    attempt = run_dir / "logs" / "attempt_0"
+    (attempt / "node_0.log").write_text(
+        "[orchestrator launch] started 2 rank(s) by fork: pids 11 12 (ranks 0..1 of 2)\n"
+        "[orchestrator launch] rank 0 (local 0) exited with code 137: sending SIGTERM to 1 other rank(s)\n"
+    )
+    (attempt / "node_1.log").write_text("step 3\n")
+    hang = run_dir / "hang" / "attempt_0"
+    hang.mkdir(parents=True)
+    (hang / "hang.json").write_text(json.dumps({"reason": reason, "culprit_rank": 1}))
+    (run_dir / "local_state.json").write_text(
+        json.dumps({"state": "FAILED", "exit_code": 1, "reason": reason})
+    )
+    res = run_cli(["wait", "local-1", "--poll", "0.1"], orch_env, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert reason in res.stdout and "SIGKILL" not in res.stdout, res.stdout
+    row = json.loads(run_cli(["status", "--json", "local-1"], orch_env, timeout=60).stdout)["jobs"][0]
+    assert row["reason"] == reason, row
+
+
 def test_wait_returns_0_on_a_completed_job(orch_env: dict[str, str], tmp_path: Path) -> None:
     _finished_job(orch_env, tmp_path, "COMPLETED")
     res = run_cli(["wait", "local-1", "--poll", "0.1"], orch_env, timeout=60)

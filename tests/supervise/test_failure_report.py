@@ -185,6 +185,32 @@ def test_the_rank_that_ended_first_is_the_cause_without_error_lines(tmp_path: Pa
     assert why is not None and why.rank == 1 and "exited first, with code 1" in why.lines[0]
 
 
+def test_a_rank_that_exited_outranks_a_peer_our_sigterm_ended_seen_before_it(tmp_path: Path) -> None:
+    """A busy launcher reaped rank 0 (our SIGTERM, relayed by the job's stop) before rank 1, which
+    exited with code 3 and no error line (``sys.exit(3)``): the order seen is no cause (issue 41
+    item 8); rank 1 is, with its own code."""
+    log = (
+        "[orchestrator launch] rank 0 (local 0) exited with code 143: sending SIGTERM to 1 other rank(s)\n"
+        "[orchestrator launch] rank 1 (local 1) exited with code 3: the cause, not rank 0 (code 143), "
+        "whose death was seen first\n"
+    )
+    _attempt(tmp_path, {0: log}, {0: 3})
+    why = explain_failure(tmp_path, "local-1", procs_per_node=2)
+    assert why is not None and (why.node, why.rank) == (0, 1) and "code 3" in why.lines[0], why
+
+
+def test_a_hang_is_explained_by_the_watchdog_not_by_its_sigkill(tmp_path: Path) -> None:
+    """The watchdog's SIGKILL is no cause: its hang.json is, said as status and the notification say it."""
+    _attempt(tmp_path, {0: KILLED_LOG}, {0: 137})
+    hang = tmp_path / "hang" / "attempt_0"
+    hang.mkdir(parents=True)
+    reason = "hang: no rank advanced for 8 s; no single rank differs"
+    (hang / "hang.json").write_text(json.dumps({"reason": reason}))
+    why = explain_failure(tmp_path, "local-1", procs_per_node=2)
+    assert why is not None and why.summary() == reason, why
+    assert reason in why.text() and "SIGKILL" not in why.text()
+
+
 def test_nothing_to_explain(tmp_path: Path) -> None:
     assert explain_failure(tmp_path, "1") is None
 

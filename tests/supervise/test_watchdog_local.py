@@ -85,6 +85,10 @@ def test_a_stopped_rank_fails_a_local_job_with_its_stacks(
     print(f"[watchdog local] {row['state']} {took:.1f} s after SIGSTOP (hang_timeout {HANG_TIMEOUT})")
     assert row["state"] == "FAILED", row
     assert row["reason"].startswith("hang: "), row
+    # wait gives the same reason, not the watchdog's SIGKILL of the ranks (issue 41 item 8).
+    waited = run_cli(["wait", job_id, "--poll", "0.5"], orch_env, timeout=60)
+    assert waited.returncode == 1 and row["reason"] in waited.stdout, waited.stdout + waited.stderr
+    assert "SIGKILL" not in waited.stdout, waited.stdout
     report = read_json(hang_dir(run_dir, 0) / "hang.json")
     assert report is not None and report["culprit_rank"] == 1, report
     assert {r["rank"] for r in report["ranks"]} == {0, 1}, report
