@@ -130,8 +130,9 @@ def send_and_run(
     if rc != 0:
         return rc, out, said
     send, delete = changes(snap.source, snap.files, json.loads(out))
-    # the snapshot's folder is the script's: in the mirror the script is its plain name
-    remote_argv = [*argv[:at], Path(argv[at]).name, *argv[at + 1 :]]
+    # the mirror is the snapshot's folder (the script's, or the one holding its package): the script
+    # is where it is in that folder (``train/train.py``), never flattened
+    remote_argv = [*argv[:at], snap.script, *argv[at + 1 :]]
     if argv[0] == "submit" and "--snapshot" not in argv[:at]:
         remote_argv.insert(1, "--snapshot")
     # a sweep has no --snapshot: its tasks run from a frozen copy of the mirror instead

@@ -1,8 +1,10 @@
 """``submit --snapshot``: the script's folder copied into the run directory, so later edits do not
 change a queued job.
 
-What is copied: in a git checkout, the files git tracks under the script's folder (as they are in
-the working tree) and the script itself; elsewhere, the folder without run directories,
+What is copied: the script's folder, or, when that folder is a package (it has ``__init__.py``),
+the folder holding its outermost package, so ``train/train.py``'s ``from train import x`` finds
+``train/`` in the copy as it did in the source. In a git checkout, the files git tracks under that
+folder (as they are in the working tree) and the script itself; elsewhere, the folder without run directories,
 checkpoints, caches and virtual environments. Symbolic links are copied as links, never followed:
 a link into the folder stays relative, a link out of it points at the same absolute path it named
 (nothing outside the folder is read or copied, and a link loop is just two links). Modes are the
@@ -45,6 +47,8 @@ class Snapshot:
     """Paths relative to ``source``: regular files and symbolic links."""
     total_bytes: int
     from_git: bool
+    script: str = ""
+    """The script's path relative to ``source`` (``train/train.py`` when its folder is a package)."""
 
 
 def _skipped_dir(folder: Path, name: str) -> bool:
@@ -93,10 +97,13 @@ def plan_snapshot(script: str | Path, max_bytes: int = MAX_BYTES) -> Snapshot:
     """What ``--snapshot`` of ``script`` would copy; refuses (UserError) more than ``max_bytes``."""
     script = Path(script).absolute()
     source = script.parent.resolve()
+    while (source / "__init__.py").is_file() and source.parent != source:  # keep the package's folder
+        source = source.parent
+    relative = str(script.parent.resolve().relative_to(source) / script.name)
     tracked = _git_files(source)
     names = tracked if tracked is not None else _walk(source)
-    if script.name not in names:
-        names = [*names, script.name]  # a new, untracked script still runs from its snapshot
+    if relative not in names:
+        names = [*names, relative]  # a new, untracked script still runs from its snapshot
     files: list[str] = []
     sizes: list[tuple[int, str]] = []
     for name in names:
@@ -117,7 +124,7 @@ def plan_snapshot(script: str | Path, max_bytes: int = MAX_BYTES) -> Snapshot:
             f"{max_bytes / 2**20:.0f} MiB limit (largest: {largest}); move data and checkpoints out of "
             "the script's folder, or submit without --snapshot"
         )
-    return Snapshot(source, tuple(files), total, tracked is not None)
+    return Snapshot(source, tuple(files), total, tracked is not None, relative)
 
 
 def _link_target(link: Path, source: Path) -> str:

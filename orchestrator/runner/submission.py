@@ -128,8 +128,9 @@ def planned_run_dir(plan: LaunchPlan) -> Path:
 def snapshot_script(plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
     """Copy the script's folder so later edits do not change a queued job (:mod:`.snapshot`)."""
     target = run_dir / SNAPSHOT_DIR
-    copy_snapshot(plan_snapshot(plan.script), target, plan.profile.share_with_group)
-    return replace(plan, script=str(target / Path(plan.script).name))
+    snap = plan_snapshot(plan.script)
+    copy_snapshot(snap, target, plan.profile.share_with_group)
+    return replace(plan, script=str(target / snap.script))
 
 
 def absolute_script(plan: LaunchPlan) -> LaunchPlan:

@@ -153,3 +153,41 @@ def test_the_remote_api_waits_with_a_timeout_and_its_status_has_a_state(laptop: 
     assert out["row"] == ["JobState", "COMPLETED", out["job"], 2, out["job"]]
     assert out["timed_out"] and out["slow"] in out["timed_out"], out["timed_out"]
     assert out["slow_after"] == JobState.CANCELLED.value
+
+
+#: ``train/train.py``'s shape: a script in a package folder that imports the package by its name.
+PACKAGED = """import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from train import checkpointing
+
+print("imported", checkpointing.WHERE, flush=True)
+"""
+
+
+def test_a_script_in_a_package_arrives_with_its_folder(laptop: Laptop) -> None:
+    """``train/train.py`` importing ``from train import checkpointing`` runs from a laptop (its folder
+    used to arrive flattened on the login host, where ``train`` was then ``train.py`` itself), and
+    from a local ``--snapshot`` too, which copied the same flattened folder."""
+    project = laptop.tmp / "packaged"
+    (project / "train").mkdir(parents=True)
+    (project / "train" / "__init__.py").write_text("")
+    (project / "train" / "checkpointing.py").write_text("WHERE = 'the package'\n")
+    (project / "train" / "train.py").write_text(PACKAGED)
+    for profile in ("cluster", "local"):
+        # the laptop's own jobs in a registry of their own: its local-N ids are also the login host's
+        env = {**laptop.env, "ORCHESTRATOR_RUNS": str(laptop.tmp / "laptop-runs")}
+        if profile == "local":
+            env["ORCHESTRATOR_HOME"] = str(laptop.tmp / "laptop-local-home")
+        res = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "submit", "--profile", profile, "--snapshot", "--nodes", "1",
+             "--procs-per-node", "1", "--wait", "--", "train/train.py"],
+            env=env, cwd=project, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        job, run_dir = submitted(res)
+        assert (run_dir / "snapshot" / "train" / "checkpointing.py").is_file(), profile
+        shown = subprocess.run([sys.executable, "-m", "orchestrator", "logs", job], env=env, cwd=project,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "imported the package" in shown.stdout, (profile, shown.stdout + shown.stderr)
