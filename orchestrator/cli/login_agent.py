@@ -24,7 +24,9 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -59,6 +61,13 @@ class _Skipping(io.RawIOBase):
         return n
 
 
+def _interrupt_at_end_of_stdin() -> None:
+    """Ctrl-C for the command once the laptop's call ends (its stdin closes, or the connection drops)."""
+    while sys.stdin.buffer.read(65536):
+        pass
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     __version__ = version()
 
@@ -75,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--skip", type=int, default=0)
     run.add_argument("--sync", metavar="DIR")
     run.add_argument("--freeze", action="store_true", help="run from a copy of the synced DIR")
+    run.add_argument(
+        "--hold",
+        action="store_true",
+        help="stdin's first line is the dashboard's token; the command is interrupted when stdin ends",
+    )
     run.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.version != __version__:
@@ -107,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
             folder = frozen
         os.chdir(folder)
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    if args.hold:  # the laptop's forwarded `ui`: its token, and its end when the laptop's call ends
+        token = sys.stdin.readline().strip()
+        if token:
+            os.environ["ORCHESTRATOR_UI_TOKEN"] = token
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even where sshd's shell ignored it
+        threading.Thread(target=_interrupt_at_end_of_stdin, daemon=True).start()
     if args.skip:
         sys.stdout.flush()
         sys.stdout = io.TextIOWrapper(

@@ -91,6 +91,10 @@ def forward(target: Target, argv: Sequence[str]) -> int:
         return _logs(conn, profile, target.name, argv)
     if command == "plot":
         return _plot(conn, profile, target.name, argv)
+    if command == "ui":  # the login host's dashboard, forwarded here
+        from orchestrator.remote.dashboard import forward_ui
+
+        return forward_ui(conn, profile, target.name, argv)
     rc, _, said = run_agent(
         conn, profile, target.name, [*run_words(profile), "--", *argv], stdout=sys.stdout.buffer
     )

@@ -8,13 +8,20 @@ profile (an interpreter the login host cannot run, an invalid key) is one line a
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
+import psutil
+import pytest
 import yaml
 
 from orchestrator.contract.job_states import JobState
-from tests.helpers.cli import kill_tree
+from tests.helpers.cli import kill_tree, poll
+from tests.helpers.net import free_port
 from tests.remote.conftest import Laptop, submitted, write_profile
 
 
@@ -191,3 +198,57 @@ def test_a_script_in_a_package_arrives_with_its_folder(laptop: Laptop) -> None:
         shown = subprocess.run([sys.executable, "-m", "orchestrator", "logs", job], env=env, cwd=project,
                                capture_output=True, text=True, timeout=60)  # fmt: skip
         assert "imported the package" in shown.stdout, (profile, shown.stdout + shown.stderr)
+
+
+def _dashboard_agents() -> list[psutil.Process]:
+    """The login host's agents serving a laptop's forwarded dashboard (sshd is on this machine)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        words = proc.info["cmdline"] or []
+        if "orchestrator.cli.login_agent" in words and "ui" in words:
+            found.append(proc)
+    return found
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "term"])
+def test_the_login_hosts_dashboard_is_forwarded_here_and_stopped_with_ctrl_c(
+    laptop: Laptop, stop: signal.Signals
+) -> None:
+    """``ORCHESTRATOR_LOGIN=P orchestrator ui``: the dashboard runs on the login host behind a token
+    (its loopback is every user's there), this laptop's port is forwarded to it and printed with the
+    token; Ctrl-C ends the dashboard there and the forward here (it used to be left running)."""
+    job, _ = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node", "1",
+                                  "--", "job.py", "--lines", "1"))  # fmt: skip
+    assert laptop.cli("wait", job).returncode == 0
+    port = free_port()
+    out = laptop.tmp / f"ui-{port}.out"
+    env = {**laptop.env, "ORCHESTRATOR_LOGIN": "cluster"}
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env,
+                                cwd=laptop.project, stdout=sink, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        poll(lambda: b"serving" in out.read_bytes() or proc.poll() is not None, 60, "the forwarded dashboard")
+        line = out.read_text().splitlines()[0]
+        assert line.startswith(f"orchestrator ui: serving http://127.0.0.1:{port}/?token="), line
+        token = line.split("?token=", 1)[1].split()[0]
+        (agent,) = _dashboard_agents()
+        ask = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/jobs", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(ask, timeout=30) as answer:
+            assert job in answer.read().decode()  # the login host's registry, through the forward
+        with pytest.raises(
+            urllib.error.HTTPError
+        ) as refused:  # no token: refused, as to any other user there
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/jobs", timeout=30)
+        assert refused.value.code in (401, 403)
+        proc.send_signal(stop)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 130, err
+    psutil.wait_procs([agent], timeout=30)
+    assert not agent.is_running() and _dashboard_agents() == []
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
