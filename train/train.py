@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from orchestrator.contract import checkpoints
 from orchestrator.contract.attempt_start import write_attempt_start
-from orchestrator.contract.env import RUN_DIR_ENV, SCRIPT_HOOKS_ENV, STRATEGY_ENV
+from orchestrator.contract.env import BATCH_WORLD_SIZE_ENV, RUN_DIR_ENV, SCRIPT_HOOKS_ENV, STRATEGY_ENV
 
 # Exit codes and the exit-status file: the run directory's contract with the launcher.
 from orchestrator.contract.heartbeat import Heartbeat
@@ -114,6 +114,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected >= 1")
     return args
+
+
+def kept_grad_accum(grad_accum: int, world: int) -> int:
+    """``--grad-accum`` at this world size, keeping the global batch the run was started with
+    (:data:`BATCH_WORLD_SIZE_ENV`, set when the job shrank); unchanged otherwise."""
+    raw = os.environ.get(BATCH_WORLD_SIZE_ENV, "")
+    if not raw.isdigit() or int(raw) <= world:
+        return grad_accum
+    if int(raw) % world:
+        raise SystemExit(f"{BATCH_WORLD_SIZE_ENV}={raw}: world size {world} does not divide it")
+    kept = grad_accum * int(raw) // world
+    print(
+        f"world size {world} after a shrink (the run started at {raw}): --grad-accum {grad_accum} -> {kept}, "
+        "the global batch kept",
+        file=sys.stderr,
+        flush=True,
+    )
+    return kept
 
 
 def lr_lambda(warmup: int, max_steps: int) -> Callable[[int], float]:
@@ -238,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     stamps["process_group"] = time.time()
     rank = accelerator.process_index
     world = accelerator.num_processes
+    # After the job shrank (a node lost, on_node_loss: shrink), as many samples per optimizer step as
+    # the run was started with: more micro-batches per step on fewer ranks.
+    args.grad_accum = kept_grad_accum(args.grad_accum, world)
     # Step and phase for the hang watchdog and straggler detection (None outside orchestrator).
     heartbeat = Heartbeat.for_this_rank()
     beat = heartbeat.beat if heartbeat is not None else (lambda step, phase: None)
@@ -555,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 "world_size": world,
                 "strategy": strategy,
                 "stop_reason": stop_reason,
+                "samples_seen": train_state.samples_seen,
                 **sums,
             },
         )

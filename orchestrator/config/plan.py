@@ -322,6 +322,11 @@ def build_plan(
             f"--after: profile '{profile_name}' runs locally, where a job cannot wait for another; "
             "use a Slurm profile (or wait for the job first: orchestrator wait JOB)"
         )
+    if profile.on_node_loss == "shrink" and not kind.can_lose_nodes:
+        raise UserError(
+            f"on_node_loss: shrink: profile '{profile_name}' runs locally, where there is no node to lose; "
+            "drop on_node_loss (or use a Slurm profile)"
+        )
     if profile.spare_nodes and not kind.can_lose_nodes:
         raise UserError(
             f"spare_nodes: profile '{profile_name}' runs locally, where there is no node to lose or replace; "

@@ -30,6 +30,10 @@ SCRIPT_HOOKS_ENV = "ORCHESTRATOR_SCRIPT_HOOKS"
 LAUNCHER_ENV = "ORCHESTRATOR_LAUNCHER"
 #: "1" in a rank the direct launcher forked (it leaves by ``os._exit``, never through teardown).
 FORKED_RANK_ENV = "ORCHESTRATOR_FORKED_RANK"
+#: The world size the run's global batch was chosen for, when the step runs on fewer ranks (a job
+#: that shrank after losing a node: ``on_node_loss: shrink``). ``train/`` accumulates gradients
+#: over ``this / world size`` times as many micro-batches, so every optimizer step sees as many samples.
+BATCH_WORLD_SIZE_ENV = "ORCHESTRATOR_BATCH_WORLD_SIZE"
 #: "1": no Accelerate workaround is applied (to measure what they fix).
 DISABLE_WORKAROUNDS_ENV = "ORCHESTRATOR_DISABLE_WORKAROUNDS"
 #: "1": a Trainer run may train in an output_dir that holds another run's checkpoints (and

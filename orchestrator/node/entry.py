@@ -12,6 +12,7 @@ place in the job from the scheduler's :class:`~orchestrator.schedulers.base.Node
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -435,6 +436,9 @@ class NodeTask:
             plan = LaunchPlan.from_json(data)
             node = get_scheduler(self.scheduler).node_environment(self.job_key)
             attempt = node.attempt(self.attempt_base)
+            if node.shrunk_to is not None and node.shrunk_to < plan.nodes:
+                # The batch step left a lost node out (on_node_loss: shrink): this step's node count.
+                plan = dataclasses.replace(plan, nodes=node.shrunk_to)
             node.begin(run_dir, attempt)
             code = run_node(plan, run_dir, node, attempt, prewarmed)
         finally:

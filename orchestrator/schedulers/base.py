@@ -236,6 +236,8 @@ class NodeEnvironment(ABC):
     kill_wait_s: float | None = None
     """Seconds between a SIGTERM and the SIGKILL of whatever training still runs, where the node
     must do it itself (Slurm's KillWait does it on a cluster: None)."""
+    shrunk_to: int | None = None
+    """Nodes this step runs on when the job shrank after losing a node (fewer than the plan's)."""
     watches_hangs: bool = False
     """Whether node 0 runs the hang watchdog itself (:mod:`orchestrator.node.hang_watch`): where no
     supervisor beside the job does (Slurm's batch step does)."""

@@ -310,3 +310,56 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
     final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, ref_dir))
     for key in ("step", "loss", "param_checksum", "optim_checksum"):
         assert final[key] == ref[key], (key, final[key], ref[key])
+
+
+def test_without_a_spare_the_job_shrinks_and_keeps_its_global_batch(
+    env: dict[str, str], tmp_path: Path, slurm_cluster: dict[str, str]
+) -> None:
+    """``on_node_loss: shrink``, no spare: a training node dies and the step goes on alone on the node
+    left, in the same job, from the newest complete checkpoint resharded to world size 1, with
+    gradients accumulated over twice the micro-batches: every step still sees 8 samples, every sample
+    once, and the losses continue where the 2-node run's were (equal up to the reduction order)."""
+    assert slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") == "netns", (
+        "needs nodes in namespaces"
+    )
+    profiles = user_profile_dir(tmp_path, max_restarts=3, on_node_loss="shrink")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", *TWO_NODES, "--wait",
+         "--poll", "1", "--", TRAIN, *RUN_ARGS],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    job_id, run_dir = submitted(
+        env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
+    )
+    victim = ""
+    try:
+        rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2)
+        header = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text().splitlines()[0]
+        victim = header.split("host=")[1].split()[0]
+        assert kill_node_processes(victim, include_daemons=True)
+        wait_for_job_state(job_id, "COMPLETED", timeout=300)
+        ref_out, ref_err = reference.communicate(timeout=300)
+    finally:
+        scancel_quietly(job_id)
+        kill_tree(reference.pid)
+        if victim:
+            revive_nodes()
+            wait_for_node_state(victim, ("idle", "mixed"), timeout=90)
+    assert reference.returncode == 0, ref_out + ref_err
+    ref_dir = Path(ref_out.split("run directory ")[-1].split()[0])
+
+    restarts = read_restarts(run_dir)
+    assert len(restarts) == 1, (restarts, batch_log(run_dir)[-3000:])
+    assert "shrinking to 1 node(s)" in restarts[0]["cause"] and victim in restarts[0]["cause"], restarts
+    assert sorted(p.name for p in (run_dir / "logs" / "attempt_1").glob("node_*.log")) == ["node_0.log"]
+    assert "--grad-accum 1 -> 2" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
+    assert sacct_state(job_id) == "COMPLETED" and slurm_requeues(job_id) == 0
+    final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, ref_dir))
+    # 4 samples per rank per micro-batch: 2 ranks x 1, then 1 rank x 2: 8 a step throughout.
+    assert final["step"] == STEPS and final["world_size"] == 1 and final["samples_seen"] == STEPS * 8, final
+    assert final["samples_seen"] == ref["samples_seen"], (final, ref)
+    after = {e["step"]: e["loss"] for e in trains(run_dir) if e["world_size"] == 1}
+    want = {e["step"]: e["loss"] for e in trains(ref_dir)}
+    assert after and max(after) == STEPS, after
+    far = {s: (loss, want[s]) for s, loss in after.items() if abs(loss - want[s]) > 1e-3 * abs(want[s])}
+    assert not far, far

@@ -413,6 +413,12 @@ class ClusterProfile(_Record):
     takes its place: the step restarts in the same allocation, from the newest complete checkpoint,
     counted by ``max_restarts``. The job is submitted with Slurm's no-kill option, so that the allocation
     outlives a node's failure; the batch host's death is still a requeue."""
+    on_node_loss: Literal["end", "shrink"] = "end"
+    """What a lost node does when no spare is left (Slurm): ``end`` the step (``--auto-resume``
+    submits a new job without the node) or ``shrink``: restart inside the allocation on the nodes
+    left, from the newest complete checkpoint (resharded as ``resume --nodes`` does), ``train/``
+    keeping the global batch by accumulating gradients; refused, with the reason in the job's log,
+    where the strategy cannot reshard (DeepSpeed) or the world size does not divide the old one."""
     hang_timeout: int | None = None
     """Seconds without progress of any rank (heartbeats) before the hang watchdog saves every rank's
     stacks and ends the job (1..86400). Longer during the first step and while checkpointing. None:

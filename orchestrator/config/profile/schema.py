@@ -191,6 +191,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "requeue_as": _choice("same_job", "new_job"),
         "max_restarts": _int_range(0, 100),
         "spare_nodes": _int_range(0, 64),
+        "on_node_loss": _choice("end", "shrink"),
         "hang_timeout": _optional(_int_range(1, 86400)),
         "price_per_gpu_hour": _optional(_all(_valid_float, lambda v: v >= 0)),
         "price_per_cpu_hour": _optional(_all(_valid_float, lambda v: v >= 0)),
@@ -351,6 +352,7 @@ def schema() -> dict[str, type[BaseModel]]:
         requeue_as: Literal["same_job", "new_job"] = "same_job"
         max_restarts: int = Field(3, ge=0, le=100)
         spare_nodes: int = Field(0, ge=0, le=64)
+        on_node_loss: Literal["end", "shrink"] = "end"
         hang_timeout: int | None = Field(None, ge=1, le=86400)
         price_per_gpu_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
         price_per_cpu_hour: float | None = Field(None, ge=0, allow_inf_nan=False)

@@ -137,7 +137,13 @@ def _placement(run_dir: Path) -> Placement | None:
 
     try:
         plan = current_plan(run_dir)
-        return placement_of(allocation_nodes(), plan.nodes, plan.profile.spare_nodes)
+        return placement_of(
+            allocation_nodes(),
+            plan.nodes,
+            plan.profile.spare_nodes,
+            shrink=plan.profile.on_node_loss == "shrink",
+            procs_per_node=plan.procs_per_node,
+        )
     except Exception as exc:  # noqa: BLE001 (the plan is read again by the node; train without spares)
         say(f"spare nodes off: the plan could not be read ({exc})")
         return None
@@ -249,10 +255,12 @@ def restart_decision(
     lost = [p.node for p in end.probes or [] if not p.alive]
     if lost:
         taken = placement.replace(lost) if placement is not None else None
-        if taken is None:
-            why = "no spare node left to take its place" if placement is not None else "no spare_nodes"
-            return None, f"node(s) {', '.join(lost)} lost and {why} (another allocation is needed)"
-        return f"node(s) {', '.join(lost)} lost; spare {', '.join(taken)} took the place", ""
+        if taken:
+            return f"node(s) {', '.join(lost)} lost; spare {', '.join(taken)} took the place", ""
+        if placement is not None and placement.may_shrink:
+            return _shrink(run_dir, placement, lost)
+        why = "no spare node left to take its place" if placement is not None else "no spare_nodes"
+        return None, f"node(s) {', '.join(lost)} lost and {why} (another allocation is needed)"
     if end.hang is not None:
         cause = end.hang_reason or "the hang watchdog fired"
         taken = placement.replace([end.bad_node]) if placement is not None and end.bad_node else None
@@ -262,6 +270,23 @@ def restart_decision(
     procs = read_current_plan_json(run_dir).get("procs_per_node")
     verdict = restart_verdict(run_dir, job_id, procs_per_node=procs if isinstance(procs, int) else 1)
     return verdict.cause, verdict.refusal or ""
+
+
+def _shrink(run_dir: Path, placement: Placement, lost: list[str]) -> tuple[str | None, str]:
+    """``on_node_loss: shrink`` with no spare left: go on with the nodes left, or say why not."""
+    from orchestrator.schedulers.slurm.auto_resume import current_plan
+    from orchestrator.schedulers.slurm.spares import shrink_refusal
+
+    left = len(placement.usable(tuple(lost)))
+    refusal = shrink_refusal(current_plan(run_dir), min(placement.nodes, left)) if left else "no node left"
+    if refusal is not None or placement.shrink(lost) is None:
+        return None, f"node(s) {', '.join(lost)} lost; not shrinking: {refusal or 'the batch host is lost'}"
+    world = placement.nodes * placement.procs_per_node
+    return (
+        f"node(s) {', '.join(lost)} lost, no spare left: shrinking to {placement.nodes} node(s) "
+        f"(world size {world}, the global batch kept by accumulating gradients)",
+        "",
+    )
 
 
 def restart_in_allocation(run_dir: Path, job_id: str, failed: int, cause: str, n: int, budget: int) -> int:
@@ -306,7 +331,8 @@ def run_step(
     from orchestrator.supervise.watchdog import Watchdog
 
     watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
-    watch = StepWatch(argv, {**os.environ, STEP_ATTEMPT_ENV: str(attempt)})
+    shrunk = PLACEMENT[0].step_env() if PLACEMENT else {}
+    watch = StepWatch(argv, {**os.environ, STEP_ATTEMPT_ENV: str(attempt), **shrunk})
     probes: list[ar.ProbeResult] | None = None
     status: int | None = None
     while status is None:

@@ -22,6 +22,9 @@ INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_")
 #: The attempt a training step's nodes are in, set by the batch step on each srun: a restart inside
 #: the allocation is a new attempt that ``SLURM_RESTART_COUNT`` does not count.
 STEP_ATTEMPT_ENV = "ORCHESTRATOR_STEP_ATTEMPT"
+#: The batch step's word to a step that runs on fewer nodes than the plan (the job shrank after a
+#: node loss: ``on_node_loss: shrink``): how many.
+STEP_NODES_ENV = "ORCHESTRATOR_STEP_NODES"
 
 
 # ---------------------------------------------------------------------------- the job's environment
@@ -189,6 +192,12 @@ def expand_hostlist(text: str) -> list[str]:
         why = (proc.stderr.strip().splitlines() or ["not a host list"])[-1]
         raise UserError(f"--exclude {text!r}: not a Slurm host list ({why})")
     return names
+
+
+def step_nodes() -> int | None:
+    """The step's node count when the batch step shrank it (:data:`STEP_NODES_ENV`), else None."""
+    value = os.environ.get(STEP_NODES_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def step_hostnames() -> list[str] | None:

@@ -18,6 +18,7 @@ from orchestrator.schedulers.slurm.environment import (
     interface_address,
     step_attempt,
     step_hostnames,
+    step_nodes,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class SlurmNodeEnvironment(NodeEnvironment):
         self.num_nodes = env.num_tasks
         # The step's nodes, not the allocation's: with spare nodes the step runs on some of them.
         self.hostnames = step_hostnames() or list(env.hostnames)
+        self.shrunk_to = step_nodes()
         self.job_id = batch_job_id() or str(env.job_id)
         self.restarts = batch_restarts()
 

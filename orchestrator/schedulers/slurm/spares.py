@@ -1,4 +1,5 @@
-"""Spare nodes (a profile's ``spare_nodes``): which nodes of the allocation train, which wait.
+"""Spare nodes (a profile's ``spare_nodes``) and shrinking (``on_node_loss: shrink``): which nodes of
+the allocation train, which wait.
 
 The job holds ``nodes + spare_nodes`` nodes (``#SBATCH --nodes``, ``--no-kill`` so that a node
 failure does not end the allocation). The training step runs on ``nodes`` of them, named to ``srun``
@@ -7,6 +8,10 @@ lost (the batch step's probe), or named by the preflight or the hang watchdog, i
 next step runs with a spare in its place: a restart inside the allocation, with the same job id.
 The batch host itself is never left out: nothing of the job survives its death (a requeue).
 
+With no spare left and ``on_node_loss: shrink``, the lost node is left out and the step goes on with
+the nodes left (:meth:`Placement.shrink`); the step's environment then says how many nodes it has
+and the world size the global batch was chosen for (``train/`` accumulates the difference).
+
 Node order is Slurm's (``SLURM_JOB_NODELIST``, expanded): node 0 of the training, whose address is
 the rendezvous, stays the first node still in, normally the batch host.
 """
@@ -14,6 +19,13 @@ the rendezvous, stays the first node still in, normally the batch host.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from orchestrator.contract.env import BATCH_WORLD_SIZE_ENV
+from orchestrator.schedulers.slurm.environment import STEP_NODES_ENV
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
 
 
 @dataclass
@@ -23,6 +35,13 @@ class Placement:
     allocation: list[str]
     nodes: int
     left_out: list[str] = field(default_factory=list)
+    planned: int = 0
+    """The plan's node count (``nodes`` is lower after a shrink)."""
+    procs_per_node: int = 1
+    may_shrink: bool = False
+
+    def __post_init__(self) -> None:
+        self.planned = self.planned or self.nodes
 
     @property
     def spare_count(self) -> int:
@@ -50,6 +69,28 @@ class Placement:
         self.left_out.extend(bad)
         return [n for n in self.training() if n not in before]
 
+    def shrink(self, lost: list[str]) -> int | None:
+        """Leave ``lost`` out and train on the nodes left: their count (None, nothing changed, when
+        none would be left or ``lost`` holds the batch host)."""
+        lost = [n for n in lost if n in self.allocation and n not in self.left_out]
+        if not lost or (self.allocation and self.allocation[0] in lost):
+            return None
+        left = len(self.usable(tuple(lost)))
+        if left < 1:
+            return None
+        self.left_out.extend(lost)
+        self.nodes = min(self.nodes, left)
+        return self.nodes
+
+    def step_env(self) -> dict[str, str]:
+        """What a shrunk step's node entry and ranks are told (nothing before a shrink)."""
+        if self.nodes >= self.planned:
+            return {}
+        return {
+            STEP_NODES_ENV: str(self.nodes),
+            BATCH_WORLD_SIZE_ENV: str(self.planned * self.procs_per_node),
+        }
+
     def step_argv(self, argv: list[str]) -> list[str]:
         """``srun ...`` told which nodes train: the options go right after ``srun``."""
         if not argv or argv[0] != "srun":
@@ -69,8 +110,28 @@ class Placement:
         ]
 
 
-def placement_of(allocation: list[str], nodes: int, spare_nodes: int) -> Placement | None:
-    """The placement of a job with spares (None without: the step runs on the whole allocation)."""
-    if spare_nodes <= 0 or len(allocation) <= nodes:
+def placement_of(
+    allocation: list[str], nodes: int, spare_nodes: int, shrink: bool = False, procs_per_node: int = 1
+) -> Placement | None:
+    """The placement of a job with spares or that may shrink (None otherwise: the step runs on the
+    whole allocation)."""
+    if not shrink and (spare_nodes <= 0 or len(allocation) <= nodes):
         return None
-    return Placement(list(allocation), nodes)
+    return Placement(list(allocation), nodes, procs_per_node=procs_per_node, may_shrink=shrink)
+
+
+def shrink_refusal(plan: LaunchPlan, nodes: int) -> str | None:
+    """Why the run cannot go on at ``nodes`` nodes keeping its global batch (None: it can)."""
+    from orchestrator.config.plan import check_combination
+    from orchestrator.contract.errors import UserError
+
+    if plan.strategy.uses_deepspeed:
+        return f"strategy {plan.options.strategy} does not reshard its checkpoint to fewer ranks here"
+    world, new_world = plan.world_size, nodes * plan.procs_per_node
+    if world % new_world:
+        return f"world size {new_world} does not divide {world}: the global batch could not be kept"
+    try:
+        check_combination(plan.profile_name, plan.profile, plan.options, nodes, plan.procs_per_node)
+    except UserError as exc:
+        return f"{nodes} node(s) is no valid job for this plan: {exc}"
+    return None

@@ -83,3 +83,33 @@ def test_spare_nodes_are_refused_on_local_and_out_of_range() -> None:
         build_plan("local", profile, merge_options(profile), TRAIN, nodes=1, procs_per_node=1)  # type: ignore[arg-type]
     with pytest.raises(UserError, match="spare_nodes"):
         _profile("slurm_test", spare_nodes=-1)
+
+
+def test_with_no_spare_left_a_shrinking_job_goes_on_with_the_nodes_left() -> None:
+    placement = placement_of(["n1", "n2", "n3"], nodes=3, spare_nodes=0, shrink=True, procs_per_node=2)
+    assert placement is not None and placement.step_env() == {}
+    assert placement.replace(["n3"]) is None  # no spare
+    assert placement.shrink(["n3"]) == 2 and placement.training() == ["n1", "n2"]
+    assert placement.step_env() == {"ORCHESTRATOR_STEP_NODES": "2", "ORCHESTRATOR_BATCH_WORLD_SIZE": "6"}
+    assert placement.step_argv(["srun", "x"])[1:5] == [
+        "--nodes=2",
+        "--ntasks=2",
+        "--nodelist=n1,n2",
+        "--overlap",
+    ]
+    assert placement.shrink(["n1"]) is None  # the batch host
+
+
+def test_shrinking_is_refused_where_the_global_batch_or_the_checkpoint_cannot_follow() -> None:
+    from orchestrator.schedulers.slurm.spares import shrink_refusal
+
+    profile = _profile("slurm_test", on_node_loss="shrink")
+    plan = build_plan("slurm_test", profile, merge_options(profile), TRAIN, nodes=3, procs_per_node=1)  # type: ignore[arg-type]
+    assert shrink_refusal(plan, 1) is None
+    assert "does not divide 3" in (shrink_refusal(plan, 2) or "")
+    zero = merge_options(profile, strategy="deepspeed_zero2")  # type: ignore[arg-type]
+    plan = build_plan("slurm_test", profile, zero, TRAIN, nodes=2, procs_per_node=1)  # type: ignore[arg-type]
+    assert "does not reshard" in (shrink_refusal(plan, 1) or "")
+    with pytest.raises(UserError, match="on_node_loss: shrink: profile 'local'"):
+        local = _profile("local", on_node_loss="shrink")
+        build_plan("local", local, merge_options(local), TRAIN, nodes=1, procs_per_node=1)  # type: ignore[arg-type]
