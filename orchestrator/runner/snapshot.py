@@ -119,8 +119,11 @@ def plan_snapshot(script: str | Path, max_bytes: int = MAX_BYTES) -> Snapshot:
     if total > max_bytes:
         largest = ", ".join(f"{n} ({s / 2**20:.1f} MiB)" for s, n in sorted(sizes, reverse=True)[:3])
         what = "files git tracks under" if tracked is not None else "files in"
+        why = ""
+        if source != script.parent.resolve():  # climbed out of a package: say why that folder
+            why = f" (the folder holding the package {relative.split('/', 1)[0]}/, which has __init__.py)"
         raise UserError(
-            f"--snapshot: the {what} {source} come to {total / 2**20:.1f} MiB, over the "
+            f"--snapshot: the {what} {source}{why} come to {total / 2**20:.1f} MiB, over the "
             f"{max_bytes / 2**20:.0f} MiB limit (largest: {largest}); move data and checkpoints out of "
             "the script's folder, or submit without --snapshot"
         )

@@ -157,3 +157,20 @@ def test_cli_refusal_leaves_no_run_directory_and_no_open_submission(
     runs = Path(orch_env["ORCHESTRATOR_RUNS"])
     assert not runs.exists() or not any(runs.iterdir())
     assert not Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])).has_pending_submissions()
+
+
+def test_a_script_in_a_package_keeps_its_folder(tmp_path: Path) -> None:
+    """``train/train.py`` with ``train/__init__.py``: the folder holding the package is the snapshot's,
+    the script keeps its place in it (``from train import x`` finds ``train/``), and a refusal says why
+    that folder was taken."""
+    (tmp_path / "proj" / "train" / "inner").mkdir(parents=True)
+    for name in ("train/__init__.py", "train/inner/__init__.py", "train/inner/run.py", "README"):
+        (tmp_path / "proj" / name).write_text("")
+    snap = plan_snapshot(tmp_path / "proj" / "train" / "inner" / "run.py")
+    assert snap.source == (tmp_path / "proj").resolve() and snap.script == "train/inner/run.py"
+    assert {"train/__init__.py", "train/inner/run.py", "README"} <= set(snap.files)
+    copy_snapshot(snap, tmp_path / "snapshot")
+    assert (tmp_path / "snapshot" / "train" / "inner" / "run.py").is_file()
+    (tmp_path / "proj" / "data.csv").write_bytes(b"x" * 3000)
+    with pytest.raises(UserError, match=r"holding the package train/, which has __init__.py\) come to"):
+        plan_snapshot(tmp_path / "proj" / "train" / "inner" / "run.py", max_bytes=2000)
