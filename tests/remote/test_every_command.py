@@ -14,6 +14,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -139,7 +140,9 @@ try:
 except TimeoutError as exc:
     timed_out = str(exc)
 slow.cancel()
-print(json.dumps({"state": [type(state).__name__, state.value], "row": [type(row.state).__name__,
+far = orchestrator.submit(profile="apart", profiles_dir=sys.argv[1], script="job.py", args=["--lines", "1"],
+                          nodes=1, procs_per_node=1)
+print(json.dumps({"far": [type(far).__name__, str(far.run_dir), far.wait(timeout=120).value],"state": [type(state).__name__, state.value], "row": [type(row.state).__name__,
                   row.state.value, row.job_id, row.step, row.to_json()["job_id"]], "job": job.job_id,
                   "timed_out": timed_out, "slow": slow.job_id, "slow_after": slow.wait(timeout=120).value}))
 """
@@ -147,8 +150,12 @@ print(json.dumps({"state": [type(state).__name__, state.value], "row": [type(row
 
 def test_the_remote_api_waits_with_a_timeout_and_its_status_has_a_state(laptop: Laptop) -> None:
     """``submit(profile=<login profile>).wait(timeout=...)`` (a TypeError after the job was submitted)
-    and ``status().state``, as on a local :class:`orchestrator.Job`; a timeout passed is TimeoutError."""
-    res = subprocess.run([sys.executable, "-c", API_SCRIPT], env=laptop.env, cwd=laptop.project,
+    and ``status().state``, as on a local :class:`orchestrator.Job`; a timeout passed is TimeoutError;
+    a profile given with ``profiles_dir=`` is followed to its login host as well."""
+    login = yaml.safe_load((laptop.tmp / "profiles" / "cluster.yaml").read_text())["login"]
+    write_profile(laptop.tmp / "api-profiles", "apart", "local", login)  # only through profiles_dir
+    res = subprocess.run([sys.executable, "-c", API_SCRIPT, str(laptop.tmp / "api-profiles")], env=laptop.env,
+                         cwd=laptop.project,
                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
     out = json.loads(res.stdout) if res.returncode == 0 else None
     if out is None:
@@ -160,6 +167,9 @@ def test_the_remote_api_waits_with_a_timeout_and_its_status_has_a_state(laptop: 
     assert out["row"] == ["JobState", "COMPLETED", out["job"], 2, out["job"]]
     assert out["timed_out"] and out["slow"] in out["timed_out"], out["timed_out"]
     assert out["slow_after"] == JobState.CANCELLED.value
+    kind, far_run_dir, far_state = out["far"]  # a profile from profiles_dir= goes to its login host too
+    assert kind == "RemoteJob" and Path(far_run_dir).is_relative_to(laptop.login_runs), out["far"]
+    assert far_state == "COMPLETED"
 
 
 #: ``train/train.py``'s shape: a script in a package folder that imports the package by its name.
