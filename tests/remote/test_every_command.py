@@ -142,9 +142,13 @@ except TimeoutError as exc:
 slow.cancel()
 far = orchestrator.submit(profile="apart", profiles_dir=sys.argv[1], script="job.py", args=["--lines", "1"],
                           nodes=1, procs_per_node=1)
-print(json.dumps({"far": [type(far).__name__, str(far.run_dir), far.wait(timeout=120).value],"state": [type(state).__name__, state.value], "row": [type(row.state).__name__,
-                  row.state.value, row.job_id, row.step, row.to_json()["job_id"]], "job": job.job_id,
-                  "timed_out": timed_out, "slow": slow.job_id, "slow_after": slow.wait(timeout=120).value}))
+print(json.dumps({
+    "state": [type(state).__name__, state.value],
+    "row": [type(row.state).__name__, row.state.value, row.job_id, row.step, row.to_json()["job_id"]],
+    "job": job.job_id, "timed_out": timed_out, "slow": slow.job_id,
+    "slow_after": slow.wait(timeout=120).value,
+    "far": [type(far).__name__, str(far.run_dir), far.wait(timeout=120).value],
+}))
 """
 
 
