@@ -206,6 +206,34 @@ def check_profile(name: str, path: Path, profile: ClusterProfile) -> None:
     check_profile_defaults(name, path, profile)
 
 
+def init_profile(
+    name: str,
+    *,
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    setup: Sequence[str] = (),
+    python: str | None = None,
+    profiles_dir: Path | str | None = None,
+    probe_node: bool = True,
+    print_only: bool = False,
+    force: bool = False,
+) -> tuple[str, Path | None]:
+    """``profiles init``: a Slurm profile written from what the cluster says; its text and file."""
+    from orchestrator.runner.profile_init import init_profile as init
+
+    with door.door("init_profile"):
+        inputs.text("name", name, "a profile name (a non-empty string)")
+        for label, value in (("partition", partition), ("account", account), ("qos", qos)):
+            if value is not None:
+                inputs.text(label, value, f"a Slurm {label} name")
+        inputs.path_text("python", python, optional=True)
+        inputs.path_text("profiles_dir", profiles_dir, optional=True)
+    folder = None if profiles_dir is None else str(profiles_dir)
+    answers = {"partition": partition, "account": account, "qos": qos, "python": python}
+    return init(name, answers, [str(line) for line in setup], folder, probe_node, print_only, force)
+
+
 def render_files(plan: LaunchPlan, node_rank: int | None = None, python: str | None = None) -> dict[str, str]:
     """What ``render`` shows: file name -> text (batch script for a SAMPLE run directory, node configs)."""
     from orchestrator.runner.rendering import render_files as render

@@ -35,7 +35,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "exit 2 on the first bad one",
     )
     validate.add_argument("targets", nargs="*", help="names or YAML paths (default: all found)")
-    for action in (lst, show, validate):
+    init = sub.add_parser(
+        "init",
+        help="write NAME.yaml from what the Slurm cluster says (partitions, nodes, GPUs, accounts, QOS, "
+        "cred_expire, containers, fabric); asks only what it cannot learn",
+    )
+    init.add_argument("name", help="the new profile's name (its file: NAME.yaml)")
+    init.add_argument(
+        "--partition", default=None, help="the partition to use (default: the cluster's default)"
+    )
+    init.add_argument("--account", default=None, help="the account to charge (default: your default account)")
+    init.add_argument("--qos", default=None, help="the QOS (default: your association's default QOS)")
+    init.add_argument(
+        "--setup",
+        action="append",
+        default=None,
+        metavar="LINE",
+        help="a shell line that makes the nodes' Python (repeat; asked on a terminal when not given)",
+    )
+    init.add_argument(
+        "--python", default=None, help="the nodes' interpreter (a path or a name on PATH after setup)"
+    )
+    init.add_argument(
+        "--no-node-probe",
+        action="store_true",
+        help="do not run the one-node step that finds container runtimes and the fabric interface",
+    )
+    init.add_argument("--print", action="store_true", help="print the profile instead of writing it")
+    init.add_argument("--force", action="store_true", help="replace an existing NAME.yaml")
+    for action in (lst, show, validate, init):
         # Accepted after the action too (`profiles list --profiles-dir X`); SUPPRESS keeps the value
         # given before the action when it is not repeated.
         action.add_argument("--profiles-dir", default=argparse.SUPPRESS, help=PROFILES_DIR_HELP)
@@ -85,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"# {name}: {display_path(path)}")
             print(yaml.safe_dump(data, sort_keys=False).rstrip())
         return 0
+    if args.action == "init":
+        return init_profile(args)
     targets = args.targets or [str(p) for p in available_profiles(args.profiles_dir).values()]
     if not targets:
         raise UserError("no profiles found to validate")
@@ -99,6 +129,36 @@ def run(args: argparse.Namespace) -> int:
             continue
         print(f"ok  {display_path(path)}")
     return EXIT_USAGE if bad else 0
+
+
+def init_profile(args: argparse.Namespace) -> int:
+    """``profiles init NAME``: ask the cluster, ask the user what it cannot say (on a terminal), write."""
+    from orchestrator import api
+
+    setup = list(args.setup or [])
+    if args.setup is None and args.python is None and sys.stdin.isatty():
+        print(
+            "Shell lines that make the nodes' Python (module load ..., source .../bin/activate), one per line;"
+        )
+        print("an empty line ends (none: the nodes run this interpreter, as on a shared filesystem):")
+        while line := input("  setup> ").strip():
+            setup.append(line)
+    text, path = api.init_profile(
+        args.name,
+        partition=args.partition,
+        account=args.account,
+        qos=args.qos,
+        setup=setup,
+        python=args.python,
+        profiles_dir=args.profiles_dir,
+        probe_node=not args.no_node_probe,
+        print_only=args.print,
+        force=args.force,
+    )
+    print(text, end="")
+    if path is not None:
+        print(f"wrote {path}; check it with `orchestrator profiles validate {path}`")
+    return 0
 
 
 def check_like_render(name: str, path: Path, profile: ClusterProfile) -> None:
