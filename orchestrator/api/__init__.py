@@ -281,6 +281,16 @@ def dry_run(plan: LaunchPlan) -> Request:
     return dry_run_(plan)
 
 
+def start_estimate(plan: LaunchPlan) -> str | None:
+    """When the scheduler would start ``plan`` now, without submitting (``submit --test-only``):
+    Slurm's own line (``Job N to start at TIME using ... on nodes ...``); None on ``local``."""
+    from orchestrator.runner.submission import start_estimate as estimate
+
+    with door.door("start_estimate"):
+        _plan("plan", plan)
+    return estimate(plan)
+
+
 def submit(*, snapshot: bool = False, **plan: Unpack[PlanKeywords]) -> Job | RemoteJob:
     """Submit a job; the keywords are :func:`make_plan`'s (``script``, ``profile``, ``strategy``,
     ``nodes``, ``after``...). A profile with ``login.host``: a :class:`RemoteJob` on that login host."""

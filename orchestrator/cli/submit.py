@@ -7,7 +7,7 @@ import sys
 
 from orchestrator import api
 from orchestrator.cli.plan_args import add_plan_arguments, plan_from_args, positive_float
-from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE
+from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, OrchestratorError
 
 #: What a shell reports for a command ended by Ctrl-C.
 EXIT_INTERRUPTED = 130
@@ -16,6 +16,11 @@ EXIT_INTERRUPTED = 130
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be submitted; submit nothing"
+    )
+    parser.add_argument(
+        "--test-only",
+        action="store_true",
+        help="ask the scheduler when the job would start (Slurm: sbatch --test-only); submit nothing",
     )
     parser.add_argument("--wait", action="store_true", help="follow progress to the end; exit code = outcome")
     parser.add_argument(
@@ -44,10 +49,26 @@ def run(args: argparse.Namespace) -> int:
             f"run directory would be {request.run_dir})"
         )
         return EXIT_OK
+    if args.test_only:
+        estimate = api.start_estimate(plan)
+        print(
+            f"start estimate: {estimate}"
+            if estimate
+            else "start estimate: none (this scheduler starts jobs at once)"
+        )
+        print("# test only: nothing submitted")
+        return EXIT_OK
+    try:
+        estimate = api.start_estimate(plan)
+    except OrchestratorError:
+        estimate = None  # the submission says what is wrong, if anything is
     registry = api.open_registry()
     submitted = api.submit_plan(plan, snapshot=args.snapshot, registry=registry)
     print(f"submitted job {submitted.job_id}")
     print(f"run directory {submitted.run_dir}")
+    if estimate:
+        # Asked just before the submission: Slurm's word on when a job like it starts.
+        print(f"start estimate: {estimate.split(' to start at ', 1)[-1].split()[0]} (Slurm, at submission)")
     if not args.wait:
         print(f"next: {api.follow_hint(submitted.job_id)}")
         sys.stdout.flush()

@@ -41,6 +41,9 @@ class SchedulerKind:
     """Whether a job that has ended can never run again under its id (local: a new attempt is a new
     job). Where it can (Slurm: an administrator's requeue, a requeue after NODE_FAIL), an ended state may
     still move on while the scheduler reports it."""
+    has_queue: bool
+    """Whether a job may wait before it starts, so that asking when it would start means something
+    (``submit --test-only``, the estimate ``submit`` and ``status`` print)."""
     rdzv_backend: str | None
     """torchrun's rendezvous backend; None: the profile's ``rdzv_backend``. Local simulated nodes share
     one host, where c10d's rendezvous races for the port: static."""
@@ -57,6 +60,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
         render_main_ip="10.0.0.1",
         gpus_of_this_machine=False,
         ends_for_good=False,
+        has_queue=True,
         rdzv_backend=None,
     ),
     "local": SchedulerKind(
@@ -69,6 +73,7 @@ SCHEDULER_KINDS: dict[str, SchedulerKind] = {
         render_main_ip="127.0.0.1",
         gpus_of_this_machine=True,
         ends_for_good=True,
+        has_queue=False,
         rdzv_backend="static",
     ),
 }

@@ -67,6 +67,8 @@ class StatusRow:
     """Running jobs: seconds since any rank's last output, the slowest rank (orchestrator.rundir.liveness)."""
     restarts: tuple[dict[str, Any], ...] = ()
     """Restarts inside the job's allocation (``restarts.jsonl``): each one's cause, attempt and step."""
+    start_estimate: str | None = None
+    """A pending job: when the scheduler expects to start it (Slurm's backfill estimate), if it has one."""
 
     @property
     def state_detail(self) -> str | None:
@@ -114,6 +116,7 @@ class StatusRow:
             "run_state": (self.run_state or self.state).value,
             "started_from": self.started_from,
             "liveness": self.liveness,
+            "start_estimate": self.start_estimate,
         }
 
 
@@ -188,6 +191,7 @@ def _row(
         started_from=started_from,
         liveness=None if own_state.is_terminal() else cache.liveness(job.run_dir),
         restarts=restarts,
+        start_estimate=st.start if st is not None and own_state is JobState.PENDING and st.start else None,
     )
     return row
 
@@ -278,6 +282,11 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
         f"{row.job_id} {row.state.value}: {row.reason}"
         for row in rows
         if row.reason and row.reason.startswith(DEPENDENCY_PREFIXES)
+    )
+    lines.extend(
+        f"{row.job_id} PENDING ({row.reason or 'waiting'}): the scheduler expects it to start at {row.start_estimate}"
+        for row in rows
+        if row.start_estimate and row.state is JobState.PENDING
     )
     for row in rows:
         if row.restarts:

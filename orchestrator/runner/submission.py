@@ -149,6 +149,18 @@ def dry_run(plan: LaunchPlan) -> Request:
     return get_scheduler(plan.profile.scheduler).dryrun(absolute_script(plan), run_dir, 0, sys.executable)
 
 
+def start_estimate(plan: LaunchPlan) -> str | None:
+    """When the scheduler would start ``plan`` now, asked without submitting (``submit
+    --test-only``; printed by ``submit`` too): its one line, or None where jobs start at once."""
+    from orchestrator.config.scheduler_kinds import scheduler_kind
+
+    if not scheduler_kind(plan.profile.scheduler).has_queue:
+        return None
+    scheduler = get_scheduler(plan.profile.scheduler)
+    scheduler.check(plan)
+    return scheduler.start_estimate(dry_run(plan))
+
+
 def plan_record(plan: LaunchPlan, run_dir: Path, resumed_from: str | None) -> dict[str, Any]:
     """The plan as the run directory keeps it: enough to re-submit by hand."""
     return {

@@ -194,6 +194,11 @@ class Scheduler(ABC):
         processes started and ended) reads them here instead."""
         return self.allocations([job.job_id for job in jobs], timeout_s)
 
+    def start_estimate(self, request: Request) -> str | None:
+        """When the scheduler would start ``request`` now (its own words, one line), asking it without
+        submitting; None where a job starts at once (local) or the scheduler gives no estimate."""
+        return None
+
     @abstractmethod
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
         """Cancel (``sig`` None) or signal ``job``; returns the line to print."""

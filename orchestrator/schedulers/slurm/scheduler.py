@@ -260,6 +260,27 @@ class SlurmScheduler(Scheduler):
 
         return query_allocations(job_ids, timeout_s)
 
+    def start_estimate(self, request: Request) -> str | None:
+        """``sbatch --test-only`` of the request's script: Slurm's answer, e.g. ``Job 57 to start at
+        2026-11-29T00:40:29 using 8 processors on nodes n[1-2] in partition debug`` (nothing is
+        submitted; the job id is one Slurm would give)."""
+        import tempfile
+
+        from orchestrator.schedulers.query import run_bounded
+
+        with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=True) as script:
+            script.write(request.materialize())
+            script.flush()
+            res = run_bounded(["sbatch", "--test-only", script.name], SCANCEL_TIMEOUT_S)
+        said = (res.stderr + res.stdout).strip().splitlines()
+        line = next((s.removeprefix("sbatch: ").strip() for s in said if " to start at " in s), None)
+        if line is not None:
+            return line
+        if res.error is not None or res.returncode != 0:
+            why = said[-1].removeprefix("sbatch: ") if said else (res.error or f"exit {res.returncode}")
+            raise RunFailure(f"sbatch --test-only refused the job: {why}")
+        return None
+
     def cancel(self, job: JobRecord, sig: signal.Signals | None, user: str) -> str:
         from orchestrator.schedulers.query import run_bounded
 
