@@ -109,7 +109,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {line}", file=sys.stderr)
     if args.json:
         print(dumps_indented([j.to_json() for j in jobs]))
-    elif jobs:
+        return 0
+    from orchestrator.remote.book import elsewhere_note
+
+    note = elsewhere_note("list")
+    if note:
+        print(note, file=sys.stderr)
+    if jobs:
         print(render_list_table(jobs))
     else:
         print("no jobs match" if (state or since) else "no jobs in the registry yet")

@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
             for line in registry.bad_rows:  # the other jobs are shown; the bad row is named
                 print(f"warning: {line}", file=sys.stderr)
             registry.bad_rows.clear()
+            if not args.jobs and not args.json and not args.watch:
+                _note_login_hosts()
             if report is None:
                 if args.json:
                     print(json.dumps({"source": "registry", "stale": False, "errors": [], "jobs": []}))
@@ -179,6 +181,15 @@ def run(args: argparse.Namespace) -> int:
                 # --watch ends with the outcome, like `wait`: 0 only if every shown run completed.
                 return 0 if report.all_completed() else 1
             time.sleep(args.interval)
+
+
+def _note_login_hosts() -> None:
+    """Jobs this laptop submitted through a login host are not in its registry: say where they are."""
+    from orchestrator.remote.book import elsewhere_note
+
+    note = elsewhere_note("status")
+    if note:
+        print(note, file=sys.stderr)
 
 
 def _bills(rows: Sequence[StatusRow], timeout_s: float) -> dict[str, dict[str, Any]]:

@@ -98,3 +98,22 @@ def remember_final(target: Target, rows: list[dict[str, Any]]) -> None:
     for job in list(final)[: max(0, len(final) - MAX_FINAL_ROWS)]:  # the oldest go: asked again if named
         del final[job]
     _store(data)
+
+
+def elsewhere_note(command: str) -> str | None:
+    """A line for ``status``/``list`` run here with no job named: the jobs this laptop submitted
+    through login hosts are not in its registry, and the command that shows them; None: none booked."""
+    jobs = _load().get("jobs", {})
+    counts: dict[str, int] = {}
+    for value in jobs.values() if isinstance(jobs, dict) else ():
+        target = Target.from_json(value)
+        if target is not None:
+            counts[target.name] = counts.get(target.name, 0) + 1
+    if not counts:
+        return None
+    where = ", ".join(f"{n} through {name}" for name, n in sorted(counts.items()))
+    first = min(counts)
+    return (
+        f"note: jobs submitted from here through a login host are there, not in this registry ({where}): "
+        f"`ORCHESTRATOR_LOGIN={first} orchestrator {command}`, or `orchestrator {command} JOB`"
+    )

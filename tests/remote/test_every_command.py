@@ -63,6 +63,11 @@ def test_every_job_command_follows_the_job_to_its_login_host(laptop: Laptop) -> 
     assert _session(laptop, "stacks", job).returncode == 1  # an ended job: no process to dump
     assert _session(laptop, "resume", job).returncode == 2  # a COMPLETED job is not resumed
     assert _session(laptop, "cancel", job).returncode in (0, 2)
+    # `status` and `list` name no job: they show this laptop's registry, and say where the others are
+    for command in ("status", "list"):
+        here = laptop.cli(command)
+        assert here.returncode == 0, here.stderr
+        assert f"`ORCHESTRATOR_LOGIN=cluster orchestrator {command}`" in here.stderr, here.stderr
 
 
 def test_a_profile_from_profiles_dir_is_followed_to_its_login_host(laptop: Laptop) -> None:
