@@ -49,6 +49,8 @@ LOCK=/run/lock/orchestrator-slurm-cluster.lock
 T0=$(date +%s%N)
 log() { printf '[start_cluster %5.1fs] %s\n' "$(( ($(date +%s%N) - T0) / 1000000 ))e-3" "$*"; }
 die() { log "ERROR: $*"; exit 1; }
+# `set -e` ends the script at a failed command without a word; say which one it was.
+trap 'log "ERROR: line $LINENO: \"$BASH_COMMAND\" failed (exit $?)"' ERR
 show_log() { echo "--- last lines of $1:"; tail -n 20 "$1" 2>/dev/null || true; }
 # A pid file is "alive" when it names a running process that is ours: not a zombie (a killed
 # daemon stays a zombie until PID 1 reaps it, and kill -0 still succeeds on it) and carrying the
@@ -365,7 +367,10 @@ if [ "$MODE" = netns ]; then
          ! ip link show "vsl$i" 2>/dev/null | grep -q "master slbr0"; }; then
       log "rebuilding the network of n$i (left half-made by an unclean stop)"
       left=$(ip netns pids "$ns" 2>/dev/null | paste -sd' ')
-      [ -n "$left" ] && kill -KILL $left 2>/dev/null
+      # `|| true`: a listed process may be gone by now (a daemon SIGKILLed just before, reaped on a
+      # busy machine between the two commands); kill then fails, and `set -e` ended this script
+      # right after the line above, with no word (issue 47).
+      [ -n "$left" ] && { kill -KILL $left 2>/dev/null || true; }
       ip netns del "$ns" 2>/dev/null || true
     fi
     if [ ! -e "/run/netns/$ns" ]; then
@@ -485,7 +490,7 @@ for i in $(seq "$NODES"); do
   alive "$BASE/run/slurmd-n$i.pid" && continue
   # a slurmd of this node that lost its pid file: the one with n$i's log open
   for p in $(strays slurmd "$BASE/run/slurmd-n$i.pid"); do
-    ls -l "/proc/$p/fd" 2>/dev/null | grep -qF " $BASE/logs/slurmd-n$i.log" && kill -KILL "$p" 2>/dev/null
+    ls -l "/proc/$p/fd" 2>/dev/null | grep -qF " $BASE/logs/slurmd-n$i.log" && { kill -KILL "$p" 2>/dev/null || true; }
   done
   if [ "$MODE" = netns ]; then
     # Trap: NOT `ip netns exec`: it also unshares the mount namespace and remounts /sys, and then
