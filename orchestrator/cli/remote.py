@@ -13,12 +13,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["install", "check"], help="install/update it there, or check it")
     parser.add_argument("profile", metavar="PROFILE", help="a profile with login.host")
     parser.add_argument("--wheels", metavar="DIR", help="install these wheels too (pip --no-index)")
+    parser.add_argument("--profiles-dir", metavar="DIR", help="read PROFILE from this folder first")
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.remote.routing import Target, load_login
+    from orchestrator.remote.routing import load_login
+    from orchestrator.remote.routing import target as login_target
 
-    target = Target(args.profile)
+    target = login_target(args.profile, args.profiles_dir)
     profile = load_login(target)  # a profile that does not load says why (its file and key)
     if args.action == "install":
         from orchestrator.remote.install import install

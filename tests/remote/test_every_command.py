@@ -83,6 +83,10 @@ def test_a_profile_from_profiles_dir_is_followed_to_its_login_host(laptop: Lapto
     assert run_dir.is_relative_to(laptop.login_runs)
     done = _session(laptop, "wait", job)
     assert done.returncode == 0 and "COMPLETED" in done.stdout, done.stdout + done.stderr
+    checked = laptop.cli("remote", "check", "aside", "--profiles-dir", str(elsewhere))
+    assert checked.returncode == 0 and "same as this laptop" in checked.stdout, (
+        checked.stdout + checked.stderr
+    )
 
 
 def test_a_login_python_that_does_not_run_is_one_line_and_exit_2(laptop: Laptop) -> None:
