@@ -44,6 +44,7 @@ from orchestrator.schedulers.slurm.environment import (
     batch_restarts,
     cancelled_by_user,
     clean_submit_environment,
+    this_node,
 )
 
 #: Bound on one node probe. A live node runs ``true`` in well under a second; a dead one makes
@@ -101,12 +102,68 @@ def probe_node(node: str, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
     return ProbeResult(node, False, (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1])
 
 
+def slurmd_addresses(nodes: list[str]) -> dict[str, tuple[str, int]]:
+    """``node -> (address, port)`` of each node's slurmd, where Slurm says it unambiguously (one
+    ``scontrol show node`` and ``show config``); {} when it cannot be told (several slurmd on one
+    address without their ports: multiple-slurmd set-ups)."""
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(nodes)], capture_output=True, text=True, timeout=10
+        ).stdout
+        config = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    import re
+
+    default = re.search(r"^SlurmdPort\s*=\s*(\d+)", config, re.M)
+    out: dict[str, tuple[str, int]] = {}
+    for line in shown.splitlines():
+        name, addr, port = (re.search(rf"\b{k}=(\S+)", line) for k in ("NodeName", "NodeAddr", "Port"))
+        if name and addr and (port or default):
+            out[name.group(1)] = (addr.group(1), int((port or default).group(1)))  # type: ignore[union-attr]
+    if len({a for a, _ in out.values()}) < len(out) and not all(
+        "Port=" in line for line in shown.splitlines()
+    ):
+        return {}
+    return out
+
+
+def slurmd_refuses(address: tuple[str, int], timeout_s: float = 2.0) -> bool:
+    """True when the node answers but nothing listens on its slurmd port: its slurmd is gone, and the
+    node can run no step (the srun probe would wait ``MessageTimeout``, 10 s by default, to say so).
+    A timeout proves nothing (a firewall, a busy node): the srun probe decides then."""
+    import socket
+
+    try:
+        with socket.create_connection(address, timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
 def probe_nodes(nodes: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[ProbeResult]:
-    """All nodes at once: the check takes one probe's time, not one per node."""
+    """All nodes at once: the check takes one probe's time, not one per node. A node whose slurmd
+    port refuses connections is lost at once; the others get the srun probe."""
     if not nodes:
         return []
+    addresses = slurmd_addresses(nodes)
+    me = this_node()
+    if me is None or me not in addresses or slurmd_refuses(addresses[me]):
+        # This node's own slurmd runs (this job is on it): if it seems not to, the addresses are wrong.
+        addresses = {}
+
+    def probe(node: str) -> ProbeResult:
+        address = addresses.get(node)
+        if address is not None and slurmd_refuses(address):
+            return ProbeResult(node, False, f"slurmd at {address[0]}:{address[1]} refuses connections")
+        return probe_node(node, timeout_s)
+
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        return list(pool.map(lambda n: probe_node(n, timeout_s), nodes))
+        return list(pool.map(probe, nodes))
 
 
 def decide(

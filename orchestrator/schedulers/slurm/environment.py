@@ -194,6 +194,11 @@ def expand_hostlist(text: str) -> list[str]:
     return names
 
 
+def this_node() -> str | None:
+    """The Slurm name of the node this process runs on (slurmd's ``SLURMD_NODENAME``), if in a job."""
+    return os.environ.get("SLURMD_NODENAME") or None
+
+
 def step_nodes() -> int | None:
     """The step's node count when the batch step shrank it (:data:`STEP_NODES_ENV`), else None."""
     value = os.environ.get(STEP_NODES_ENV, "")
