@@ -275,3 +275,19 @@ def test_the_login_hosts_dashboard_is_forwarded_here_and_stopped_with_ctrl_c(
     assert not agent.is_running() and _dashboard_agents() == []
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_a_busy_laptop_port_is_one_line_and_nothing_is_left_running(laptop: Laptop) -> None:
+    """The forward cannot open (this laptop's port is taken): exit 2, one line naming the port, and
+    the dashboard already started on the login host is stopped."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = laptop.cli(
+            "ui", "--port", str(port), env={**laptop.env, "ORCHESTRATOR_LOGIN": "cluster"}, timeout=60
+        )
+    assert res.returncode == 2, res.stdout + res.stderr
+    (line,) = res.stderr.splitlines()
+    assert f"--port {port}: cannot forward it to login-a" in line, line
+    poll(lambda: _dashboard_agents() == [], 30, "the login host's dashboard to stop")
