@@ -115,11 +115,22 @@ def run_agent(
     rc, out, said = call(conn, agent_command(profile, words), stdin=stdin, stdout=stdout)
     if rc == SSH_FAILED and ssh_failure:
         raise conn.failure(said)
-    if rc in _SHELL_CANNOT_RUN:
-        last = said.strip().splitlines()[-1] if said.strip() else f"exit {rc}"
-        raise UserError(
-            f"profile {name}: login.python {profile.login.python!r} does not run on {conn.host} ({last}); "
-            f"run `orchestrator remote install {name}` to put a venv there, or set login.python to "
-            "the interpreter of a venv with orchestrator installed"
-        )
+    failure = python_failure(conn, profile, name, rc, said)
+    if failure is not None:
+        raise failure
     return rc, out, said.replace(_MISMATCH_FIX, f"orchestrator remote install {shlex.quote(name)}")
+
+
+def python_failure(
+    conn: Connection, profile: ClusterProfile, name: str, rc: int, said: str
+) -> UserError | None:
+    """The error of a ``login.python`` the login host's shell could not run (exit 126/127); None
+    for any other exit status."""
+    if rc not in _SHELL_CANNOT_RUN:
+        return None
+    last = said.strip().splitlines()[-1] if said.strip() else f"exit {rc}"
+    return UserError(
+        f"profile {name}: login.python {profile.login.python!r} does not run on {conn.host} ({last}); "
+        f"run `orchestrator remote install {name}` to put a venv there, or set login.python to "
+        "the interpreter of a venv with orchestrator installed"
+    )

@@ -21,10 +21,11 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from typing import IO
+from urllib.parse import quote
 
 from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.contract.errors import UserError
-from orchestrator.remote.calls import agent_command, run_words
+from orchestrator.remote.calls import agent_command, python_failure, run_words
 from orchestrator.remote.ssh import SSH_FAILED, Connection, no_prompt
 
 _SERVING = re.compile(r"^orchestrator ui: serving http://127\.0\.0\.1:(\d+)/")
@@ -113,10 +114,9 @@ def _serve(
             rc = proc.wait()
             if rc == SSH_FAILED:
                 raise conn.failure(said())
-            if rc in (126, 127):
-                raise UserError(
-                    f"profile {name}: login.python {profile.login.python!r} does not run on {conn.host}"
-                )
+            failure = python_failure(conn, profile, name, rc, said())
+            if failure is not None:
+                raise failure
             sys.stderr.write(said() or f"orchestrator ui: the login host's dashboard exited {rc}\n")
             return rc or 1
         bind = f"[{args.host}]" if ":" in args.host else args.host
@@ -129,7 +129,7 @@ def _serve(
                 f"--host {args.host} --port {local_port}: cannot forward it to {conn.host} ({last})"
             )
         print(
-            f"orchestrator ui: serving http://{bind}:{local_port}/?token={token} (the dashboard of "
+            f"orchestrator ui: serving http://{bind}:{local_port}/?token={quote(token)} (the dashboard of "
             f"{conn.host}, forwarded over ssh; Ctrl-C stops both)",
             flush=True,
         )

@@ -97,7 +97,7 @@ def test_a_login_python_that_does_not_run_is_one_line_and_exit_2(laptop: Laptop)
     not_executable.write_text("")
     for name, python in (("nopy", "/nowhere/venv/bin/python"), ("noexec", str(not_executable))):
         write_profile(laptop.tmp / "profiles", name, "local", {**login, "python": python})
-        for args in (("list",), ("submit", "--profile", name, "--", "job.py")):
+        for args in (("list",), ("submit", "--profile", name, "--", "job.py"), ("ui", "--port", "0")):
             res = laptop.cli(*args, env={**laptop.env, "ORCHESTRATOR_LOGIN": name})
             assert res.returncode == 2, (name, args, res.stdout + res.stderr)
             (line,) = res.stderr.splitlines()
