@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.errors import UserError
+
 FILE_NAME = "remote_jobs.json"
 #: Ended jobs' rows kept (the newest); an older one is simply asked for again.
 MAX_FINAL_ROWS = 5000
@@ -63,24 +65,53 @@ def _store(data: dict[str, Any]) -> None:
 
 
 def profile_of(job_id: str) -> Target | None:
-    """The profile whose login host has ``job_id`` (an array task ``A_i`` counts as its array ``A``)."""
-    jobs = _load().get("jobs", {})
-    if not isinstance(jobs, dict):
+    """The profile whose login host has ``job_id`` (an array task ``A_i`` counts as its array ``A``).
+    An id that two login hosts gave (two clusters count from their own numbers) is a UserError
+    naming them: ``$ORCHESTRATOR_LOGIN`` says which is meant."""
+    data = _load()
+    jobs, clash = data.get("jobs", {}), data.get("clash", {})
+    if not isinstance(jobs, dict) or not isinstance(clash, dict):
         return None
-    return Target.from_json(jobs.get(job_id) or jobs.get(job_id.split("_", 1)[0]))
+    key = job_id if job_id in jobs else job_id.split("_", 1)[0]
+    if key in clash:
+        names = ", ".join(t.name for v in clash[key] if (t := Target.from_json(v)) is not None)
+        raise UserError(
+            f"job {job_id}: that id was given by more than one login host ({names}); "
+            f"say which with ORCHESTRATOR_LOGIN=PROFILE"
+        )
+    return Target.from_json(jobs.get(key))
+
+
+def _book(data: dict[str, Any], target: Target, job: str) -> None:
+    """``job`` is on ``target``'s login host; one that another login host gave too is a clash."""
+    jobs = data.setdefault("jobs", {})
+    old = Target.from_json(jobs.get(job))
+    if old is not None and old != target:
+        clash = data.setdefault("clash", {})
+        known = [t for v in clash.get(job, []) if (t := Target.from_json(v)) is not None] or [old]
+        clash[job] = [t.to_json() for t in dict.fromkeys([*known, target])]
+        data.get("final", {}).pop(job, None)  # whose row it was is no longer known
+    jobs[job] = target.to_json()
 
 
 def remember(target: Target, job_ids: list[str]) -> None:
     if not job_ids:
         return
     data = _load()
-    data.setdefault("jobs", {}).update({j: target.to_json() for j in job_ids})
+    for job in job_ids:
+        _book(data, target, job)
     _store(data)
 
 
-def final_row(job_id: str) -> dict[str, Any] | None:
-    """The status row of an ended job, as the login host last gave it; None when not ended or unknown."""
-    row = _load().get("final", {}).get(job_id)
+def final_row(job_id: str, target: Target | None = None) -> dict[str, Any] | None:
+    """The status row of an ended job, as the login host last gave it; None when not ended or unknown
+    (or, with ``target``, when that login host is not the one the row came from)."""
+    data = _load()
+    row = data.get("final", {}).get(job_id)
+    if target is not None and (
+        Target.from_json(data.get("jobs", {}).get(job_id)) != target or job_id in data.get("clash", {})
+    ):
+        return None
     return row if isinstance(row, dict) else None
 
 
@@ -92,9 +123,9 @@ def remember_final(target: Target, rows: list[dict[str, Any]]) -> None:
     final = data.setdefault("final", {})
     for row in rows:
         job = str(row["job_id"])
+        _book(data, target, job)
         final.pop(job, None)
         final[job] = row
-        data.setdefault("jobs", {})[job] = target.to_json()
     for job in list(final)[: max(0, len(final) - MAX_FINAL_ROWS)]:  # the oldest go: asked again if named
         del final[job]
     _store(data)

@@ -210,7 +210,7 @@ def _status_json(conn: Connection, profile: ClusterProfile, target: Target, argv
     import json
 
     ids = [w for w in argv[1:] if not w.startswith("-")]
-    known = {i: row for i in ids if (row := book.final_row(i)) is not None}
+    known = {i: row for i in ids if (row := book.final_row(i, target)) is not None}
     ask = [i for i in ids if i not in known]
     rows: list[dict[str, object]] = []
     data: dict[str, object] = {"source": "cache", "stale": False, "errors": [], "jobs": rows}

@@ -291,3 +291,25 @@ def test_a_busy_laptop_port_is_one_line_and_nothing_is_left_running(laptop: Lapt
     (line,) = res.stderr.splitlines()
     assert f"--port {port}: cannot forward it to login-a" in line, line
     poll(lambda: _dashboard_agents() == [], 30, "the login host's dashboard to stop")
+
+
+def test_an_id_two_login_hosts_gave_is_refused_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two clusters count job ids on their own: a job id the book has from two login hosts is not
+    sent to the newer one (whose job of that id is another), nor answered from the other's ended row."""
+    from orchestrator.contract.errors import UserError
+    from orchestrator.remote import book
+    from orchestrator.remote.routing import route
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path))
+    monkeypatch.delenv("ORCHESTRATOR_LOGIN", raising=False)
+    a, b = book.Target("a"), book.Target("b", "/elsewhere")
+    book.remember(a, ["100", "200"])
+    book.remember_final(a, [{"job_id": "100", "state": "COMPLETED"}])
+    assert book.final_row("100", a) is not None and book.final_row("100", b) is None
+    book.remember(b, ["100"])
+    with pytest.raises(UserError, match=r"job 100_3: that id was given by more than one login host \(a, b\)"):
+        route(["status", "100_3"])
+    assert book.final_row("100", a) is None and book.final_row("100", b) is None
+    assert route(["logs", "200"]) == a and route(["cost", "300"]) is None
