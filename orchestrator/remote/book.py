@@ -32,6 +32,14 @@ class Target:
     def to_json(self) -> str | list[str]:
         return self.name if self.profiles_dir is None else [self.name, self.profiles_dir]
 
+    def same(self, other: Target | None) -> bool:
+        """The same login profile: the same name, and the same folder where both know theirs."""
+        if other is None or other.name != self.name:
+            return False
+        return (
+            self.profiles_dir is None or other.profiles_dir is None or self.profiles_dir == other.profiles_dir
+        )
+
     @classmethod
     def from_json(cls, value: object) -> Target | None:
         if isinstance(value, str):
@@ -86,7 +94,7 @@ def _book(data: dict[str, Any], target: Target, job: str) -> None:
     """``job`` is on ``target``'s login host; one that another login host gave too is a clash."""
     jobs = data.setdefault("jobs", {})
     old = Target.from_json(jobs.get(job))
-    if old is not None and old != target:
+    if old is not None and not old.same(target):
         clash = data.setdefault("clash", {})
         known = [t for v in clash.get(job, []) if (t := Target.from_json(v)) is not None] or [old]
         clash[job] = [t.to_json() for t in dict.fromkeys([*known, target])]
@@ -109,7 +117,7 @@ def final_row(job_id: str, target: Target | None = None) -> dict[str, Any] | Non
     data = _load()
     row = data.get("final", {}).get(job_id)
     if target is not None and (
-        Target.from_json(data.get("jobs", {}).get(job_id)) != target or job_id in data.get("clash", {})
+        not target.same(Target.from_json(data.get("jobs", {}).get(job_id))) or job_id in data.get("clash", {})
     ):
         return None
     return row if isinstance(row, dict) else None

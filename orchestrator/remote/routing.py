@@ -70,8 +70,20 @@ def load_login(target: Target) -> ClusterProfile:
 
 
 def target(name: str, profiles_dir: str | None) -> Target:
-    """``name`` with the folder it is loaded from, made absolute (the book keeps it for later commands)."""
-    return Target(name, None if profiles_dir is None else os.path.abspath(os.path.expanduser(profiles_dir)))
+    """``name`` with the folder its file is in, absolute, so that a later command finds the same file
+    from any folder (the book keeps it): ``--profiles-dir``'s, or the one the search found it in
+    (``./cluster_profiles`` is the submitting folder's). A name that is a path keeps the folder given."""
+    from orchestrator.config.profile.load import resolve_profile_path
+
+    folder = None if profiles_dir is None else os.path.abspath(os.path.expanduser(profiles_dir))
+    if os.sep not in name and not name.endswith((".yaml", ".yml")):
+        try:
+            path = resolve_profile_path(name, folder)
+        except UserError:
+            return Target(name, folder)
+        if path.stem == name:
+            folder = str(path.parent.resolve())
+    return Target(name, folder)
 
 
 def route(argv: Sequence[str]) -> Target | None:
@@ -90,7 +102,7 @@ def route(argv: Sequence[str]) -> Target | None:
             load_login(Target(env))
         except UserError as exc:
             raise UserError(f"${LOGIN_ENV}={env}: {exc}") from None
-        return Target(env)
+        return target(env, None)
     if command in BY_JOB:
         words = [w for w in argv[1:] if not w.startswith("-")]
         return next((p for w in words if (p := book.profile_of(w))), None)

@@ -313,3 +313,17 @@ def test_an_id_two_login_hosts_gave_is_refused_naming_both(
         route(["status", "100_3"])
     assert book.final_row("100", a) is None and book.final_row("100", b) is None
     assert route(["logs", "200"]) == a and route(["cost", "300"]) is None
+    book.remember(book.Target("a", "/its/folder"), ["200"])  # the same profile, its folder now known
+    assert route(["logs", "200"]) == book.Target("a", "/its/folder")
+
+
+def test_a_profile_found_in_the_submitting_folder_is_found_again_from_anywhere(laptop: Laptop) -> None:
+    """``./cluster_profiles/P.yaml`` of the folder the job was submitted from: later commands, typed
+    in another folder, still find P (the book keeps the folder it was found in)."""
+    login = yaml.safe_load((laptop.tmp / "profiles" / "cluster.yaml").read_text())["login"]
+    write_profile(laptop.project / "cluster_profiles", "nearby", "local", login)
+    job, _ = submitted(laptop.cli("submit", "--profile", "nearby", "--nodes", "1", "--procs-per-node", "1",
+                                  "--", "job.py", "--lines", "1"))  # fmt: skip
+    res = subprocess.run([sys.executable, "-m", "orchestrator", "wait", job], env=laptop.env, cwd=laptop.tmp,
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert res.returncode == 0 and "COMPLETED" in res.stdout, res.stdout + res.stderr
