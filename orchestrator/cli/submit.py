@@ -7,7 +7,8 @@ import sys
 
 from orchestrator import api
 from orchestrator.cli.plan_args import add_plan_arguments, plan_from_args, positive_float
-from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, OrchestratorError
+from orchestrator.contract import start_estimates
+from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE
 
 #: What a shell reports for a command ended by Ctrl-C.
 EXIT_INTERRUPTED = 130
@@ -58,17 +59,13 @@ def run(args: argparse.Namespace) -> int:
         )
         print("# test only: nothing submitted")
         return EXIT_OK
-    try:
-        estimate = api.start_estimate(plan)
-    except OrchestratorError:
-        estimate = None  # the submission says what is wrong, if anything is
     registry = api.open_registry()
     submitted = api.submit_plan(plan, snapshot=args.snapshot, registry=registry)
     print(f"submitted job {submitted.job_id}")
     print(f"run directory {submitted.run_dir}")
-    if estimate:
-        # Asked just before the submission: Slurm's word on when a job like it starts.
-        print(f"start estimate: {estimate.split(' to start at ', 1)[-1].split()[0]} (Slurm, at submission)")
+    said = start_estimates.read(submitted.run_dir).get(submitted.job_id)
+    if said:  # asked just before the submission: the scheduler's word on when it starts
+        print(f"start estimate: {said['estimate']} (the scheduler's, at submission)")
     if not args.wait:
         print(f"next: {api.follow_hint(submitted.job_id)}")
         sys.stdout.flush()

@@ -31,6 +31,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       loaded.json, final.json       train/: what a resume restored; the final checksums
       replicas/rank<R>.json         train/: per-rank shard checksums at the end
       auto_resume.jsonl             the after-step check's decisions, one JSON object a line (Slurm)
+      start_estimates.jsonl         the scheduler's start estimate at each submission: {"job_id", "estimate", "asked"}
       restarts.jsonl                restarts inside the allocation, one JSON object a line: {"job_id",
                                     "failed_attempt", "attempt", "cause", "step", "time"} (Slurm)
       cancel_requested.json         written by ``orchestrator cancel``: no requeue after it
@@ -121,6 +122,7 @@ EXIT_STATUS_FILE = "exit_status.json"
 DECISIONS_FILE = "auto_resume.jsonl"
 #: Restarts inside the allocation (the batch step relaunched the training step), one JSON a line.
 RESTARTS_FILE = "restarts.jsonl"
+START_ESTIMATES_FILE = "start_estimates.jsonl"
 CANCEL_MARKER = "cancel_requested.json"
 LOCAL_PIDS_FILE = "local_pids.json"
 LOCAL_STATE_FILE = "local_state.json"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.contract import start_estimates
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.run_dir import (
     ATTEMPT_START_FILE,
@@ -493,7 +494,7 @@ def cost_report(
     if keep is not None:
         costs = [c for c in costs if c.job_id == keep]
     cost = bill(costs)
-    cost.notes = [*notes, ESTIMATES]
+    cost.notes = [*notes, *start_estimates.notes(record.run_dir, costs), ESTIMATES]
     cost.unit = _unit_of(record.run_dir, cost)
     cost.price_per_hour = _price(record.run_dir, cost.unit, cost.notes)
     return CostReport(kind, target, cost)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.inputs import env_folder
 from orchestrator.config.plan import LaunchPlan
 from orchestrator.config.render import accelerate_launch_command
+from orchestrator.contract import start_estimates
 from orchestrator.contract.errors import OrchestratorError, UserError
 from orchestrator.contract.permissions import run_dir_mode, run_umask, umask
 from orchestrator.contract.run_dir import (
@@ -159,6 +160,20 @@ def start_estimate(plan: LaunchPlan) -> str | None:
     scheduler = get_scheduler(plan.profile.scheduler)
     scheduler.check(plan)
     return scheduler.start_estimate(dry_run(plan))
+
+
+def _start_estimate_quietly(scheduler: Any, plan: LaunchPlan, request: Request) -> str | None:
+    """The scheduler's start estimate for ``request``, asked just before submitting it (its ISO
+    time), or None: no queue, or the scheduler would not say (the submission then tells)."""
+    from orchestrator.config.scheduler_kinds import scheduler_kind
+
+    if not scheduler_kind(plan.profile.scheduler).has_queue:
+        return None
+    try:
+        said = scheduler.start_estimate(request)
+    except (OrchestratorError, OSError):
+        return None
+    return start_estimates.estimate_of(said) if said else None
 
 
 def plan_record(plan: LaunchPlan, run_dir: Path, resumed_from: str | None) -> dict[str, Any]:
@@ -302,6 +317,7 @@ def _submit_into(
         token = str(request.extra.get("token") or submission_token(run_dir, attempt_base))
         if registry is not None:
             registry.begin_submission(token, run_dir, attempt_base, new_run_dir, plan.profile.scheduler, job)
+        estimate = _start_estimate_quietly(scheduler, plan, request) if after_job is None else None
         scheduled = scheduler.schedule(request, registry)
     except (OrchestratorError, OSError) as exc:
         # Nothing reached the scheduler (it refused, or we failed before asking): leave nothing.
@@ -312,6 +328,8 @@ def _submit_into(
             raise UserError(f"cannot write run directory {run_dir}: {exc.strerror or exc}") from None
         raise
     (run_dir / JOB_ID_FILE).write_text(scheduled.job_id)
+    if estimate is not None:
+        start_estimates.record(run_dir, scheduled.job_id, estimate)
     set_current_plan(run_dir, attempt_base)
     if registry is not None:
         _record_job(registry, scheduled.job_id, scheduled.scheduler_job_id, attempt_base, job, "submit")

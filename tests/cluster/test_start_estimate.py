@@ -1,6 +1,7 @@
 """When will it start (issue 43 item 3): on a busy partition (every node held by another job with a
 time limit), ``submit --test-only`` asks Slurm without submitting, ``submit`` prints Slurm's
-estimate, and ``status`` shows the pending job's estimate and reason (from its one batched query)."""
+estimate, ``status`` shows the pending job's estimate and reason (from its one batched query), and
+once it ran, ``cost`` says how far off the estimate at submission was."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli
+from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state
 from tests.helpers.slurm_cluster import require_cluster, scancel_quietly, slurm
 
 pytestmark = pytest.mark.slow
@@ -62,6 +63,17 @@ def test_a_pending_job_shows_slurms_start_estimate(
         assert pending["state"] == "PENDING" and _later_than_now(pending["start_estimate"]), pending
         table = run_cli(["status", job_id], orch_env, timeout=60).stdout
         assert f"{job_id} PENDING (" in table and "expects it to start at" in table, table
+        # The partition frees up early: the job starts, and `cost` says how far off the estimate was.
+        for f in fillers:
+            scancel_quietly(f)
+        assert sacct_state(job_id, timeout=240) == "COMPLETED"
+        bill = run_cli(["cost", job_id], orch_env, timeout=60)
+        assert bill.returncode == 0, bill.stdout + bill.stderr
+        assert (
+            f"job {job_id}: the scheduler's start estimate at submission was {said}; it started"
+            in bill.stdout
+        )
+        assert "s earlier" in bill.stdout, bill.stdout
     finally:
         for j in [*fillers, job_id]:
             if j:
