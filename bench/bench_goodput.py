@@ -4,7 +4,8 @@ Three runs of ``train/`` (2 nodes x 1 process, DDP, tiny model, checkpoints ever
 the stop signal), one after another (``--together``: at the same time), each for ``--duration``
 seconds; each attempt is preempted (USR2) ``--every`` seconds after its first step:
 
-* ``default``: ``orchestrator submit --profile slurm_test`` as shipped (``requeue_as: same_job``);
+* ``default``: ``orchestrator submit --profile slurm_test`` as shipped (``requeue_as: auto``: the
+  same job where ``cred_expire`` is short, a new job at Slurm's default);
   the preemption is ``orchestrator cancel JOB --signal USR2``;
 * ``new_job``: the same with ``requeue_as: new_job`` (a successor job instead of Slurm's requeue);
 * ``baseline``: a plain sbatch script with ``--requeue``: one ``srun`` task per node runs

@@ -57,7 +57,8 @@ def test_a_gpu_partition_is_drafted_with_every_key_the_cluster_answered(tmp_path
     assert data["partition"] == "gpu" and data["nodes"] == {"default": 2, "max": 2}, data
     assert (data["gpus_per_node"], data["gpu_type"], data["exclusive"]) == (8, "a100", True), data
     assert data["cpus_per_task"] == 96 and data["mem"] == "980000M" and data["time_limit"] == "2-00:00:00"
-    assert data["account"] == "ml" and data["qos"] == "normal" and data["requeue_as"] == "new_job", data
+    assert data["account"] == "ml" and data["qos"] == "normal" and "requeue_as" not in data, data
+    assert "cred_expire is 120 s, so a stopped job comes back as a new job" in text
     assert data["network_interface"] == "ib0" and data["setup"] == ["module load cuda"], data
     assert "also allowed: high" in text and "pyxis (srun --container-image), enroot found" in text
     assert "# not learned: accounts and QOS of another user" in text

@@ -396,11 +396,13 @@ class ClusterProfile(_Record):
     """Pre-timeout signal: the job checkpoints and requeues itself when it arrives."""
     max_requeues: int = 3
     """How many times a job may requeue itself after preemption or time-out (0..100)."""
-    requeue_as: Literal["same_job", "new_job"] = "same_job"
+    requeue_as: Literal["auto", "same_job", "new_job"] = "auto"
     """How a stopped job comes back: ``same_job`` (the scheduler's own requeue: same job id and queue
     priority, but Slurm holds it for ``cred_expire`` + 1 s, 121 s by default) or ``new_job`` (a
     successor job submitted when the stop signal arrives, starting as soon as this one ends: a new
-    job id and a fresh place in the queue; ``status`` follows the run). Both count to max_requeues."""
+    job id and a fresh place in the queue; ``status`` follows the run); ``auto``: ``new_job`` where
+    the cluster's ``cred_expire`` would hold a requeue 30 s or more (Slurm's default), else
+    ``same_job``, decided by node 0 when the stop comes. All count to max_requeues."""
     max_restarts: int = 3
     """How many times the job's own supervisor restarts the training step inside its allocation (same
     job id, no trip through the queue) after a fault a restart cures: a rank or node task killed by a

@@ -188,7 +188,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "rdzv_backend": _choice("c10d", "static"),
         "launcher": _choice("direct", "torchrun"),
         "max_requeues": _int_range(0, 100),
-        "requeue_as": _choice("same_job", "new_job"),
+        "requeue_as": _choice("auto", "same_job", "new_job"),
         "max_restarts": _int_range(0, 100),
         "spare_nodes": _int_range(0, 64),
         "on_node_loss": _choice("end", "shrink"),
@@ -349,7 +349,7 @@ def schema() -> dict[str, type[BaseModel]]:
         port_range: PortRange = PortRange()
         signal: PreTimeoutSignal = PreTimeoutSignal()
         max_requeues: int = Field(3, ge=0, le=100)
-        requeue_as: Literal["same_job", "new_job"] = "same_job"
+        requeue_as: Literal["auto", "same_job", "new_job"] = "auto"
         max_restarts: int = Field(3, ge=0, le=100)
         spare_nodes: int = Field(0, ge=0, le=64)
         on_node_loss: Literal["end", "shrink"] = "end"

@@ -429,13 +429,36 @@ def after_hang(
     append_decision(run_dir, decision)
 
 
+#: ``requeue_as: auto``: from this ``cred_expire`` on, a same-job requeue's hold (``cred_expire`` + 1 s)
+#: costs more than a new job id does, and the run continues as a new job.
+NEW_JOB_FROM_CRED_EXPIRE_S = 30
+
+
+def requeue_mode(requeue_as: str, cred_expire_s: int | None = None) -> str:
+    """``same_job`` or ``new_job``: the profile's word, or for ``auto`` the cluster's ``cred_expire``
+    (asked now with ``scontrol show config`` when not given; Slurm's default 120 s when it will not say)."""
+    if requeue_as != "auto":
+        return requeue_as
+    if cred_expire_s is None:
+        from orchestrator.schedulers.slurm.discover import parse_cred_expire
+
+        try:
+            config = subprocess.run(
+                ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            config = ""
+        cred_expire_s = parse_cred_expire(config)
+    return "new_job" if cred_expire_s >= NEW_JOB_FROM_CRED_EXPIRE_S else "same_job"
+
+
 def act_on_requeue(plan: LaunchPlan, run_dir: Path, job_id: str, restarts: int) -> bool:
     """Training asked to come back: ``scontrol requeue`` unless cancelled or out of requeues, or a
     successor job with ``requeue_as: new_job`` (True: handed over). Node 0 runs it, or the batch step
     when node 0 ran inside a container image."""
     from orchestrator.contract.requeue import decide_requeue
 
-    if plan.profile.requeue_as == "new_job":
+    if requeue_mode(plan.profile.requeue_as) == "new_job":
         return continue_in_new_job(run_dir, job_id, plan, restarts)
     decision = decide_requeue(restarts, plan.max_requeues, cancelled_by_user(run_dir, job_id))
     if not decision.requeue:

@@ -11,10 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.contract.errors import UserError
+from orchestrator.schedulers.slurm.auto_resume import NEW_JOB_FROM_CRED_EXPIRE_S as NEW_JOB_FROM_S
 from orchestrator.schedulers.slurm.discover import ClusterFacts, Partition, fast_interface
-
-#: ``cred_expire`` from which a same-job requeue's hold (cred_expire + 1 s) is worth a new job id.
-NEW_JOB_FROM_S = 30
 
 
 @dataclass
@@ -141,12 +139,11 @@ def draft(name: str, facts: ClusterFacts, answers: Answers, when: str | None = N
         lines.append(
             f"# network_interface: none set (a node has {', '.join(sorted(facts.interfaces))}: no fabric)"
         )
-    if facts.cred_expire_s >= NEW_JOB_FROM_S:
-        key(
-            "requeue_as",
-            "new_job",
-            f"cred_expire is {facts.cred_expire_s} s: a same-job requeue would wait {facts.cred_expire_s + 1} s",
-        )
+    way = "a new job" if facts.cred_expire_s >= NEW_JOB_FROM_S else "the same job"
+    lines.append(
+        f"# requeue_as: auto (the default): cred_expire is {facts.cred_expire_s} s, so a stopped job comes back "
+        f"as {way}"
+    )
     found = (["pyxis (srun --container-image)"] if facts.pyxis else []) + facts.runtimes
     lines.append(
         f"# containers: {', '.join(found)} found; pass --container-image per job or add a container: block"

@@ -102,3 +102,12 @@ def test_task_failure_lines_are_recognised(line: bytes, node: bytes) -> None:
 )
 def test_other_srun_lines_are_not_task_failures(line: bytes) -> None:
     assert not TASK_FAILURE_RE.search(line)
+
+
+def test_requeue_as_auto_continues_as_a_new_job_where_the_credential_would_hold_it() -> None:
+    from orchestrator.schedulers.slurm.auto_resume import requeue_mode
+
+    assert requeue_mode("auto", cred_expire_s=120) == "new_job"  # Slurm's default: a 121 s hold
+    assert requeue_mode("auto", cred_expire_s=10) == "same_job"  # the test cluster's
+    assert requeue_mode("same_job", cred_expire_s=120) == "same_job"
+    assert requeue_mode("new_job", cred_expire_s=10) == "new_job"
