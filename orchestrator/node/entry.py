@@ -177,7 +177,13 @@ def run_node(
         finally:
             relay.restore()
             prewarmed.discard()  # no-op once handed off
-        node_exit_file(path, node.node_rank).write_text(str(code))
+        # Through a temp file and a rename: node 0 and the peers poll for it, and a file caught
+        # between its creation and its write read as empty, which a reader took for exit 1 (a
+        # completed local job ended FAILED, "non-zero exit on node 1", under load).
+        exit_file = node_exit_file(path, node.node_rank)
+        tmp = exit_file.with_name(f".{exit_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(str(code))
+        os.replace(tmp, exit_file)
         log.close()
     return code
 
