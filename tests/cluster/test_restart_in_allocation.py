@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,34 @@ def env(slurm_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFactory)
     return out
 
 
+class Reference:
+    """The uninterrupted run this module's tests compare with: ``train/`` at the same world size on
+    the local profile, started once, in the background, when the first test asks for it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", *TWO_NODES, "--wait",
+             "--poll", "1", "--", TRAIN, *RUN_ARGS],
+            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        self._dir: Path | None = None
+
+    def run_dir(self) -> Path:
+        """Its run directory, once it completed (waits for it)."""
+        if self._dir is None:
+            out, err = self.proc.communicate(timeout=300)
+            assert self.proc.returncode == 0, out + err
+            self._dir = Path(out.split("run directory ")[-1].split()[0])
+        return self._dir
+
+
+@pytest.fixture(scope="module")
+def reference(env: dict[str, str]) -> Iterator[Reference]:
+    started = Reference(env)
+    yield started
+    kill_tree(started.proc.pid)
+
+
 def submitted(env: dict[str, str], args: list[str]) -> tuple[str, Path]:
     res = run_cli(["submit", *args], env, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -88,13 +117,10 @@ def batch_log(run_dir: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob("*_log.err")))
 
 
-def test_a_killed_rank_trains_again_in_the_same_job(env: dict[str, str], tmp_path: Path) -> None:
+def test_a_killed_rank_trains_again_in_the_same_job(
+    env: dict[str, str], reference: Reference, tmp_path: Path
+) -> None:
     profiles = user_profile_dir(tmp_path, max_restarts=3)
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", *TWO_NODES, "--wait",
-         "--poll", "1", "--", TRAIN, *RUN_ARGS],
-        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
     job_id, run_dir = submitted(
         env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
     )
@@ -103,12 +129,9 @@ def test_a_killed_rank_trains_again_in_the_same_job(env: dict[str, str], tmp_pat
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         wait_for_job_state(job_id, "COMPLETED", timeout=300)
-        ref_out, ref_err = reference.communicate(timeout=300)
     finally:
         scancel_quietly(job_id)
-        kill_tree(reference.pid)
-    assert reference.returncode == 0, ref_out + ref_err
-    ref_dir = Path(ref_out.split("run directory ")[-1].split()[0])
+    ref_dir = reference.run_dir()
 
     # One restart, in this job, from a complete checkpoint; no requeue, no new job.
     restarts = read_restarts(run_dir)
@@ -250,7 +273,7 @@ def test_a_deepspeed_job_restarts_through_torchrun(env: dict[str, str], tmp_path
 
 
 def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
-    env: dict[str, str], tmp_path: Path, slurm_cluster: dict[str, str]
+    env: dict[str, str], reference: Reference, tmp_path: Path, slurm_cluster: dict[str, str]
 ) -> None:
     """``spare_nodes: 1``: the job holds 3 nodes and trains on 2. A training node dies (its slurmd and
     every process on it, as at a power loss): the spare takes its place in the same job, from the
@@ -259,11 +282,6 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
         "needs nodes in namespaces"
     )
     profiles = user_profile_dir(tmp_path, max_restarts=3, spare_nodes=1)
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", *TWO_NODES, "--wait",
-         "--poll", "1", "--", TRAIN, *RUN_ARGS],
-        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
     job_id, run_dir = submitted(
         env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
     )
@@ -278,15 +296,12 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
         killed_at = time.time()
         assert kill_node_processes(victim, include_daemons=True)
         wait_for_job_state(job_id, "COMPLETED", timeout=300)
-        ref_out, ref_err = reference.communicate(timeout=300)
     finally:
         scancel_quietly(job_id)
-        kill_tree(reference.pid)
         if victim:
             revive_nodes()
             wait_for_node_state(victim, ("idle", "mixed"), timeout=90)
-    assert reference.returncode == 0, ref_out + ref_err
-    ref_dir = Path(ref_out.split("run directory ")[-1].split()[0])
+    ref_dir = reference.run_dir()
 
     restarts = read_restarts(run_dir)
     assert len(restarts) == 1, (restarts, batch_log(run_dir)[-3000:])
@@ -313,7 +328,7 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
 
 
 def test_without_a_spare_the_job_shrinks_and_keeps_its_global_batch(
-    env: dict[str, str], tmp_path: Path, slurm_cluster: dict[str, str]
+    env: dict[str, str], reference: Reference, tmp_path: Path, slurm_cluster: dict[str, str]
 ) -> None:
     """``on_node_loss: shrink``, no spare: a training node dies and the step goes on alone on the node
     left, in the same job, from the newest complete checkpoint resharded to world size 1, with
@@ -323,11 +338,6 @@ def test_without_a_spare_the_job_shrinks_and_keeps_its_global_batch(
         "needs nodes in namespaces"
     )
     profiles = user_profile_dir(tmp_path, max_restarts=3, on_node_loss="shrink")
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "submit", "--profile", "local", *TWO_NODES, "--wait",
-         "--poll", "1", "--", TRAIN, *RUN_ARGS],
-        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
     job_id, run_dir = submitted(
         env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
     )
@@ -338,15 +348,12 @@ def test_without_a_spare_the_job_shrinks_and_keeps_its_global_batch(
         victim = header.split("host=")[1].split()[0]
         assert kill_node_processes(victim, include_daemons=True)
         wait_for_job_state(job_id, "COMPLETED", timeout=300)
-        ref_out, ref_err = reference.communicate(timeout=300)
     finally:
         scancel_quietly(job_id)
-        kill_tree(reference.pid)
         if victim:
             revive_nodes()
             wait_for_node_state(victim, ("idle", "mixed"), timeout=90)
-    assert reference.returncode == 0, ref_out + ref_err
-    ref_dir = Path(ref_out.split("run directory ")[-1].split()[0])
+    ref_dir = reference.run_dir()
 
     restarts = read_restarts(run_dir)
     assert len(restarts) == 1, (restarts, batch_log(run_dir)[-3000:])
