@@ -55,12 +55,21 @@ def mark_cluster_tests(items: list[pytest.Item]) -> None:
         )
 
 
+def run_cluster_killers_last(items: list[pytest.Item]) -> None:
+    """Tests marked ``kills_cluster`` run after all others (order otherwise kept). A SIGKILLed
+    slurmctld restarts from its last saved state, up to seconds old: job ids handed out since are
+    handed out again, and ``sacct -j ID`` can then answer with an earlier test's job (CI red once:
+    a job's partition read as empty, its QOS as Unknown). No test after them can be misled."""
+    items.sort(key=lambda item: item.get_closest_marker("kills_cluster") is not None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The cluster folder's tests are marked ``slurm`` (before ``-m`` selects). Tests marked ``gpu``
     are deselected, visibly, on a machine without a CUDA device (CI has none;
     bench/gpu_submit_check.py runs the product path on one): never a skip that reads as a pass."""
     mark_cluster_tests(items)
+    run_cluster_killers_last(items)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or _has_cuda_device():
         return

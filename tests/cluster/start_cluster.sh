@@ -450,6 +450,8 @@ if [ "$ACCOUNTING" = 1 ]; then
   db_ping() { mariadb-admin --no-defaults -S "$M/sock" ping; }
   if ! alive "$BASE/run/mariadbd.pid"; then
     # A throw-away database: no fsync, no doublewrite; it is wiped by FRESH=1 / --purge anyway.
+    # Trap: flush-log-at-trx-commit=0 loses the last second of commits when mariadbd is SIGKILLed
+    # (test_cluster_restart.py does); 2 writes each commit to the OS, so only a host crash loses it.
     # slurmdbd's first start creates its tables under long locks, hence the lock wait timeout.
     # mariadbd switches to user mysql itself, so everything it writes lives in $M (owned by
     # mysql); the pid we record is in run/ (mariadbd cannot overwrite a root-owned file).
@@ -458,7 +460,7 @@ if [ "$ACCOUNTING" = 1 ]; then
       --datadir="$M/data" --user=mysql --socket="$M/sock" --pid-file="$M/mysqld.pid" \
       --bind-address=127.0.0.1 --port=$DB_PORT --log-error="$M/mariadb.log" --skip-name-resolve \
       --innodb-buffer-pool-size=64M --innodb-log-file-size=16M --innodb-lock-wait-timeout=900 \
-      --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --innodb-flush-method=nosync
+      --innodb-flush-log-at-trx-commit=2 --innodb-doublewrite=0 --innodb-flush-method=nosync
     wait_daemon 60 mariadb "$BASE/run/mariadbd.pid" "$M/mariadb.log" db_ping
     mariadb --no-defaults -S "$M/sock" -e "
       CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmpw';

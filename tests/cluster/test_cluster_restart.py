@@ -10,11 +10,14 @@ import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.helpers.cli import REPO, poll
 from tests.helpers.slurm_cluster import SlurmCluster, load_cluster, slurm
 
 START = REPO / "tests" / "cluster" / "start_cluster.sh"
+#: Job ids may be handed out again after it (tests/conftest.py runs it last).
+pytestmark = pytest.mark.kills_cluster
 FOREIGN_NS = "orch-test-foreign"
 FOREIGN_LINK = "vslforeign0"  # looks like ours to a careless pattern (vsl*), is not vslN
 
