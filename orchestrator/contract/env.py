@@ -24,6 +24,9 @@ EXPECTED_WORLD_SIZE_ENV = "ORCHESTRATOR_EXPECTED_WORLD_SIZE"
 EXPECTED_NUM_NODES_ENV = "ORCHESTRATOR_EXPECTED_NUM_NODES"
 #: The job's id (the registry's), for scripts and loggers that name their run after it.
 JOB_ID_ENV = "ORCHESTRATOR_JOB_ID"
+#: The run's name: its first job's id, the same in every job of the run (a requeue as a new job, an
+#: auto-resume, a ``resume``); every command and the API take it for the whole run.
+RUN_NAME_ENV = "ORCHESTRATOR_RUN_NAME"
 #: "1": the script hooks are installed in the rank (``--no-script-hooks`` sets "0").
 SCRIPT_HOOKS_ENV = "ORCHESTRATOR_SCRIPT_HOOKS"
 #: The profile's launcher (``direct``: fork the ranks where possible; ``torchrun``).

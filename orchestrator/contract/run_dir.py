@@ -10,6 +10,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       job.attempt_<A>.json          the plan of the submission that started at attempt A, never
                                     rewritten: the nodes of that job read it (one per submission)
       job_id                        the newest job's id (local jobs: which job owns the run now)
+      run_name                      the run's name, its first job's id (orchestrator.contract.run_name)
       sbatch.sh                     the batch script exactly as submitted (Slurm)
       submitit/                     submitit's pickles and the batch/task stdout+stderr
         array_task.pkl              a sweep task's node task, linked by its batch script to the name

@@ -36,6 +36,7 @@ from orchestrator.contract.env import (
     NODE_RANK_ENV,
     PROCS_PER_NODE_ENV,
     RUN_DIR_ENV,
+    RUN_NAME_ENV,
     SCRIPT_HOOKS_ENV,
     STRATEGY_ENV,
 )
@@ -53,6 +54,7 @@ from orchestrator.contract.run_dir import (
     node_ranks_dir,
     read_plan_json,
 )
+from orchestrator.contract.run_name import run_name
 from orchestrator.node.hang_watch import NodeHangWatch
 from orchestrator.node.launcher import (
     FORWARDED_SIGNALS,
@@ -132,6 +134,7 @@ def training_environment(
         {
             RUN_DIR_ENV: str(run_dir),
             JOB_ID_ENV: node.job_id,
+            RUN_NAME_ENV: run_name(run_dir, node.job_id),
             ATTEMPT_ENV: str(attempt),
             NODE_RANK_ENV: str(node.node_rank),
             EXPECTED_WORLD_SIZE_ENV: str(plan.world_size),
@@ -226,6 +229,7 @@ def _launch_and_wait(
     )
     print(
         f"[orchestrator node] host={host} node_rank={node.node_rank}/{node.num_nodes} job={node.job_id} "
+        f"run={run_name(run_dir, node.job_id)} "
         f"attempt={attempt} main={main_ip}:{port} world_size={plan.world_size} "
         f"strategy={plan.options.strategy} python={sys.executable}",
         file=log,

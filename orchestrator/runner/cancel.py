@@ -45,14 +45,12 @@ def cancel_job(registry: Registry, job: JobRecord, sig: signal.Signals | None) -
     from orchestrator.runner.refresh import refresh_states
     from orchestrator.schedulers import get_scheduler
 
-    successor = registry.run_of(job.job_id).newest_job_id
-    if successor != job.job_id:
-        # Its run directory belongs to the new job now: a cancel marker written there would stop
-        # that job from requeueing after a preemption.
-        raise UserError(
-            f"job {job.job_id}: its run continues as job {successor}; cancel that one "
-            f"(orchestrator cancel {successor})"
-        )
+    asked = job.job_id
+    newest = registry.run_of(asked).newest_job_id
+    if newest != asked:
+        # One name for the whole run: the run goes on in its newest job (a requeue as a new job, an
+        # auto-resume, a resume), which is what is cancelled or signalled; this one has ended.
+        job = registry.get(newest)
     st = refresh_states(registry, [job]).states.get(job.job_id)
     state = st.state if st is not None else job.last_state
     if state.is_terminal():
@@ -62,7 +60,7 @@ def cancel_job(registry: Registry, job: JobRecord, sig: signal.Signals | None) -
     if sig is None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         registry.set_end_reason(job.job_id, f"cancel requested by {_user()} at {stamp}")
-    return message
+    return message if asked == job.job_id else f"job {asked}: the run continues as job {job.job_id}; {message}"
 
 
 def cancel_locked(registry: Registry, job_id: str, sig: signal.Signals | None) -> str:

@@ -183,9 +183,12 @@ def follow_job_until_done(
         final: list[JobState] = [job.last_state]
 
         def is_done() -> bool:
-            current = reg.get(job_id)
+            # The run's state, not this job's: a run that went on in a successor job (a requeue as a
+            # new job, an auto-resume) writes its next attempts into the same folder, followed here.
+            newest = reg.successors([job_id]).get(job_id, job_id)
+            current = reg.get(newest)
             result = refresh_states(reg, [current], timeout_s=query_timeout_s)
-            st = result.states.get(job_id)
+            st = result.states.get(newest)
             state = st.state if st is not None else current.last_state
             final[0] = state
             return state.is_terminal()

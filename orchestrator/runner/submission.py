@@ -46,6 +46,7 @@ from orchestrator.contract.run_dir import (
     reserve_attempt,
     set_current_plan,
 )
+from orchestrator.contract.run_name import name_run
 from orchestrator.notify.events import prepare as prepare_notify
 from orchestrator.rundir.lock import RunLocked, run_lock
 from orchestrator.runner.snapshot import copy_snapshot, plan_snapshot
@@ -328,6 +329,7 @@ def _submit_into(
             raise UserError(f"cannot write run directory {run_dir}: {exc.strerror or exc}") from None
         raise
     (run_dir / JOB_ID_FILE).write_text(scheduled.job_id)
+    name_run(run_dir, scheduled.job_id)
     if estimate is not None:
         start_estimates.record(run_dir, scheduled.job_id, estimate)
     set_current_plan(run_dir, attempt_base)
@@ -422,6 +424,7 @@ def _adopt(
         registry.end_submission(intent.token, cancelled, job_id=job_id, note=note)
         return note
     (run_dir / JOB_ID_FILE).write_text(job_id)
+    name_run(run_dir, job_id)
     set_current_plan(run_dir, intent.attempt_base)
     _record_job(registry, job_id, job_id, intent.attempt_base, intent.job, "adopted")
     note = f"adopted job {job_id}: its submit was interrupted after the scheduler took it (run directory {run_dir})"

@@ -32,6 +32,7 @@ from orchestrator.contract.run_dir import (
     set_current_plan,
     write_json_atomic,
 )
+from orchestrator.contract.run_name import name_run
 from orchestrator.notify.events import prepare as prepare_notify
 from orchestrator.runner.submission import (
     _job_fields,
@@ -132,6 +133,7 @@ def submit_sweep(
     job_ids = [s.job_id for s in scheduled]
     for path, plan, done in zip(dirs, plans, scheduled, strict=True):
         (path / JOB_ID_FILE).write_text(done.job_id)
+        name_run(path, done.job_id)
         set_current_plan(path, 0)
         _record_job(registry, done.job_id, done.scheduler_job_id, 0, _job_fields(plan, path, None), "sweep")
     sweep_id = job_ids[0].split("_", 1)[0]

@@ -13,6 +13,8 @@ the stop signal (it writes ``holding.json`` to its run directory first), then tr
 whose end the loop saves it and leaves for a requeue: the requeue tests' deterministic point.
 ``--fail``: exit 1 at once (a job that FAILED); ``--fail-if yes`` too (a grid axis picks the task).
 ``--step-s``: the time one step takes (the workload's pace).
+Rank 0 appends ``$ORCHESTRATOR_RUN_NAME`` to ``run_names.txt`` in the run directory at each attempt's
+start (what a script would name its run after).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def main() -> int:
     loop = ResumableLoop(accelerator, max_steps=args.steps)
 
     attempt = int(os.environ.get("ORCHESTRATOR_ATTEMPT", "0"))
+    if accelerator.is_main_process:
+        with open(loop.run_dir / "run_names.txt", "a") as names:
+            names.write(os.environ.get("ORCHESTRATOR_RUN_NAME", "") + "\n")
     hold = args.hold_lr is not None and abs(args.lr - args.hold_lr) < 1e-12 and attempt == 0
     for (x,) in loop.batches(loader, epochs=1):
         if hold and loop.step + 1 == args.hold_at:
