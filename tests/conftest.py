@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,18 +56,15 @@ def mark_cluster_tests(items: list[pytest.Item]) -> None:
         )
 
 
-def order_for_workers(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The order, and with pytest-xdist the work units, that keep the suite short and sound.
+def order_for_workers(items: list[pytest.Item]) -> None:
+    """The cluster's tests first, and among them those marked ``kills_cluster`` last.
 
-    The cluster's tests come first, as one xdist group: they run one at a time on one worker (one
-    cluster, one lock), starting at once, while the other workers take the rest file by file (a
-    file's module fixtures are made once). Run with ``-n 2 --dist loadgroup --no-loadscope-reorder``
-    (the README's command): the cluster's ~24 minutes then overlap the ~15 of everything else.
-
-    Tests marked ``kills_cluster`` run after every other cluster test. A SIGKILLed slurmctld
-    restarts from its last saved state, up to seconds old: job ids handed out since are handed out
-    again, and ``sacct -j ID`` can then answer with an earlier test's job (CI red once: a job's
-    partition read as empty, its QOS as Unknown). No cluster test after them can be misled."""
+    First: under pytest-xdist (``-n 2``, the README's command) the cluster's tests are one work
+    unit (:func:`pytest_xdist_make_scheduler`), which then starts at once on one worker while the
+    other workers take the rest. Last: a SIGKILLed slurmctld restarts from its last saved state, up
+    to seconds old: job ids handed out since are handed out again, and ``sacct -j ID`` can then
+    answer with an earlier test's job (CI red once: a job's partition read as empty, its QOS as
+    Unknown). No cluster test after them can be misled."""
 
     def rank(item: pytest.Item) -> int:
         if not item.get_closest_marker("slurm"):
@@ -74,11 +72,26 @@ def order_for_workers(config: pytest.Config, items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("kills_cluster") else 0
 
     items.sort(key=rank)
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        group = "slurm" if item.get_closest_marker("slurm") else item.path.relative_to(REPO).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Work units for pytest-xdist: the cluster's tests are one (one cluster, run one test at a time:
+    they share its nodes and its lock), every other test file is one (its module fixtures are made
+    once), handed out in collection order. The cluster's ~24 minutes then overlap the ~15 of
+    everything else. (Not ``--dist loadgroup``: pytest 9.2 keeps a node id in ``_id``, and
+    xdist 3.8's group suffix, written to ``_nodeid``, is lost: every test became its own unit.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    cluster = CLUSTER_TESTS.relative_to(REPO).as_posix() + "/"
+
+    class ClusterApart(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return cluster if path.startswith(cluster) else path
+
+    config.option.loadscopereorder = False
+    return ClusterApart(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -87,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     are deselected, visibly, on a machine without a CUDA device (CI has none;
     bench/gpu_submit_check.py runs the product path on one): never a skip that reads as a pass."""
     mark_cluster_tests(items)
-    order_for_workers(config, items)
+    order_for_workers(items)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or _has_cuda_device():
         return
