@@ -81,6 +81,9 @@ CROSSINGS: dict[tuple[str, str], str] = {
     ("orchestrator.supervise.preflight", "orchestrator.node.preflight"): (
         "the preflight runs the node's part on every node, through the scheduler"
     ),
+    ("orchestrator.supervise.doctor", "orchestrator.node.doctor"): (
+        "``orchestrator doctor`` runs the node's part on every node, through the scheduler's step"
+    ),
     ("orchestrator.remote.calls", "orchestrator.cli.login_agent"): (
         "the laptop starts the login host's agent over SSH"
     ),
@@ -129,6 +132,11 @@ BY_NAME: dict[str, tuple[frozenset[str], str]] = {
         "its own entry, on each node",
     ),
     "orchestrator.node.preflight": (frozenset({"orchestrator.node.preflight"}), "its own entry"),
+    "orchestrator.supervise.doctor": (
+        frozenset({"orchestrator.node.doctor"}),
+        "the doctor's part on each node (NODE_MODULE), started by its step",
+    ),
+    "orchestrator.node.doctor": (frozenset({"orchestrator.node.doctor"}), "its own entry"),
     "orchestrator.node.launcher": (
         frozenset({"orchestrator.node.launcher_shim"}),
         "the prewarmed launcher, started early in its own interpreter",
@@ -412,6 +420,7 @@ REPEATED_NAMES: dict[str, str] = {
     "hf": "orchestrator.hf is the public name of rank/hf",
     "loop": "orchestrator.loop is the public name of rank/loop",
     "preflight": "supervise/ runs the preflight from the batch step; node/ is each node's part of it",
+    "doctor": "cli/ prints what api/ and runner/ run; supervise/ decides, node/ is each node's part",
     "query": "schedulers/query is the interface's records; schedulers/slurm/query Slurm's answers",
     "scheduler": "each scheduler package's implementation of the interface",
     "schema": "config/profile/schema checks profiles; registry/schema is the SQLite schema",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.api import door
+from orchestrator.api.doctor import doctor
 from orchestrator.api.door import JOB_ID, SWEEP_ID
 from orchestrator.api.handles import NOT_RESUMED, Job, Sweep, cancel, get_job, get_sweep, resume
 from orchestrator.api.runs import cost, export, logs, plot, stacks
@@ -64,6 +65,7 @@ __all__ = [
     "cancel",
     "check_profile",
     "cost",
+    "doctor",
     "dry_run",
     "dry_run_sweep",
     "export",

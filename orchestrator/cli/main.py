@@ -36,6 +36,8 @@ COMMANDS: dict[str, str] = {
     "export": "write a run's checkpoint as safetensors, a from_pretrained folder or a torch file",
     "cost": "where the allocated GPU/CPU-hours of a job, run or sweep went (goodput, waste by cause)",
     "profiles": "list, show or validate cluster profiles",
+    "doctor": "check a profile's nodes with a short job (interpreter, packages, GPUs, shared run root, "
+    "limits, clocks, all-reduce); the fix for each failure",
     "strategies": "table of parallelism strategies",
     "remote": "install orchestrator on a profile's login host over SSH, or check its version",
 }

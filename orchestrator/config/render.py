@@ -27,6 +27,8 @@ from orchestrator.contract.errors import UserError
 if TYPE_CHECKING:
     import jinja2
 
+    from orchestrator.config.profile.load import ClusterProfile
+
 #: Size-based auto-wrap threshold when no layer class is named (Accelerate's default is 1e8).
 #: Blocks smaller than this are not units of their own: the train/ tiny preset (0.2M per block)
 #: then has only Accelerate's root/tail units, so name the block with --wrap-cls for real sharding.
@@ -181,8 +183,13 @@ def render_accelerate_config(
 
 
 def gres_for(plan: LaunchPlan) -> str:
-    gpu = plan.profile.gpu_type
-    return f"gpu:{gpu}:{plan.profile.gpus_per_node}" if gpu else f"gpu:{plan.profile.gpus_per_node}"
+    return profile_gres(plan.profile)
+
+
+def profile_gres(profile: ClusterProfile) -> str:
+    """The ``--gres`` value of a profile's GPUs (``gpu:TYPE:N``, or ``gpu:N`` without a type)."""
+    gpu = profile.gpu_type
+    return f"gpu:{gpu}:{profile.gpus_per_node}" if gpu else f"gpu:{profile.gpus_per_node}"
 
 
 def render_sbatch(

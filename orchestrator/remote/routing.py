@@ -25,8 +25,12 @@ if TYPE_CHECKING:
 
 #: Environment variable naming the profile whose login host every command goes to.
 LOGIN_ENV = "ORCHESTRATOR_LOGIN"
-#: Commands that name their profile with ``--profile``.
-PROFILED = ("submit", "sweep", "resume")
+#: Commands that name their profile with ``--profile`` (or as their first word: :data:`PROFILE_WORD`).
+PROFILED = ("submit", "sweep", "resume", "doctor")
+#: Of those, the ones whose first positional word is the profile (``doctor PROFILE``), and their
+#: options that take a value (skipped when looking for it).
+PROFILE_WORD = ("doctor",)
+VALUE_OPTIONS = ("--nodes", "--profiles-dir")
 #: Commands whose positional words name jobs (or sweeps): they follow the job to its login host.
 BY_JOB = ("status", "logs", "wait", "cancel", "resume", "stacks", "plot", "cost", "export")
 #: Commands that name no job: here, or on ``$ORCHESTRATOR_LOGIN``'s login host (``ui``: its
@@ -46,6 +50,14 @@ def _flag(argv: Sequence[str], name: str) -> str | None:
             return words[i + 1]
         if word.startswith(name + "="):
             return word.split("=", 1)[1]
+    return None
+
+
+def _first_word(argv: Sequence[str]) -> str | None:
+    words = list(argv[1:])
+    for i, word in enumerate(words):
+        if not word.startswith("-") and (i == 0 or words[i - 1] not in VALUE_OPTIONS):
+            return word
     return None
 
 
@@ -92,7 +104,7 @@ def route(argv: Sequence[str]) -> Target | None:
         return None
     command = argv[0]
     if command in PROFILED:
-        name = _flag(argv, "--profile")
+        name = _first_word(argv) if command in PROFILE_WORD else _flag(argv, "--profile")
         where = _flag(argv, "--profiles-dir")
         if name and login_profile(name, where):
             return target(name, where)

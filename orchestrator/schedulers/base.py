@@ -220,6 +220,20 @@ class Scheduler(ABC):
         only through this."""
         return None
 
+    def doctor_step(self, profile: ClusterProfile, nodes: int, script: str) -> list[str]:
+        """argv of ``orchestrator doctor``'s step: a new allocation of ``nodes`` nodes for the profile,
+        one task per node running the shell ``script``, that ends with it. Each line of its output
+        (stdout and stderr together) starts with the task's number and ``": "``; each task has
+        :data:`~orchestrator.supervise.doctor.NODE_NAME_VAR` set to its node's name. A scheduler
+        whose nodes are this machine has none: its nodes share one filesystem, clock and limits, and
+        a submit shows their problems at once."""
+        from orchestrator.contract.errors import UserError
+
+        raise UserError(
+            f"doctor checks a cluster's nodes; a {profile.scheduler} profile's nodes are processes of "
+            "this machine (one filesystem, one clock, one set of limits): submit to it directly"
+        )
+
     # ---------------------------------------------------------------- on the node
     @abstractmethod
     def node_environment(self, job_key: str) -> NodeEnvironment:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import signal
 
     from orchestrator.config.plan import LaunchPlan
+    from orchestrator.config.profile.load import ClusterProfile
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
     from orchestrator.schedulers.query import Allocation, QueryResult
@@ -313,3 +314,8 @@ class SlurmScheduler(Scheduler):
 
     def on_every_node(self, nodes: list[str], job_id: str | None = None) -> list[str] | None:
         return srun_on_every_node(nodes, job_id)
+
+    def doctor_step(self, profile: ClusterProfile, nodes: int, script: str) -> list[str]:
+        from orchestrator.schedulers.slurm.doctor_step import doctor_srun
+
+        return doctor_srun(profile, nodes, script)

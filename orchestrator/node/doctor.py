@@ -1,0 +1,212 @@
+"""One node's part of ``orchestrator doctor`` (:mod:`orchestrator.supervise.doctor` decides).
+
+``python -m orchestrator.node.doctor SPEC_JSON``, one task per node of the doctor's step, after the
+profile's set-up lines and environment. It measures, never judges: the interpreter, the packages a
+job imports and their versions, the GPUs torch sees (and nvidia-smi's health, on GPU profiles), the
+run root written and read both ways (its file for the host, the host's file for it), ``/dev/shm``,
+``ulimit -n``/``-l``, the container image (the preflight's check), and an all-reduce over every
+node. It prints its report as one JSON line (``REPORT_MARKER``): the host reads it from the step's
+output, so a node whose run root is not shared still reports.
+
+The all-reduce needs every node: each first tells node 0 over a plain socket whether it can join
+(torch imports), and node 0 answers go or no-go to all. A node that cannot import torch then costs
+the others no rendezvous timeout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from orchestrator.node.preflight import gpu_problems, image_problems
+from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE, PACKAGES, REPORT_MARKER
+
+#: Bytes all-reduced per try, and tries (the best counts: a busy host's noise is not the network's).
+ALLREDUCE_BYTES = 16 << 20
+ALLREDUCE_TRIES = 3
+#: How long nodes wait for each other (the go/no-go, then torch's rendezvous).
+JOIN_TIMEOUT_S = 60.0
+
+
+def package_versions() -> dict[str, dict[str, str]]:
+    """Each package a job imports: its version, or the last line of why it does not import."""
+    out: dict[str, dict[str, str]] = {}
+    for name in PACKAGES:
+        try:
+            module = importlib.import_module(name)
+            out[name] = {"version": str(getattr(module, "__version__", "unknown"))}
+        except BaseException as exc:  # noqa: BLE001 - a broken install raises anything
+            out[name] = {"error": f"{type(exc).__name__}: {exc}".strip().splitlines()[-1]}
+    return out
+
+
+def gpus_seen(expected: int, torch_ok: bool) -> dict[str, Any]:
+    """The GPUs torch sees (their names), and on GPU profiles nvidia-smi's ECC errors."""
+    info: dict[str, Any] = {"count": 0, "names": [], "problems": []}
+    if torch_ok:
+        import torch
+
+        count = torch.cuda.device_count()
+        info["count"] = count
+        info["names"] = [torch.cuda.get_device_name(i) for i in range(count)]
+    if expected > 0:
+        info["problems"] = [p for p in gpu_problems(expected) if "visible" not in p]
+    return info
+
+
+def run_dir_check(folder: Path, rank: int, token: str) -> dict[str, Any]:
+    """Write this node's file (the token) where the host will look; read the host's."""
+    out: dict[str, Any] = {}
+    try:
+        mine = folder / NODE_FILE.format(rank=rank)
+        tmp = mine.with_name(f".{mine.name}.tmp")
+        tmp.write_text(token)
+        os.replace(tmp, mine)
+    except OSError as exc:
+        out["error"] = f"cannot write in {folder}: {exc}"
+    try:
+        out["host_file_seen"] = (folder / HOST_FILE).read_text() == token
+    except OSError:
+        out["host_file_seen"] = False
+    return out
+
+
+def limits() -> dict[str, Any]:
+    """``/dev/shm``'s size, ``ulimit -n`` (soft, hard) and ``ulimit -l`` in KiB (-1: unlimited)."""
+    try:
+        st = os.statvfs("/dev/shm")
+        shm: int | None = st.f_blocks * st.f_frsize
+    except OSError:
+        shm = None
+    soft_n, hard_n = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft_l, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+
+    def value(v: int) -> int:
+        return -1 if v == resource.RLIM_INFINITY else v
+
+    return {
+        "shm_bytes": shm,
+        "nofile": [value(soft_n), value(hard_n)],
+        "memlock_kib": -1 if soft_l == resource.RLIM_INFINITY else soft_l // 1024,
+    }
+
+
+def agree(rank: int, nodes: int, main: str, port: int, ready: bool) -> bool:
+    """Every node says whether it can join the all-reduce; node 0 answers go (all can) or no-go."""
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    if rank == 0:
+        server = socket.create_server(("", port), reuse_port=False)
+        server.settimeout(JOIN_TIMEOUT_S)
+        peers: list[tuple[socket.socket, bool]] = []
+        try:
+            while len(peers) < nodes - 1 and time.monotonic() < deadline:
+                conn, _ = server.accept()
+                conn.settimeout(JOIN_TIMEOUT_S)
+                peers.append((conn, conn.recv(1) == b"1"))
+        except OSError:
+            pass
+        go = ready and len(peers) == nodes - 1 and all(ok for _, ok in peers)
+        for conn, _ in peers:
+            try:
+                conn.sendall(b"1" if go else b"0")
+            finally:
+                conn.close()
+        server.close()
+        return go
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((main, port), timeout=5) as conn:
+                conn.settimeout(JOIN_TIMEOUT_S)
+                conn.sendall(b"1" if ready else b"0")
+                return conn.recv(1) == b"1"
+        except OSError:
+            time.sleep(0.2)  # node 0 is not listening yet: retried until the deadline
+    return False
+
+
+def allreduce(rank: int, nodes: int, main: str, port: int, gpu: bool) -> dict[str, Any]:
+    """Bus bandwidth of an all-reduce over every node (gloo on CPUs, NCCL on GPUs), the best try."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if gpu else "gloo"
+    device = "cuda:0" if gpu else "cpu"
+    if gpu:
+        torch.cuda.set_device(0)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{main}:{port}",
+        rank=rank,
+        world_size=nodes,
+        timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+    )
+    try:
+        data = torch.ones(ALLREDUCE_BYTES // 4, device=device)
+        dist.all_reduce(data)  # warm-up: connections
+        best = float("inf")
+        for _ in range(ALLREDUCE_TRIES):
+            if gpu:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            dist.all_reduce(data)
+            if gpu:
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - started)
+        # Bus bandwidth: what each node's link carries in a ring all-reduce, comparable across sizes.
+        mbps = ALLREDUCE_BYTES * 2 * (nodes - 1) / nodes * 8 / best / 1e6
+        return {
+            "mbps": round(mbps, 1),
+            "seconds": round(best, 4),
+            "bytes": ALLREDUCE_BYTES,
+            "backend": backend,
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    from orchestrator.config.render import port_for_job
+    from orchestrator.schedulers import get_scheduler
+
+    spec = json.loads(argv[0])
+    node = get_scheduler(spec["scheduler"]).node_environment("")
+    rank, nodes = node.node_rank, node.num_nodes
+    imports = package_versions()
+    torch_ok = "version" in imports["torch"]
+    report: dict[str, Any] = {
+        "node": rank,
+        "host": socket.gethostname(),
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+        "imports": imports,
+        "gpus": gpus_seen(int(spec["gpus"]), torch_ok),
+        "run_dir": run_dir_check(Path(spec["folder"]), rank, spec["token"]),
+        **limits(),
+        "image_problems": image_problems((spec["image"][0], spec["image"][1]) if spec.get("image") else None),
+    }
+    if nodes >= 2:
+        start, end = spec["port_range"]
+        port = port_for_job(node.job_id, start, end - 1)
+        try:
+            main_ip = socket.gethostbyname(node.hostnames[0])
+            if agree(rank, nodes, main_ip, port, torch_ok):
+                report["allreduce"] = allreduce(rank, nodes, main_ip, port + 1, int(spec["gpus"]) > 0)
+            else:
+                why = "torch does not import here" if not torch_ok else "another node cannot join"
+                report["allreduce"] = {"error": f"not run: {why}"}
+        except Exception as exc:  # noqa: BLE001 - reported, judged on the host
+            report["allreduce"] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+    print(f"{REPORT_MARKER} {json.dumps(report)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

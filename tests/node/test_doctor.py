@@ -1,0 +1,97 @@
+"""A node's part of ``orchestrator doctor`` (:mod:`orchestrator.node.doctor`), on this machine: what
+it measures here, and the go/no-go plus the all-reduce between two real processes over gloo on
+loopback (a node that cannot import torch must cost the others no rendezvous timeout)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.node.doctor import JOIN_TIMEOUT_S, limits, package_versions, run_dir_check
+from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE
+from tests.helpers.cli import REPO
+from tests.helpers.net import free_port
+
+PAIR = """
+import json, sys
+from orchestrator.node.doctor import agree, allreduce
+rank, port, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+out = {"go": agree(rank, 2, "127.0.0.1", port, ready)}
+if out["go"]:
+    out["allreduce"] = allreduce(rank, 2, "127.0.0.1", port + 1, False)
+print(json.dumps(out), flush=True)
+"""
+
+
+def run_pair(ready: tuple[bool, bool]) -> tuple[list[dict[str, object]], float]:
+    port = free_port()
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PAIR, str(rank), str(port), "1" if ready[rank] else "0"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=JOIN_TIMEOUT_S + 60)
+        assert proc.returncode == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs, time.monotonic() - started
+
+
+def test_two_ready_nodes_all_reduce_and_report_bandwidth() -> None:
+    outs, _ = run_pair((True, True))
+    for out in outs:
+        assert out["go"] is True
+        figures = out["allreduce"]
+        assert isinstance(figures, dict) and figures["backend"] == "gloo"
+        assert figures["mbps"] > 0 and figures["bytes"] == 16 << 20
+
+
+def test_a_node_that_cannot_join_stops_every_node_at_once() -> None:
+    outs, seconds = run_pair((True, False))
+    assert [out["go"] for out in outs] == [False, False]
+    assert seconds < JOIN_TIMEOUT_S / 2  # told at once, not after the rendezvous timeout
+
+
+def test_the_run_directory_is_written_and_the_host_s_file_read(tmp_path: Path) -> None:
+    (tmp_path / HOST_FILE).write_text("token-1")
+    assert run_dir_check(tmp_path, 3, "token-1") == {"host_file_seen": True}
+    assert (tmp_path / NODE_FILE.format(rank=3)).read_text() == "token-1"
+    assert run_dir_check(tmp_path, 3, "another")["host_file_seen"] is False
+    missing = run_dir_check(tmp_path / "absent", 0, "t")
+    assert "cannot write" in missing["error"] and missing["host_file_seen"] is False
+
+
+def test_limits_are_this_process_s() -> None:
+    got = limits()
+    soft_n, hard_n = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert got["nofile"][0] == (-1 if soft_n == resource.RLIM_INFINITY else soft_n)
+    assert isinstance(got["shm_bytes"], int) and got["shm_bytes"] > 0
+    soft_l, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    assert got["memlock_kib"] == (-1 if soft_l == resource.RLIM_INFINITY else soft_l // 1024)
+
+
+def test_package_versions_name_what_does_not_import(tmp_path: Path) -> None:
+    shadow = tmp_path / "accelerate"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('planted: broken accelerate')\n")
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]);"
+        "from orchestrator.node.doctor import package_versions; print(json.dumps(package_versions()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    got = json.loads(out.stdout)
+    assert got["accelerate"] == {"error": "ImportError: planted: broken accelerate"}
+    assert "version" in got["torch"] and "version" in package_versions()["orchestrator"]
