@@ -63,9 +63,12 @@ def gpus_seen(expected: int, torch_ok: bool) -> dict[str, Any]:
 
 
 def run_dir_check(folder: Path, rank: int, token: str) -> dict[str, Any]:
-    """Write this node's file (the token) where the host will look; read the host's."""
+    """Write this node's file (the token) where the host will look; read the host's. The folder is
+    made here when missing: a node whose run root is its own disk is then told as not shared (what it
+    is), not as unwritable."""
     out: dict[str, Any] = {}
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         mine = folder / NODE_FILE.format(rank=rank)
         tmp = mine.with_name(f".{mine.name}.tmp")
         tmp.write_text(token)

@@ -68,8 +68,11 @@ def test_the_run_directory_is_written_and_the_host_s_file_read(tmp_path: Path) -
     assert run_dir_check(tmp_path, 3, "token-1") == {"host_file_seen": True}
     assert (tmp_path / NODE_FILE.format(rank=3)).read_text() == "token-1"
     assert run_dir_check(tmp_path, 3, "another")["host_file_seen"] is False
-    missing = run_dir_check(tmp_path / "absent", 0, "t")
-    assert "cannot write" in missing["error"] and missing["host_file_seen"] is False
+    own_disk = run_dir_check(tmp_path / "absent", 0, "t")  # made here: not shared, not unwritable
+    assert own_disk == {"host_file_seen": False}
+    (tmp_path / "file").write_text("")
+    blocked = run_dir_check(tmp_path / "file" / "sub", 0, "t")
+    assert "cannot write" in blocked["error"] and blocked["host_file_seen"] is False
 
 
 def test_limits_are_this_process_s() -> None:
