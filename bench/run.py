@@ -22,7 +22,8 @@ from other work on the machine hits both sides alike. Writes bench/results.md an
    save and load vs raw write+fsync / read of the same bytes.
 7. Requeue round trip (``requeue``, bench_requeue.py) on the Slurm test cluster: USR2 -> first resumed
    step, broken into checkpoint / exit / scheduler requeue / start-up / load / first step, under both
-   AuthInfo cred_expire settings (the test cluster is restarted with the other one, then back).
+   AuthInfo cred_expire settings (the test cluster is restarted with the other one, then back), for
+   each ``requeue_as`` (``BENCH_REQUEUE_AS=auto`` measures the default alone, keeping the other rows).
    Start-up on the nodes (``startup``, bench_startup.py): job start -> first step per phase against an
    srun ``import torch, accelerate`` + gloo floor, warm and cold page cache. Launch against node count
    (``nodes``, bench_nodes.py): submit -> first step at 2..16 nodes against sbatch + srun + accelerate
@@ -903,6 +904,8 @@ def main() -> int:
                 from bench_requeue import restart_cluster_with
 
                 first = os.environ.get("ORCHESTRATOR_TEST_CLUSTER_CRED_EXPIRE", "10")
+                # BENCH_REQUEUE_AS=auto: only the default (the profile key's values, comma-separated)
+                modes = os.environ.get("BENCH_REQUEUE_AS", "same_job,new_job,auto").split(",")
                 kept = {k: v for k, v in R.get("requeue", {}).items() if k.startswith("cred_expire=")}
                 out: dict = {}
                 for i, setting in enumerate([first, "default" if first != "default" else "10"]):
@@ -913,13 +916,14 @@ def main() -> int:
                         mode: bench_requeue(
                             tmp / f"requeue_{setting}_{mode}", 2 if q else 3, log, requeue_as=mode
                         )
-                        for mode in ("same_job", "new_job")
+                        for mode in modes
                     }
                     if any(g.get("skipped") for g in got.values()):
                         if not out:
                             return next(g for g in got.values() if g.get("skipped"))
                         break
-                    out[f"cred_expire={setting}"] = got
+                    # a run of some modes keeps the other modes' earlier rows for this setting
+                    out[f"cred_expire={setting}"] = {**kept.get(f"cred_expire={setting}", {}), **got}
                 if len(out) > 1 and (why := restart_cluster_with(first)):
                     log(f"requeue: could not restore cred_expire={first}: {why}")
                 return {**kept, **out}
