@@ -19,7 +19,8 @@ Two wrapping styles: pyxis and OCI are flags of the step's launch command (:func
 podman wrap the node command (:func:`wrap_command`). Every value reaching the shell is quoted here;
 a path that a runtime's mount syntax cannot carry (``:`` or ``,``) is refused with the path named, and
 no value reaches a runtime's argument list where it could be read as an option: each is an absolute
-path or passes :func:`runtime_argument` (``--container-image=--privileged`` is refused, never a flag).
+path or passes :func:`runtime_argument` (``--container-image=--privileged`` is refused, never a flag),
+and podman's image by name also follows its end of options (``--``).
 """
 
 from __future__ import annotations
@@ -292,10 +293,12 @@ def wrap_command(plan: LaunchPlan, run_dir: str, command: str) -> str:
         words += ["-w", workdir(plan, run_dir)]
         if image is not None and image.startswith("/"):
             # A root filesystem folder: under an overlay (``:O``), so the mount points podman makes
-            # land in the overlay, never in the image every job shares.
+            # land in the overlay, never in the image every job shares. No ``--`` here: podman (4.3)
+            # runs it as the command after ``--rootfs``; the path is the flag's value and starts with /.
             words += ["--read-only", "--rootfs", f"{_checked(image, 'container.image')}:O"]
         else:
-            words.append(_image(container))
+            # The end of podman's options: the image is read as an image whatever it holds.
+            words += ["--", _image(container)]
         return " ".join(shlex.quote(w) for w in words) + " " + command
     return command
 

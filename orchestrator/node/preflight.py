@@ -60,7 +60,9 @@ def image_problems(check: tuple[str, str] | None) -> list[str]:
         return [] if os.path.exists(image) else [f"container image {image} not found on this node"]
     try:
         found = (
-            subprocess.run(["podman", "image", "exists", image], capture_output=True, timeout=60).returncode
+            subprocess.run(
+                ["podman", "image", "exists", "--", image], capture_output=True, timeout=60
+            ).returncode
             == 0
         )
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
 from tests.helpers.container_image import MARKER, build_image, forbidden_in_image, image_python
 from tests.helpers.hold import held, rank_pid
+from tests.helpers.podman import podman_conf
 from tests.helpers.preconditions import require_debian_packages
 
 pytestmark = pytest.mark.slow
@@ -89,20 +89,6 @@ def _reference_losses(proc: subprocess.Popen[str]) -> list[float]:
         _REFERENCE_LOSSES[proc.pid] = [e["loss"] for e in events if e.get("event") == "train"]
         assert len(_REFERENCE_LOSSES[proc.pid]) == STEPS
     return _REFERENCE_LOSSES[proc.pid]
-
-
-def _podman_conf(tmp_path: Path) -> Path:
-    """This sandbox's podman needs runc (crun refuses hybrid cgroups) and rlimits it may set (no
-    CAP_SYS_RESOURCE: podman's defaults raise them). Given through CONTAINERS_CONF, which sbatch
-    exports to the job: the product's podman line stays what a user's cluster runs."""
-    soft_files = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    procs = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 8192)
-    conf = tmp_path / "containers.conf"
-    conf.write_text(
-        f'[containers]\ndefault_ulimits = ["nofile={soft_files}:{soft_files}", "nproc={procs}:{procs}"]\n'
-        '[engine]\nruntime = "runc"\n'
-    )
-    return conf
 
 
 def _oci_conf(cluster: dict[str, str]) -> None:
@@ -177,7 +163,7 @@ def test_podman_two_node_full_shard_preempted_resumes_exactly(
 ) -> None:
     container = {"runtime": "podman", "image": str(image), "python": image_python()}
     profiles = user_profile_dir(tmp_path, container=container)
-    job_id, run_dir = _submit(orch_env, profiles, {"CONTAINERS_CONF": str(_podman_conf(tmp_path))})
+    job_id, run_dir = _submit(orch_env, profiles, {"CONTAINERS_CONF": str(podman_conf(tmp_path))})
     try:
         _ranks_inside(run_dir)
         with held(rank_pid(run_dir, 0, min_step=3), [signal.SIGUSR2]):
@@ -233,7 +219,7 @@ def test_an_image_missing_on_one_node_fails_the_preflight_naming_that_node(
     subprocess.run(
         ["tar", "-C", str(tmp_path / "image"), "-cf", str(tmp_path / "image.tar"), "."], check=True
     )
-    podman_env = {**os.environ, "CONTAINERS_CONF": str(_podman_conf(tmp_path)),
+    podman_env = {**os.environ, "CONTAINERS_CONF": str(podman_conf(tmp_path)),
                   "CONTAINERS_STORAGE_CONF": str(tmp_path / f"storage-{names[0]}.conf")}  # fmt: skip
     imported = subprocess.run(["podman", "import", str(tmp_path / "image.tar"), image], env=podman_env,
                               capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -241,7 +227,7 @@ def test_an_image_missing_on_one_node_fails_the_preflight_naming_that_node(
     setup = [f'export CONTAINERS_STORAGE_CONF={tmp_path}/storage-"${{SLURMD_NODENAME:-$(hostname)}}".conf']
     profiles = user_profile_dir(tmp_path, container={"runtime": "podman", "image": image}, setup=setup,
                                 preflight={"enabled": True, "timeout_s": 60})  # fmt: skip
-    job_id, run_dir = _submit(orch_env, profiles, {"CONTAINERS_CONF": str(_podman_conf(tmp_path))})
+    job_id, run_dir = _submit(orch_env, profiles, {"CONTAINERS_CONF": str(podman_conf(tmp_path))})
     try:
         waited = run_cli(["wait", job_id, "--timeout", "180"], orch_env, timeout=200)
     finally:

@@ -14,21 +14,16 @@ import pytest
 import yaml
 
 from orchestrator.config.container import inner_command, step_flags, wrap_command
-from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
+from orchestrator.config.plan import build_plan, merge_options
 from orchestrator.config.profile.load import parse_profile
-from orchestrator.config.profile.records import ClusterProfile, Container
 from orchestrator.config.render import render_sbatch
 from orchestrator.contract.errors import UserError
 from tests.helpers.cli import REPO, run_cli, user_profile_dir
+from tests.helpers.container_plans import BASE, GOOD_IMAGE, SCRIPT, plan_with
 
-SCRIPT = str(REPO / "train" / "train.py")
-BASE = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
 RUNTIMES = ("pyxis", "apptainer", "podman", "oci")
 #: Values a runtime's argument parser reads as an option (``-``: standard input for many).
 OPTION_LIKE = ("--privileged", "-v", "--bind=/:/host", "-")
-#: A valid block per runtime, whose one value under test is replaced.
-GOOD_IMAGE = {"pyxis": "nvcr.io#nvidia/pytorch:25.01-py3", "apptainer": "/img/t.sif", "podman": "img:1"}
-GOOD_IMAGE["oci"] = "/img/rootfs"
 
 
 def _block(runtime: str, position: str | None = None, value: str = "") -> dict:
@@ -64,26 +59,13 @@ def test_an_option_like_value_in_any_position_is_refused_by_the_profile(
     assert value in message, message
 
 
-def _plan_with(runtime: str, **container: str) -> LaunchPlan:
-    """A plan whose container holds ``container``'s values as they are, past every profile check
-    (a record made by hand, a plan read back): the render's own guard is what is left."""
-    profile = parse_profile(yaml.safe_dump({**BASE, "container": _block(runtime)}), "c.yaml")
-    values = {name: getattr(profile.container, name) for name in Container.model_fields}
-    bad = Container._make({**values, **container})
-    profile = ClusterProfile._make(
-        {**{name: getattr(profile, name) for name in ClusterProfile.model_fields}, "container": bad}
-    )
-    options = merge_options(profile, strategy="full_shard")
-    return build_plan("t", profile, options, SCRIPT, nodes=2, procs_per_node=1)
-
-
 @pytest.mark.parametrize("value", OPTION_LIKE)
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer", "podman"])
 @pytest.mark.parametrize("key", ["image", "python"])
 def test_no_option_like_value_reaches_a_runtimes_argument_list_unguarded(
     runtime: str, key: str, value: str
 ) -> None:
-    plan = _plan_with(runtime, **{key: value})
+    plan = plan_with(runtime, **{key: value})
     with pytest.raises(UserError, match=f"^container.{key}: .*got {value!r}$"):
         render_sbatch(plan, "/run", "/run/submitit", "python3")
     with pytest.raises(UserError, match=f"container.{key}"):
@@ -99,14 +81,36 @@ def test_no_option_like_value_reaches_a_runtimes_argument_list_unguarded(
 def test_every_value_in_a_runtimes_argument_list_is_a_path_or_not_option_like(runtime: str) -> None:
     """The words a user's values became: each is ours (a flag the runtime knows) or starts with
     something no option does."""
-    plan = _plan_with(runtime)
+    plan = plan_with(runtime)
     words = shlex.split(" ".join(step_flags(plan, "/run")) or wrap_command(plan, "/run", "CMD"))
     ours = {"apptainer", "exec", "podman", "run", "--bind", "--pwd", "-v", "-e", "-w", "--rm", "--nv"}
-    ours |= {"--device", "--read-only", "--rootfs", "--no-container-mount-home"}
+    ours |= {"--device", "--read-only", "--rootfs", "--no-container-mount-home", "--"}
+    if runtime == "podman":  # an image by name follows podman's end of options
+        assert words[words.index(GOOD_IMAGE["podman"]) - 1] == "--", words
     for word in words:
         if word.startswith("-") and word not in ours:
             name = word.split("=", 1)[0]
             assert name in {"--network", "--ipc", "--pid", "--uts"} or name.startswith("--container-"), word
+
+
+@pytest.mark.parametrize("value", [*OPTION_LIKE, "-e", "A-B"])
+@pytest.mark.parametrize("key", ["container.env", "env"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_an_option_like_environment_name_is_refused_by_the_profile(
+    runtime: str, key: str, value: str
+) -> None:
+    """Environment names reach ``podman run -e NAME``, pyxis' ``--container-env=NAMES`` and the image's
+    ``env NAME=VALUE``: names like NCCL_IB_HCA only, in the profile's ``env:`` and the block's."""
+    data = {**BASE, "container": _block(runtime)}
+    if key == "env":
+        data["env"] = {**BASE.get("env", {}), value: "1"}
+    else:
+        data["container"]["env"] = {value: "1"}
+    with pytest.raises(UserError) as err:
+        parse_profile(yaml.safe_dump(data), "/p/c.yaml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"/p/c.yaml: {key}"), message
+    assert repr(value) in message, message
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
