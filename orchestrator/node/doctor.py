@@ -31,7 +31,7 @@ from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE, PACKAGES, REPORT
 
 #: Bytes all-reduced per try, and tries (the best counts: a busy host's noise is not the network's).
 ALLREDUCE_BYTES = 16 << 20
-ALLREDUCE_TRIES = 3
+ALLREDUCE_TRIES = 5
 #: How long nodes wait for each other (the go/no-go, then torch's rendezvous).
 JOIN_TIMEOUT_S = 60.0
 
