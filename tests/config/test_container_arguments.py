@@ -24,6 +24,14 @@ from tests.helpers.container_plans import BASE, GOOD_IMAGE, SCRIPT, plan_with
 RUNTIMES = ("pyxis", "apptainer", "podman", "oci")
 #: Values a runtime's argument parser reads as an option (``-``: standard input for many).
 OPTION_LIKE = ("--privileged", "-v", "--bind=/:/host", "-")
+#: Every command that takes ``--container-image``: each refuses what the others refuse.
+COMMANDS = (
+    ["render"],
+    ["submit", "--dry-run"],
+    ["submit"],
+    ["sweep", "--dry-run", "--grid", "lr=1,2"],
+    ["sweep", "--grid", "lr=1,2"],
+)
 
 
 def _block(runtime: str, position: str | None = None, value: str = "") -> dict:
@@ -128,21 +136,9 @@ def test_container_image_flag_that_reads_as_an_option_is_refused_for_every_runti
     profiles = user_profile_dir(tmp_path, container={"runtime": runtime, "image": GOOD_IMAGE[runtime]})
     env = _env(tmp_path)
     for value in OPTION_LIKE:
-        for command in (["render"], ["submit", "--dry-run"]):
-            res = run_cli(
-                [
-                    *command,
-                    "--profile",
-                    "slurm_test",
-                    "--profiles-dir",
-                    str(profiles),
-                    f"--container-image={value}",
-                    "--",
-                    SCRIPT,
-                ],
-                env,
-                timeout=60,
-            )
+        for command in COMMANDS:
+            flags = ["--profile", "slurm_test", "--profiles-dir", str(profiles), f"--container-image={value}"]
+            res = run_cli([*command, *flags, "--", SCRIPT, "--lr", "{lr}"], env, timeout=60)
             assert res.returncode == 2, (command, value, res.stdout + res.stderr)
             assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
             assert "--container-image" in res.stderr and repr(value) in res.stderr, res.stderr
