@@ -22,7 +22,7 @@ from orchestrator.contract.errors import UserError
 from orchestrator.remote import book
 from orchestrator.remote.book import Target
 from orchestrator.remote.calls import run_agent, run_words
-from orchestrator.remote.routing import load_login
+from orchestrator.remote.routing import load_login, profile_word_index
 from orchestrator.remote.ssh import SSH_FAILED, Connection
 
 #: How long ``logs`` keeps trying to reconnect after its connection dropped.
@@ -107,10 +107,13 @@ def _remote_argv(profile: ClusterProfile, name: str, argv: list[str]) -> list[st
     there = profile.login.profile or name
     out, skip = [], False
     cut = argv.index("--") if "--" in argv else len(argv)
+    named_at = profile_word_index(argv)  # `doctor PROFILE`
     for i, word in enumerate(argv):
         if skip:
             skip = False
             continue
+        if i == named_at and word == name:
+            word = there
         if i < cut and word == "--profiles-dir":
             skip = True
             continue

@@ -53,12 +53,21 @@ def _flag(argv: Sequence[str], name: str) -> str | None:
     return None
 
 
-def _first_word(argv: Sequence[str]) -> str | None:
-    words = list(argv[1:])
-    for i, word in enumerate(words):
-        if not word.startswith("-") and (i == 0 or words[i - 1] not in VALUE_OPTIONS):
-            return word
+def profile_word_index(argv: Sequence[str]) -> int | None:
+    """Where a :data:`PROFILE_WORD` command line names its profile (None: another command, or none)."""
+    if not argv or argv[0] not in PROFILE_WORD:
+        return None
+    for i in range(1, len(argv)):
+        if argv[i] == "--":
+            return None
+        if not argv[i].startswith("-") and argv[i - 1] not in VALUE_OPTIONS:
+            return i
     return None
+
+
+def _first_word(argv: Sequence[str]) -> str | None:
+    i = profile_word_index(argv)
+    return None if i is None else argv[i]
 
 
 def login_profile(name: str, profiles_dir: str | None = None) -> ClusterProfile | None:

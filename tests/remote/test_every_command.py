@@ -89,6 +89,14 @@ def test_a_profile_from_profiles_dir_is_followed_to_its_login_host(laptop: Lapto
     )
 
 
+def test_doctor_runs_on_the_login_host_under_the_login_profile_s_name(laptop: Laptop) -> None:
+    """``doctor PROFILE``: the profile is its first word, not ``--profile``; the login host checks its
+    own profile (``login.profile``: local here, which it refuses naming that profile)."""
+    res = laptop.cli("doctor", "--nodes", "9", "cluster")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--nodes 9: profile local allows 1 to 4 nodes" in res.stderr, res.stderr
+
+
 def test_a_login_python_that_does_not_run_is_one_line_and_exit_2(laptop: Laptop) -> None:
     """The login host's shell answers 127 for a missing interpreter (126: not executable), which the
     CLI's contract (0, 1, 2) does not have: one line naming the key, its value and the fix."""
