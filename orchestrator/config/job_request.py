@@ -41,6 +41,7 @@ from functools import partial
 from typing import Any, TypedDict
 
 from orchestrator.config import inputs
+from orchestrator.config.budget import budget_text, parse_budget
 from orchestrator.config.options import OPTIONS_BY_NAME
 from orchestrator.contract.errors import UserError
 
@@ -238,6 +239,14 @@ class JobRequest:
         help="start only after JOB (a job or sweep id) COMPLETED (:ok, the default) or ended at all (:any); repeatable",
     )  # fmt: skip
 
+    budget: str | None = keyword(
+        form="value", check=budget_text, plan="budget", to_plan=lambda t: None if t is None else parse_budget(t),
+        metavar="AMOUNT",
+        help="the run's spending cap over all its attempts: 200gpu-h, 0.5cpu-h, or 500usd at the profile's "
+        "price; the job checkpoints and stops (BUDGET) before passing it (default: the profile's budget)",
+    )  # fmt: skip
+    """The run's cap, as typed (``"200gpu-h"``): :mod:`orchestrator.config.budget`."""
+
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any], caller: str) -> JobRequest:
         """The request of ``caller``'s keywords; an unknown or missing keyword is Python's TypeError
@@ -298,6 +307,7 @@ class PlanKeywords(_PlanKeywordsRequired, total=False):
     container_image: str | None
     exclude: str | None
     after: Sequence[str]
+    budget: str | None
 
 
 # ---------------------------------------------------------------------------- resolved

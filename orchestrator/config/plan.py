@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.config.budget import Budget, check_budget, parse_budget
 from orchestrator.config.options import (
     TrainingOptions,
     check_option_values,
@@ -59,6 +60,9 @@ class LaunchPlan:
     max_restarts: int = 3
     """Restarts of the training step inside one allocation after a fault a restart cures (the
     profile's ``max_restarts``; :mod:`orchestrator.schedulers.slurm.batch_step`)."""
+    budget: Budget | None = None
+    """The run's spending cap over all its attempts (``--budget``, the profile's ``budget``; None: no
+    cap): :mod:`orchestrator.config.budget`."""
 
     @property
     def strategy(self) -> Strategy:
@@ -91,6 +95,7 @@ class LaunchPlan:
             **({"after": list(self.after)} if self.after else {}),
             "hang_timeout": self.hang_timeout,
             "max_restarts": self.max_restarts,
+            **({"budget": str(self.budget)} if self.budget is not None else {}),
         }
 
     @classmethod
@@ -161,7 +166,16 @@ class LaunchPlan:
             ),
             # a plan written before the key: no restart (what that job was submitted with)
             max_restarts=inputs.whole(f"{src}: max_restarts", data.get("max_restarts", 0), 0, 100) or 0,
+            budget=_budget_of(data.get("budget"), f"{src}: budget"),
         )
+
+
+def _budget_of(value: object, where: str) -> Budget | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise UserError(f"{where}: expected a budget such as 200gpu-h (a string), got {type(value).__name__}")
+    return parse_budget(value, where)
 
 
 def merge_options(profile: ClusterProfile, **given: Any) -> TrainingOptions:
@@ -301,6 +315,7 @@ def build_plan(
     after: tuple[str, ...] = (),
     hang_timeout: int | None = None,
     max_restarts: int | None = None,
+    budget: Budget | None = None,
 ) -> LaunchPlan:
     """Check everything and return the plan; raises UserError with the reason."""
     node_count = profile.nodes.default if nodes is None else nodes
@@ -338,6 +353,10 @@ def build_plan(
         raise UserError(f"--max-requeues: expected an integer from 0 to 100, got {max_requeues}")
     if max_restarts is not None and not 0 <= max_restarts <= 100:
         raise UserError(f"--max-restarts: expected an integer from 0 to 100, got {max_restarts}")
+    if budget is None and profile.budget is not None:
+        budget = parse_budget(profile.budget, f"profile '{profile_name}': budget")
+    if budget is not None:
+        check_budget(budget, profile_name, profile)
     if time_limit is not None:
         from orchestrator.config.inputs import slurm_time_minutes
 
@@ -361,4 +380,5 @@ def build_plan(
         after=tuple(after),
         hang_timeout=profile.hang_timeout if hang_timeout is None else hang_timeout,
         max_restarts=profile.max_restarts if max_restarts is None else max_restarts,
+        budget=budget,
     )

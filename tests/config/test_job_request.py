@@ -91,6 +91,7 @@ def _samples(folders: Folders) -> dict[str, Sample]:
             ["123", "456:any"], ("--after", "123", "--after", "456:any"), lambda p: p.after,
             ("afterok:123", "afterany:456"),
         ),
+        "budget": Sample("0.5cpu-h", ("--budget", "0.5cpu-h"), lambda p: str(p.budget), "0.5cpu-h"),
     }  # fmt: skip
 
 
@@ -127,7 +128,8 @@ NAMES = [k.name for k in KEYWORDS]
 #: The keywords :func:`_samples` has, written out: the tests walk these, not the declaration's, so a
 #: keyword dropped from the declaration is still asked for, and each place it was lost from fails.
 SAMPLED = ("script", "args", "profile", "profiles_dir", "nodes", "procs_per_node", "strategy", "options",
-           "name", "time", "max_requeues", "max_restarts", "auto_resume", "hang_timeout", "container_image", "exclude", "after")  # fmt: skip
+           "name", "time", "max_requeues", "max_restarts", "auto_resume", "hang_timeout", "container_image", "exclude", "after",
+           "budget")  # fmt: skip
 
 
 def _argv(folders: Folders, sample: Sample | None, name: str, *, send_folder: bool = True) -> list[str]:

@@ -431,6 +431,10 @@ class ClusterProfile(_Record):
     price_per_cpu_hour: float | None = None
     """What one CPU-hour costs, for a cluster without GPUs (``gpus_per_node: 0``): as
     ``price_per_gpu_hour``."""
+    budget: str | None = None
+    """Every run's spending cap unless ``--budget`` says otherwise: ``200gpu-h``, ``0.5cpu-h``, or money
+    at the price above (``500usd``). Counted over all of a run's attempts; the job checkpoints and stops
+    (state ``BUDGET``) before the next checkpoint interval would pass it. None: no cap."""
     preflight: Preflight = Preflight()
     """Checks before training (run directory, free space, GPU count, links between nodes)."""
     defaults: TrainingDefaults = TrainingDefaults()

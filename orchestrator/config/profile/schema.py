@@ -122,6 +122,17 @@ def _scalar_map(value: Any) -> bool:
     )
 
 
+def _check_budget(value: str) -> str:
+    """A budget's text (``200gpu-h``): ValueError with the reason otherwise (pydantic words it)."""
+    from orchestrator.config.budget import EXPECTED, parse_budget
+    from orchestrator.contract.errors import UserError
+
+    try:
+        return str(parse_budget(value, "budget"))
+    except UserError:
+        raise ValueError(f"expected {EXPECTED}, got {value!r}") from None
+
+
 _line = _optional(_all(_valid_str, _passes(_check_single_line)))
 
 
@@ -195,6 +206,7 @@ _FAST_CHECKS: dict[type[_Record], dict[str, Callable[[Any], bool]]] = {
         "hang_timeout": _optional(_int_range(1, 86400)),
         "price_per_gpu_hour": _optional(_all(_valid_float, lambda v: v >= 0)),
         "price_per_cpu_hour": _optional(_all(_valid_float, lambda v: v >= 0)),
+        "budget": _optional(_all(_valid_str, _passes(_check_budget))),
     },
 }
 
@@ -356,6 +368,7 @@ def schema() -> dict[str, type[BaseModel]]:
         hang_timeout: int | None = Field(None, ge=1, le=86400)
         price_per_gpu_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
         price_per_cpu_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
+        budget: str | None = None
         preflight: Preflight = Preflight()
         defaults: TrainingDefaults = TrainingDefaults()
         login: LoginModel = LoginModel()  # type: ignore[valid-type]
@@ -373,6 +386,11 @@ def schema() -> dict[str, type[BaseModel]]:
         @classmethod
         def _single_line(cls, value: str | None) -> str | None:
             return _check_single_line(value)
+
+        @field_validator("budget")
+        @classmethod
+        def _budget(cls, value: str | None) -> str | None:
+            return None if value is None else _check_budget(value)
 
         @field_validator("python")
         @classmethod
