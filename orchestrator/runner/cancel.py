@@ -60,7 +60,9 @@ def cancel_job(registry: Registry, job: JobRecord, sig: signal.Signals | None) -
     if sig is None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         registry.set_end_reason(job.job_id, f"cancel requested by {_user()} at {stamp}")
-    return message if asked == job.job_id else f"job {asked}: the run continues as job {job.job_id}; {message}"
+    return (
+        message if asked == job.job_id else f"job {asked}: the run continues as job {job.job_id}; {message}"
+    )
 
 
 def cancel_locked(registry: Registry, job_id: str, sig: signal.Signals | None) -> str:
