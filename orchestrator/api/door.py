@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import inputs
+from orchestrator.config.budget import budget_text
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ RESUME_CHECKS = {
     "strategy": lambda v: inputs.optional_text("strategy", v),
     "profile": lambda v: inputs.optional_text("profile", v),
     "profiles_dir": lambda v: inputs.path_text("profiles_dir", v, optional=True),
+    "budget": budget_text,
 }
 
 

@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", choices=list(STRATEGIES), default=None, help="default: as before")
     parser.add_argument("--profile", default=None, help="default: as before")
     parser.add_argument("--profiles-dir", default=None)
+    parser.add_argument(
+        "--budget",
+        default=None,
+        metavar="AMOUNT",
+        help="the run's new spending cap over all its attempts (earlier ones included): 200gpu-h, "
+        "0.5cpu-h or 500usd; default: as before",
+    )
     parser.add_argument("--wait", action="store_true", help="follow the new attempt to its end")
     parser.add_argument("--poll", type=positive_float, default=2.0, help="seconds between progress updates")
 
@@ -45,6 +52,7 @@ def resume_plan(previous: LaunchPlan, args: argparse.Namespace) -> LaunchPlan:
         strategy=args.strategy,
         profile=args.profile,
         profiles_dir=args.profiles_dir,
+        budget=args.budget,
     )
 
 
@@ -58,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         profile=args.profile,
         profiles_dir=args.profiles_dir,
+        budget=args.budget,
     )
     for line in lines:
         print(line)
@@ -77,6 +86,7 @@ def _resume_failed_tasks(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         profile=args.profile,
         profiles_dir=args.profiles_dir,
+        budget=args.budget,
     )
     for _task, _job, lines in done:
         for line in lines:

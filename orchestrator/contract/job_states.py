@@ -24,6 +24,8 @@ class JobState(str, Enum):
     PREEMPTED = "PREEMPTED"
     NODE_FAIL = "NODE_FAIL"
     OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BUDGET = "BUDGET"
+    """Stopped at a checkpoint by its ``--budget`` (not a scheduler's state): ``resume --budget MORE``."""
     UNKNOWN = "UNKNOWN"
 
     def is_terminal(self) -> bool:
@@ -53,6 +55,7 @@ TERMINAL_STATES: frozenset[JobState] = frozenset(
         JobState.PREEMPTED,
         JobState.NODE_FAIL,
         JobState.OUT_OF_MEMORY,
+        JobState.BUDGET,
     }
 )
 

@@ -36,6 +36,8 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       restarts.jsonl                restarts inside the allocation, one JSON object a line: {"job_id",
                                     "failed_attempt", "attempt", "cause", "step", "time"} (Slurm)
       cancel_requested.json         written by ``orchestrator cancel``: no requeue after it
+      budget_stop.json              node 0, when ``--budget`` stops the run: {"attempt", "reason", "spent",
+                                    "budget", "time"}: every node stops its ranks, no requeue, state BUDGET
       .run.lock                     held (flock) by a command that changes the run: submit into it,
                                     resume, auto-resume, cancel; the holder's pid and command inside
       local_pids.json               local jobs: {"controller": pid}
@@ -46,6 +48,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         node_<N>.pid                the launcher's pid
         node_<N>.held.json          local jobs, as the node ends: {"job_id", "node", "pid", "start" (its
                                     process's own start), "end", "procs", "cpus", "gpus"}: cost's bill
+        budget.json                 node 0 of a run with ``--budget``: its meter {"start", "end", "per_hour"}
         start.json                  what this attempt's training started from, written by rank 0 of a
                                     script with a checkpoint hook (train/, orchestrator.loop,
                                     orchestrator.hf): {"step", "checkpoint", "hook"}; absent: no hook
@@ -125,6 +128,8 @@ DECISIONS_FILE = "auto_resume.jsonl"
 RESTARTS_FILE = "restarts.jsonl"
 START_ESTIMATES_FILE = "start_estimates.jsonl"
 CANCEL_MARKER = "cancel_requested.json"
+BUDGET_STOP_FILE = "budget_stop.json"
+BUDGET_METER_FILE = "budget.json"
 LOCAL_PIDS_FILE = "local_pids.json"
 LOCAL_STATE_FILE = "local_state.json"
 #: ``node_<N>.held.json`` (a name per node: the layout says it as node_<N>)

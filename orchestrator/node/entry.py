@@ -55,6 +55,7 @@ from orchestrator.contract.run_dir import (
     read_plan_json,
 )
 from orchestrator.contract.run_name import run_name
+from orchestrator.node.budget_watch import BudgetWatch
 from orchestrator.node.hang_watch import NodeHangWatch
 from orchestrator.node.launcher import (
     FORWARDED_SIGNALS,
@@ -260,11 +261,13 @@ def _launch_and_wait(
     launcher = prewarmed.hand_off(argv, env, log_path, node_log_bin, listener)
     node_pid_file(path, node.node_rank).write_text(str(launcher.pid))
     relay.launcher = launcher
+    budget = BudgetWatch(plan, run_dir, attempt, node, relay, stop, log)
     try:
         hang = NodeHangWatch(plan, run_dir, attempt, node, log)
-        code = _wait_or_stop_on_failed_peer(launcher, node, path, log, relay, hang)
+        code = _wait_or_stop_on_failed_peer(launcher, node, path, log, relay, hang, budget)
     finally:
         kill_tree(launcher.pid)
+        budget.meter()
     elapsed = time.monotonic() - started
     pre_timeout = stop in relay.received
     if code != 0 and wait_for_requeue_record(run_dir, launched_at, pre_timeout):
@@ -361,6 +364,7 @@ def _wait_or_stop_on_failed_peer(
     log: Any,
     relay: SignalRelay | None = None,
     hang: NodeHangWatch | None = None,
+    budget: BudgetWatch | None = None,
 ) -> int:
     """Wait for the launcher; if another node of the job fails meanwhile, stop this node's training
     (as the Slurm step's kill-on-bad-exit does) and return :data:`EXIT_PEER_FAILED`. Where the
@@ -387,6 +391,8 @@ def _wait_or_stop_on_failed_peer(
             )
             _end_launch(launcher)
             return 128 + int(signal.SIGKILL)
+        if budget is not None:
+            budget.check()  # a stop goes to the ranks as the scheduler's signal would: they save, exit
         if hang is not None and hang.check() is not None:  # hang/attempt_<A>/hang.json says why
             _end_launch(launcher)
             return EXIT_HUNG

@@ -171,6 +171,10 @@ class SignalRelay:
         stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
         print(f"[orchestrator node] {stamp} {line}", file=self.log, flush=True)
 
+    def send(self, signum: int) -> None:
+        """This node's own stop (``--budget``): the ranks get ``signum`` as if the scheduler had sent it."""
+        self._handle(signum, None)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         import psutil
 

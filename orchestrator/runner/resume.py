@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.budget import parse_budget
 from orchestrator.config.options import OPTIONS
 from orchestrator.config.plan import LaunchPlan, build_plan, merge_options
 from orchestrator.config.profile.load import load_profile
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         strategy: str | None
         profile: str | None
         profiles_dir: str | None
+        budget: str | None
 
 
 def resume_plan(
@@ -42,8 +44,10 @@ def resume_plan(
     strategy: str | None = None,
     profile: str | None = None,
     profiles_dir: str | None = None,
+    budget: str | None = None,
 ) -> LaunchPlan:
-    """``previous`` again, with what the resume changes (None: as before)."""
+    """``previous`` again, with what the resume changes (None: as before). ``budget``: the run's new
+    cap over all its attempts, earlier ones included (``resume --budget MORE``)."""
     from orchestrator.schedulers import get_scheduler
 
     if profile is not None:
@@ -72,6 +76,7 @@ def resume_plan(
         auto_resume=previous.auto_resume and get_scheduler(cluster.scheduler).can_lose_nodes,
         exclude_nodes=previous.exclude_nodes if profile is None else (),
         hang_timeout=previous.hang_timeout if profile is None else None,
+        budget=parse_budget(budget) if budget is not None else previous.budget,
     )
 
 
@@ -101,6 +106,34 @@ def check_resharding(checkpoint_strategy: str | None, new_strategy: str, step: i
             f"({'sharded DCP folders' if old_fsdp else 'a full model state dict'}), which "
             f"{'an FSDP' if new_fsdp else 'ddp'} run cannot load; resume with "
             f"{'an FSDP strategy' if old_fsdp else '--strategy ddp'}"
+        )
+
+
+def check_budget_left(asked: str, run_dir: Path, previous: LaunchPlan, plan: LaunchPlan) -> None:
+    """Refuse a resume its budget would stop at once: one the budget stopped, with no more budget than
+    it had, and one whose budget the run's earlier attempts have spent already."""
+    from orchestrator.config.budget import in_budget_units
+    from orchestrator.contract.budget_records import budget_stop, spent_hours
+    from orchestrator.contract.run_dir import attempt_dirs
+
+    if plan.budget is None:
+        return
+    last = max((a for a, _ in attempt_dirs(run_dir)), default=None)
+    if (
+        last is not None
+        and budget_stop(run_dir, last) is not None
+        and previous.budget is not None
+        and plan.budget == previous.budget
+    ):
+        raise UserError(
+            f"job {asked}: its budget {plan.budget} stopped it; give the run more: resume --budget MORE "
+            f"(the new cap covers every attempt, this one's spending included)"
+        )
+    spent = in_budget_units(plan.budget, spent_hours(run_dir), plan.profile)
+    if spent >= plan.budget.amount:
+        raise UserError(
+            f"job {asked}: --budget {plan.budget}: the run has spent {plan.budget.show(spent)} already; "
+            f"the budget covers every attempt of the run: give more than that"
         )
 
 
@@ -182,6 +215,7 @@ def _resume_locked(
         raise UserError(f"job {asked}: no complete checkpoint of this run in {where}; nothing to resume from")
     plan = resume_plan(previous, **changes)
     check_resharding(checkpoint.strategy, plan.options.strategy, checkpoint.step)
+    check_budget_left(asked, run_dir, previous, plan)
     submitted = submit(plan, registry=registry, existing_run_dir=run_dir, resumed_from=str(checkpoint.path))
     lines = [
         f"resuming job {asked} from step {checkpoint.step} ({checkpoint.path.name})",

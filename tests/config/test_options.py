@@ -141,7 +141,7 @@ def test_field_reaches_every_place(o: O.Option, tmp_path: Path) -> None:
     assert again.options == plan.options
     # ... and resume's carry-over.
     resumed = resume_plan(plan, argparse.Namespace(profile=None, profiles_dir=None, strategy=None, nodes=None,
-                                                   procs_per_node=None))  # fmt: skip
+                                                   procs_per_node=None, budget=None))  # fmt: skip
     assert getattr(resumed.options, o.name) == value
 
 

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 
 from orchestrator.config.profile.records import time_minutes
 from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
+from orchestrator.contract.budget_records import budget_stop
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
     EXIT_REQUEUE,
+    EXIT_STATUS_FILE,
     HANG_REPORT_FILE,
     JOB_ID_FILE,
     LOCAL_PIDS_FILE,
@@ -184,6 +186,14 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_i
         if why is not None:
             reason = why.summary()
             code = why.exit_codes.get(why.node, code) if why.node is not None else code
+    stopped = budget_stop(run_dir, attempt)
+    if stopped is not None and state == "PREEMPTED":
+        # node 0's budget watch sent the stop: the ranks saved and asked for a requeue, which the
+        # budget refuses (orchestrator.node.budget_watch)
+        step = (read_json(run_dir / EXIT_STATUS_FILE) or {}).get("step")
+        at = f" at step {step}" if isinstance(step, int) else ""
+        state, code = "BUDGET", 1
+        reason = f"{stopped.get('reason', 'budget')}{at}; continue with resume --budget MORE"
     if state != "COMPLETED" and cancel_requested(run_dir):
         # `orchestrator cancel` sends TERM, which training answers like a preemption (checkpoint, exit
         # 75): without this the job would read PREEMPTED, as if it were waiting to come back.

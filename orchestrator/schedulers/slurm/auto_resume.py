@@ -452,11 +452,20 @@ def requeue_mode(requeue_as: str, cred_expire_s: int | None = None) -> str:
     return "new_job" if cred_expire_s >= NEW_JOB_FROM_CRED_EXPIRE_S else "same_job"
 
 
-def act_on_requeue(plan: LaunchPlan, run_dir: Path, job_id: str, restarts: int) -> bool:
-    """Training asked to come back: ``scontrol requeue`` unless cancelled or out of requeues, or a
-    successor job with ``requeue_as: new_job`` (True: handed over). Node 0 runs it, or the batch step
-    when node 0 ran inside a container image."""
+def act_on_requeue(
+    plan: LaunchPlan, run_dir: Path, job_id: str, restarts: int, attempt: int | None = None
+) -> bool:
+    """Training asked to come back: ``scontrol requeue`` unless cancelled, stopped by its budget
+    (``attempt``'s ``budget_stop.json``) or out of requeues, or a successor job with ``requeue_as:
+    new_job`` (True: handed over). Node 0 runs it, or the batch step when node 0 ran inside a
+    container image."""
+    from orchestrator.contract.budget_records import budget_stop
     from orchestrator.contract.requeue import decide_requeue
+
+    stopped = budget_stop(run_dir, attempt) if attempt is not None else None
+    if stopped is not None:
+        print(f"[orchestrator node] not requeued: {stopped.get('reason')}", file=sys.stderr, flush=True)
+        return False
 
     if requeue_mode(plan.profile.requeue_as) == "new_job":
         return continue_in_new_job(run_dir, job_id, plan, restarts)

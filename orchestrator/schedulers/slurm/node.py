@@ -86,4 +86,4 @@ class SlurmNodeEnvironment(NodeEnvironment):
             return False
         from orchestrator.schedulers.slurm.auto_resume import act_on_requeue
 
-        return act_on_requeue(plan, run_dir, self.job_id, self.restarts)
+        return act_on_requeue(plan, run_dir, self.job_id, self.restarts, attempt)

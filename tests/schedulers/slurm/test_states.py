@@ -55,7 +55,8 @@ def test_each_slurm_state_maps(raw: str) -> None:
 
 
 def test_every_our_state_is_reachable_from_slurm() -> None:
-    assert set(SLURM_STATE_MAP.values()) == set(JobState)
+    # BUDGET is the run's own: its budget stopped it (a local job records it; no scheduler says it)
+    assert set(SLURM_STATE_MAP.values()) == set(JobState) - {JobState.BUDGET}
 
 
 @pytest.mark.parametrize(

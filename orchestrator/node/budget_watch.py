@@ -1,0 +1,139 @@
+"""A run's budget, enforced while it trains (``--budget``): polled in every node's wait loop.
+
+Node 0 meters the attempt (its own process's start to now, times the GPUs or CPUs the job holds: the
+span ``cost`` bills a local job by), adds what earlier attempts of the run recorded
+(:mod:`orchestrator.contract.budget_records`), and asks :func:`orchestrator.config.budget.decide` whether the
+next checkpoint interval still fits. When it does not, node 0 writes ``budget_stop.json`` and every
+node (node 0 at once, the others on their next poll) sends its ranks the profile's stop signal: the
+preemption path, so the ranks agree on a step, save a complete checkpoint and leave asking for a
+requeue, which the marker turns into the final state ``BUDGET`` (no requeue).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from orchestrator.config.budget import checkpoint_interval_s, decide, in_budget_units
+from orchestrator.contract.budget_records import budget_stop, spent_hours, write_budget_stop, write_meter
+from orchestrator.contract.heartbeat import read_heartbeat
+from orchestrator.contract.run_dir import COMPLETE_MARKER, attempt_dir, checkpoint_folders, heartbeat_file
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.node.launcher import SignalRelay
+    from orchestrator.schedulers.base import NodeEnvironment
+
+#: How often node 0 rewrites its meter record (a killed attempt counts up to its last one).
+METER_EVERY_S = 5.0
+#: Node 0 decides on every poll of its wait loop; the next look may come this much later.
+POLL_S = 0.5
+
+
+def held_per_hour(plan: LaunchPlan) -> int:
+    """Billed hours per hour of the job: its GPUs, or on a CPU profile its CPUs (as a local node's
+    ``held.json`` counts them: processes x ``cpus_per_task``)."""
+    procs = plan.nodes * plan.procs_per_node
+    return procs if not plan.uses_cpu else procs * max(1, plan.profile.cpus_per_task or 1)
+
+
+def process_start() -> float:
+    """This process's own start (the node task's: what a local node's ``held.json`` records)."""
+    import psutil
+
+    try:
+        return float(psutil.Process().create_time())
+    except (psutil.Error, OSError):
+        return time.time()
+
+
+class BudgetWatch:
+    """Polled by each node while its training runs; :meth:`check` returns True once it stopped them."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        run_dir: Path,
+        attempt: int,
+        node: NodeEnvironment,
+        relay: SignalRelay,
+        stop_signal: int,
+        log: TextIO,
+    ) -> None:
+        self.plan, self.run_dir, self.attempt, self.relay, self.log = plan, run_dir, attempt, relay, log
+        self.budget, self.stop_signal = plan.budget, stop_signal
+        self.owner = self.budget is not None and node.is_first_node
+        self.stopped = False
+        self.start = process_start()
+        self.per_hour = held_per_hour(plan)
+        self.before = spent_hours(run_dir, but=attempt) if self.owner else 0.0
+        self.metered_at = 0.0
+        self.checkpoints: dict[Path, float] = {}
+        self.trained_from: float | None = None
+
+    def say(self, line: str) -> None:
+        print(f"[orchestrator node] {line}", file=self.log, flush=True)
+
+    def spent(self, now: float) -> float:
+        """Billed hours of the run so far: earlier attempts' records and this attempt's span."""
+        return self.before + (now - self.start) / 3600.0 * self.per_hour
+
+    def check(self) -> bool:
+        if self.budget is None or self.stopped:
+            return self.stopped
+        now = time.time()
+        if not self.owner:
+            marker = budget_stop(self.run_dir, self.attempt)
+            if marker is not None:
+                self._stop(str(marker.get("reason", "budget")))
+            return self.stopped
+        if now - self.metered_at >= METER_EVERY_S:
+            self.meter(now)
+        times = self._checkpoint_times()
+        interval_s = checkpoint_interval_s(self.start, now, times, self._training_start()) + POLL_S
+        spent = in_budget_units(self.budget, self.spent(now), self.plan.profile)
+        interval = in_budget_units(self.budget, interval_s / 3600.0 * self.per_hour, self.plan.profile)
+        verdict = decide(self.budget, spent, interval)
+        if verdict.stop:
+            self.meter(now)
+            write_budget_stop(self.run_dir, self.attempt, verdict.reason, spent, str(self.budget))
+            self._stop(verdict.reason)
+        return self.stopped
+
+    def meter(self, now: float | None = None) -> None:
+        """Node 0's record of this attempt's span (every few seconds, at the stop and at the end)."""
+        if not self.owner:
+            return
+        now = time.time() if now is None else now
+        self.metered_at = now
+        try:
+            write_meter(self.run_dir, self.attempt, self.start, now, self.per_hour)
+        except OSError as exc:  # a full disk must not end the training; the stop still works
+            self.say(f"budget: meter not written: {exc}")
+
+    def _training_start(self) -> float | None:
+        """When rank 0 was first seen past its first step (its heartbeat): start-up is no part of
+        a checkpoint interval."""
+        if self.trained_from is None:
+            beat = read_heartbeat(heartbeat_file(attempt_dir(self.run_dir, self.attempt), 0))
+            step, at = (beat or {}).get("step"), (beat or {}).get("time")
+            if isinstance(step, int) and step >= 1 and isinstance(at, int | float):
+                self.trained_from = float(at)
+        return self.trained_from
+
+    def _checkpoint_times(self) -> list[float]:
+        """When each complete checkpoint seen during this attempt was written (its marker's time);
+        remembered, as pruning (``--keep-last``) removes old ones."""
+        for _, folder in checkpoint_folders(self.run_dir):
+            if folder not in self.checkpoints:
+                try:
+                    self.checkpoints[folder] = (folder / COMPLETE_MARKER).stat().st_mtime
+                except OSError:
+                    continue
+        return list(self.checkpoints.values())
+
+    def _stop(self, reason: str) -> None:
+        self.stopped = True
+        self.say(f"{reason}: asking the ranks to checkpoint and stop")
+        self.relay.send(self.stop_signal)

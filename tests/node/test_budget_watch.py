@@ -1,0 +1,75 @@
+"""``--budget`` on the local profile, end to end (orchestrator.node.budget_watch): a real job of
+``train/`` with a budget of a few CPU-seconds stops at a complete checkpoint within one checkpoint
+interval of it, ``status`` says BUDGET and why, a resume without more budget is refused, and
+``resume --budget MORE`` continues it to the same losses as an uninterrupted run (started beside it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.contract.run_dir import last_complete_checkpoint
+from tests.helpers import train_launch as tl
+from tests.helpers.cli import REPO, job_and_run_dir, run_cli, status_row
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
+
+TRAIN = str(REPO / "train" / "train.py")
+STEPS, EVERY = 400, 10
+ARGS = [TRAIN, "--preset", "tiny", "--data", "synthetic", "--max-steps", str(STEPS), "--ckpt-every", str(EVERY),
+        "--log-every", "1"]  # fmt: skip
+ONE = ["--profile", "local", "--nodes", "1", "--procs-per-node", "1"]
+#: 14.4 CPU-seconds on one CPU: start-up (~4 s) and a part of the 400 steps (~17 s alone).
+BUDGET = "0.004cpu-h"
+
+
+def _held(run_dir: Path) -> list[dict]:
+    """Every attempt's node records: what ``cost`` bills a local job by."""
+    return [json.loads(p.read_text()) for p in sorted(run_dir.glob("logs/attempt_*/node_*.held.json"))]
+
+
+def test_a_budget_stops_at_a_checkpoint_and_resume_with_more_continues_exactly(
+    orch_env: dict[str, str],
+) -> None:
+    reference = run_cli(["submit", *ONE, "--", *ARGS], orch_env)  # uninterrupted, beside the budgeted run
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    ref_id, ref_dir = job_and_run_dir(reference.stdout)
+
+    res = run_cli(["submit", *ONE, "--budget", BUDGET, "--wait", "--poll", "0.5", "--", *ARGS], orch_env, 240)
+    assert res.returncode == 1, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    assert json.loads((run_dir / "job.json").read_text())["budget"] == BUDGET  # the resolved config keeps it
+
+    row = status_row(orch_env, job_id)
+    assert row["state"] == "BUDGET", row
+    assert row["reason"].startswith("budget: spent ") and f"of {BUDGET}" in row["reason"], row
+    stop = json.loads((run_dir / "exit_status.json").read_text())
+    checkpoint = last_complete_checkpoint(run_dir)
+    assert checkpoint is not None and checkpoint.step == stop["step"] < STEPS, (checkpoint, stop)
+
+    # Within one checkpoint interval of the budget, as cost bills it (the node's own span x its CPU).
+    held = _held(run_dir)
+    spent_s = sum((h["end"] - h["start"]) * h["cpus"] for h in held)
+    marks = sorted((p / "COMPLETE.json").stat().st_mtime for p in (run_dir / "checkpoints").glob("step_*"))
+    interval_s = max(b - a for a, b in zip(marks, marks[1:], strict=False)) if len(marks) > 1 else 0.0
+    budget_s = 0.004 * 3600
+    print(f"budget {budget_s:.1f} cpu-s, spent {spent_s:.1f} cpu-s, checkpoint interval {interval_s:.2f} s, "
+          f"stopped at step {stop['step']}")  # fmt: skip
+    assert spent_s <= budget_s + max(interval_s, 1.0), (spent_s, budget_s, interval_s)
+
+    refused = run_cli(["resume", job_id], orch_env)
+    assert refused.returncode == 2 and "resume --budget MORE" in refused.stderr, (
+        refused.stdout + refused.stderr
+    )
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+    more = run_cli(["resume", job_id, "--budget", "1cpu-h", "--wait", "--poll", "0.5"], orch_env, 240)
+    assert more.returncode == 0, more.stdout + more.stderr
+    waited = run_cli(["wait", ref_id], orch_env, 240)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    ours, theirs = tl.losses(run_dir), tl.losses(ref_dir)
+    assert sorted(ours) == sorted(theirs) == list(range(1, STEPS + 1))
+    assert [s for s in theirs if ours[s] != theirs[s]] == [], "losses differ from the uninterrupted run"
