@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from orchestrator.cli.profiles import PROFILES_DIR_HELP
 from orchestrator.cli.table import format_table
+
+if TYPE_CHECKING:
+    from orchestrator.supervise.doctor import Row
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +27,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profiles-dir", default=None, help=PROFILES_DIR_HELP)
 
 
+def table_rows(rows: list[Row]) -> list[dict[str, str]]:
+    """One line per check that passed on every node (its values, when they differ), one per node
+    where it failed: 32 nodes stay a short table (``--json`` keeps every row)."""
+    out: list[dict[str, str]] = []
+    for check in dict.fromkeys(r.check for r in rows):
+        mine = [r for r in rows if r.check == check]
+        if all(r.ok for r in mine) and len(mine) > 1:
+            values = list(dict.fromkeys(r.value for r in mine))
+            shown = " | ".join(values[:3]) + (" | ..." if len(values) > 3 else "")
+            out.append({"check": check, "node": f"all {len(mine)}", "result": "ok", "value": shown})
+            continue
+        for r in mine:
+            out.append(
+                {"check": r.check, "node": r.node, "result": "ok" if r.ok else "FAIL", "value": r.value}
+            )
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from orchestrator import api
 
@@ -30,11 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_json(), indent=2))
         return 0 if result.ok else 1
-    rows = [
-        {"check": r.check, "node": r.node, "result": "ok" if r.ok else "FAIL", "value": r.value}
-        for r in result.diagnosis.rows
-    ]
-    print(format_table(rows, ["check", "node", "result", "value"]))
+    print(format_table(table_rows(result.diagnosis.rows), ["check", "node", "result", "value"]))
     failed = result.diagnosis.failed
     if failed:
         print(f"\n{len(failed)} check(s) failed; the fixes:")

@@ -329,7 +329,7 @@ def cross_rows(nodes: list[str], results: list[NodeResult], want: Expected) -> l
                 "clock between nodes",
                 ALL_NODES,
                 ok,
-                f"{spread:.2f} s ({ahead} ahead of {behind})",
+                f"{spread:.2f} s" + (f" ({ahead} ahead of {behind})" if spread >= 0.005 else ""),
                 "" if ok else "synchronise the nodes' clocks (chrony/ntpd)",
             )
         )

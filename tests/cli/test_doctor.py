@@ -66,3 +66,22 @@ def test_the_submitting_side_imports_no_torch(tmp_path: Path) -> None:
         timeout=60,
     )
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [2, []], proc.stderr
+
+
+def test_the_table_folds_passing_checks_and_keeps_each_failure() -> None:
+    from orchestrator.cli.doctor import table_rows
+    from orchestrator.supervise.doctor import Row
+
+    rows = [
+        Row("/dev/shm", "n1", True, "8.0 GiB"),
+        Row("/dev/shm", "n2", True, "8.0 GiB"),
+        Row("ulimit -l", "n1", True, "8192 KiB"),
+        Row("ulimit -l", "n2", False, "64 KiB < 8192 KiB", "fix"),
+        Row("all-reduce", "all", True, "2000 Mbit/s"),
+    ]
+    assert table_rows(rows) == [
+        {"check": "/dev/shm", "node": "all 2", "result": "ok", "value": "8.0 GiB"},
+        {"check": "ulimit -l", "node": "n1", "result": "ok", "value": "8192 KiB"},
+        {"check": "ulimit -l", "node": "n2", "result": "FAIL", "value": "64 KiB < 8192 KiB"},
+        {"check": "all-reduce", "node": "all", "result": "ok", "value": "2000 Mbit/s"},
+    ]
