@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.node.preflight import gpu_problems, image_problems
-from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE, PACKAGES, REPORT_MARKER
+from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE, PACKAGES, REPORT_MARKER, WAITED_FOR_OTHERS
 
 #: Bytes all-reduced per try, and tries (the best counts: a busy host's noise is not the network's).
 ALLREDUCE_BYTES = 16 << 20
@@ -203,8 +203,8 @@ def main(argv: list[str]) -> int:
             if agree(rank, nodes, main_ip, port, torch_ok):
                 report["allreduce"] = allreduce(rank, nodes, main_ip, port + 1, int(spec["gpus"]) > 0)
             else:
-                why = "torch does not import here" if not torch_ok else "another node cannot join"
-                report["allreduce"] = {"error": f"not run: {why}"}
+                why = "not run: torch does not import here" if not torch_ok else WAITED_FOR_OTHERS
+                report["allreduce"] = {"error": why}
         except Exception as exc:  # noqa: BLE001 - reported, judged on the host
             report["allreduce"] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
     print(f"{REPORT_MARKER} {json.dumps(report)}", flush=True)

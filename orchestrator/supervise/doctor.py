@@ -41,6 +41,8 @@ MAX_CLOCK_SKEW_S = 2.0
 REPORT_MARKER = "orchestrator-doctor-report"
 CLOCK_MARKER = "orchestrator-doctor-clock"
 NO_PYTHON_MARKER = "orchestrator-doctor-no-python"
+#: What a node that could join the all-reduce says when another could not (node 0's no-go).
+WAITED_FOR_OTHERS = "not run: another node cannot join"
 #: The module each node runs (by name: ``python -m``), after the profile's set-up lines.
 NODE_MODULE = "orchestrator.node.doctor"
 #: The variable a scheduler's step sets to the node's name as the scheduler knows it (else the host name).
@@ -341,6 +343,7 @@ def _allreduce_row(nodes: list[str], results: list[NodeResult], want: Expected) 
     if len(nodes) < 2:
         return Row("all-reduce", ALL_NODES, True, "not run (one node)")
     figures = []
+    errors: list[tuple[str, str]] = []
     for name, result in zip(nodes, results):
         got = (result.report or {}).get("allreduce") or {}
         if result.report is None:
@@ -348,21 +351,25 @@ def _allreduce_row(nodes: list[str], results: list[NodeResult], want: Expected) 
                 "all-reduce", ALL_NODES, False, f"not run: {name}'s check did not run", "fix that node first"
             )
         if "error" in got:
-            return Row(
-                "all-reduce",
-                ALL_NODES,
-                False,
-                f"{name}: {str(got['error'])[:200]}",
-                "fix the failures above first; if none: the nodes cannot reach each other on the profile's "
-                "port_range and network_interface (firewall, GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in env)",
-            )
-        if "mbps" in got:
+            errors.append((name, str(got["error"])[:200]))
+        elif "mbps" in got:
             figures.append(got)
+    if errors:
+        # The node that could not join, not the ones that were told so.
+        name, error = next((e for e in errors if e[1] != WAITED_FOR_OTHERS), errors[0])
+        return Row(
+            "all-reduce",
+            ALL_NODES,
+            False,
+            f"{name}: {error}",
+            "fix the failures above first; if none: the nodes cannot reach each other on the profile's "
+            "port_range and network_interface (firewall, GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in env)",
+        )
     if not figures:
         return Row("all-reduce", ALL_NODES, False, "no node measured it", "fix the failures above first")
-    best = min(figures, key=lambda f: float(f["mbps"]))
-    value = f"{best['mbps']:.0f} Mbit/s bus bandwidth ({best.get('backend')}, {len(nodes)} nodes, {_size(best.get('bytes', 0))})"
-    if best["mbps"] < want.min_bandwidth_mbps:
+    slowest = min(figures, key=lambda f: float(f["mbps"]))
+    value = f"{slowest['mbps']:.0f} Mbit/s bus bandwidth ({slowest.get('backend')}, {len(nodes)} nodes, {_size(slowest.get('bytes', 0))})"
+    if slowest["mbps"] < want.min_bandwidth_mbps:
         return Row(
             "all-reduce",
             ALL_NODES,

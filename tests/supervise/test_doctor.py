@@ -15,6 +15,7 @@ from orchestrator.supervise.doctor import (
     MIN_MEMLOCK_KIB,
     MIN_NOFILE,
     MIN_SHM_BYTES,
+    WAITED_FOR_OTHERS,
     Expected,
     NodeResult,
     Row,
@@ -110,6 +111,13 @@ def test_torch_failing_on_one_node_names_that_node_and_the_fix() -> None:
     assert set(got) == {("import torch", "n2"), ("all-reduce", ALL_NODES)}
     assert "ImportError: planted" in got[("import torch", "n2")].value
     assert "install torch" in got[("import torch", "n2")].fix
+
+
+def test_the_all_reduce_names_the_node_that_could_not_join() -> None:
+    told = {"allreduce": {"error": WAITED_FOR_OTHERS}}
+    cause = {"allreduce": {"error": "not run: torch does not import here"}}
+    row = failures(diagnose(expected(), results(n1=told, n2=cause)).rows)[("all-reduce", ALL_NODES)]
+    assert row.value == "n2: not run: torch does not import here"
 
 
 def test_a_node_whose_check_never_ran_says_why() -> None:
