@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.cli.profiles import PROFILES_DIR_HELP
 from orchestrator.cli.table import format_table
-
-if TYPE_CHECKING:
-    from orchestrator.supervise.doctor import Row
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profiles-dir", default=None, help=PROFILES_DIR_HELP)
 
 
-def table_rows(rows: list[Row]) -> list[dict[str, str]]:
-    """One line per check that passed on every node (its values, when they differ), one per node
-    where it failed: 32 nodes stay a short table (``--json`` keeps every row)."""
+def table_rows(rows: Sequence[Any]) -> list[dict[str, str]]:
+    """The diagnosis' rows (``check``, ``node``, ``ok``, ``value``) as the table shows them: one line
+    per check that passed on every node (its values, when they differ), one per node where it failed:
+    32 nodes stay a short table (``--json`` keeps every row)."""
     out: list[dict[str, str]] = []
     for check in dict.fromkeys(r.check for r in rows):
         mine = [r for r in rows if r.check == check]
