@@ -139,6 +139,10 @@ class RunSummary:
     attempts: int = 0
     corrupt_checkpoints: list[int] = field(default_factory=list)
     """Steps of checkpoints a restore found corrupt (CORRUPT.json) and skipped, newest first."""
+    budget: str | None = None
+    """The run's ``--budget`` (job.json), None without one."""
+    budget_spent: float | None = None
+    """What the run has spent of it, in its unit: every attempt's meter (``budget.json``)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -305,4 +309,26 @@ def summarize(run_dir: Path | str, tail_bytes: int = TAIL_BYTES) -> RunSummary:
         corrupt_checkpoints=[step for step, _ in corrupt_checkpoints(run_dir)],
         resumes=count_resumes(run_dir),
         attempts=len(attempt_dirs(run_dir)),
+        **_budget_spent(run_dir, job),
     )
+
+
+def _budget_spent(run_dir: Path, job: dict[str, Any]) -> dict[str, Any]:
+    """``budget`` and ``budget_spent`` of a run with a budget (its meters: orchestrator.contract.budget_records)."""
+    from orchestrator.config.budget import parse_budget
+    from orchestrator.contract.budget_records import spent_hours
+    from orchestrator.contract.errors import UserError
+
+    text = job.get("budget")
+    if not isinstance(text, str):
+        return {}
+    try:
+        budget = parse_budget(text)
+    except UserError:
+        return {}
+    spent = spent_hours(run_dir)
+    if budget.is_money:
+        profile = job.get("profile") if isinstance(job.get("profile"), dict) else {}
+        key = "price_per_gpu_hour" if _int(profile.get("gpus_per_node")) else "price_per_cpu_hour"
+        spent *= _num(profile.get(key)) or 0.0
+    return {"budget": str(budget), "budget_spent": spent}

@@ -30,7 +30,7 @@ from orchestrator.rundir.summary import RunSummary, _resume_cache, _resume_touch
 #: to metrics.jsonl every step and so are simply re-read on every call, as before.
 RACY_S = 2.0
 SUMMARY_CACHE_FILE = "status_cache.json"
-_CACHE_VERSION = 5
+_CACHE_VERSION = 6
 _CACHE_MAX_ENTRIES = 20_000
 _SUMMARY_FIELDS = [f for f in RunSummary.__dataclass_fields__ if f not in ("run_dir", "checkpoint")]
 _CHECKPOINT_FIELDS = [f for f in CheckpointInfo.__dataclass_fields__ if f != "path"]

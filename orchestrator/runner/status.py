@@ -69,6 +69,9 @@ class StatusRow:
     """Restarts inside the job's allocation (``restarts.jsonl``): each one's cause, attempt and step."""
     start_estimate: str | None = None
     """A pending job: when the scheduler expects to start it (Slurm's backfill estimate), if it has one."""
+    budget: str | None = None
+    """The run's ``--budget``; ``budget_spent``: what its attempts have spent of it, in its unit."""
+    budget_spent: float | None = None
 
     @property
     def state_detail(self) -> str | None:
@@ -117,6 +120,8 @@ class StatusRow:
             "started_from": self.started_from,
             "liveness": self.liveness,
             "start_estimate": self.start_estimate,
+            "budget": self.budget,
+            "budget_spent": self.budget_spent,
         }
 
 
@@ -192,6 +197,8 @@ def _row(
         liveness=None if own_state.is_terminal() else cache.liveness(job.run_dir),
         restarts=restarts,
         start_estimate=st.start if st is not None and own_state is JobState.PENDING and st.start else None,
+        budget=summary.budget,
+        budget_spent=summary.budget_spent,
     )
     return row
 
@@ -289,6 +296,10 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
         if row.start_estimate and row.state is JobState.PENDING
     )
     for row in rows:
+        if row.state is JobState.BUDGET:
+            lines.append(f"{row.job_id} BUDGET: {row.reason}")
+        elif row.budget is not None and row.budget_spent is not None:
+            lines.append(f"{row.job_id}: budget: spent {_budget_words(row.budget, row.budget_spent)}")
         if row.restarts:
             last = row.restarts[-1]
             lines.append(
@@ -304,6 +315,13 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
                 f"(resumed from step {row.checkpoint_step if row.checkpoint_step is not None else '-'})"
             )
     return lines
+
+
+def _budget_words(budget: str, spent: float) -> str:
+    from orchestrator.config.budget import parse_budget
+
+    cap = parse_budget(budget)
+    return f"{cap.show(spent)} of {cap} ({100 * spent / cap.amount:.0f} %)"
 
 
 def stale_note(result: QueryResult) -> str | None:

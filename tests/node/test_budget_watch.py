@@ -46,6 +46,9 @@ def test_a_budget_stops_at_a_checkpoint_and_resume_with_more_continues_exactly(
     row = status_row(orch_env, job_id)
     assert row["state"] == "BUDGET", row
     assert row["reason"].startswith("budget: spent ") and f"of {BUDGET}" in row["reason"], row
+    assert row["budget"] == BUDGET and 0 < row["budget_spent"] < 0.004, row
+    table = run_cli(["status", job_id], orch_env).stdout
+    assert f"{job_id} BUDGET: budget: spent" in table, table
     stop = json.loads((run_dir / "exit_status.json").read_text())
     checkpoint = last_complete_checkpoint(run_dir)
     assert checkpoint is not None and checkpoint.step == stop["step"] < STEPS, (checkpoint, stop)
@@ -59,6 +62,8 @@ def test_a_budget_stops_at_a_checkpoint_and_resume_with_more_continues_exactly(
     print(f"budget {budget_s:.1f} cpu-s, spent {spent_s:.1f} cpu-s, checkpoint interval {interval_s:.2f} s, "
           f"stopped at step {stop['step']}")  # fmt: skip
     assert spent_s <= budget_s + max(interval_s, 1.0), (spent_s, budget_s, interval_s)
+    # the meter node 0 decided by and the bill agree (the same span; the bill's ends after the peers' wait)
+    assert abs(row["budget_spent"] * 3600 - spent_s) <= 2.0, (row["budget_spent"] * 3600, spent_s)
 
     refused = run_cli(["resume", job_id], orch_env)
     assert refused.returncode == 2 and "resume --budget MORE" in refused.stderr, (
@@ -70,6 +75,13 @@ def test_a_budget_stops_at_a_checkpoint_and_resume_with_more_continues_exactly(
     assert more.returncode == 0, more.stdout + more.stderr
     waited = run_cli(["wait", ref_id], orch_env, 240)
     assert waited.returncode == 0, waited.stdout + waited.stderr
+    # one budget over both attempts: the resumed one metered on top of the first's record
+    after = status_row(orch_env, job_id)
+    assert after["budget"] == "1cpu-h" or status_row(orch_env, after["continued_as"])["budget"] == "1cpu-h"
+    assert sorted(p.parent.name for p in run_dir.glob("logs/attempt_*/budget.json")) == [
+        "attempt_0",
+        "attempt_1",
+    ]
     ours, theirs = tl.losses(run_dir), tl.losses(ref_dir)
     assert sorted(ours) == sorted(theirs) == list(range(1, STEPS + 1))
     assert [s for s in theirs if ours[s] != theirs[s]] == [], "losses differ from the uninterrupted run"

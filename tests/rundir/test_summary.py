@@ -142,3 +142,24 @@ def test_iter_lines_reversed_matches_naive(
         body = body[nl + 1 :] if nl >= 0 else b""
     expected = body.split(b"\n")[:-1]
     assert got == list(reversed(expected))
+
+
+@pytest.mark.parametrize(
+    "budget, profile, spent",
+    [
+        ("1cpu-h", {"gpus_per_node": 0}, 0.75),  # 0.5 h x 1 CPU + 0.25 h x 1 CPU
+        ("10usd", {"gpus_per_node": 0, "price_per_cpu_hour": 2.0}, 1.5),
+        ("10gpu-h", {"gpus_per_node": 8, "price_per_gpu_hour": 3.0}, 0.75),
+    ],
+)
+def test_a_run_with_a_budget_shows_what_every_attempt_spent_of_it(
+    tmp_path: Path, budget: str, profile: dict[str, Any], spent: float
+) -> None:
+    from orchestrator.contract.budget_records import write_meter
+
+    (tmp_path / "job.json").write_text(json.dumps({"budget": budget, "profile": profile}))
+    write_meter(tmp_path, 0, 0.0, 1800.0, 1)
+    write_meter(tmp_path, 1, 5000.0, 5900.0, 1)
+    summary = summarize(tmp_path)
+    assert (summary.budget, summary.budget_spent) == (budget, pytest.approx(spent))
+    assert summarize(tmp_path / "nothing").budget is None
