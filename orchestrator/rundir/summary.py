@@ -328,7 +328,8 @@ def _budget_spent(run_dir: Path, job: dict[str, Any]) -> dict[str, Any]:
         return {}
     spent = spent_hours(run_dir)
     if budget.is_money:
-        profile = job.get("profile") if isinstance(job.get("profile"), dict) else {}
+        raw = job.get("profile")
+        profile: dict[str, Any] = raw if isinstance(raw, dict) else {}
         key = "price_per_gpu_hour" if _int(profile.get("gpus_per_node")) else "price_per_cpu_hour"
         spent *= _num(profile.get(key)) or 0.0
     return {"budget": str(budget), "budget_spent": spent}
