@@ -53,8 +53,17 @@ def spent_hours(run_dir: Path, but: int | None = None) -> float:
     )
 
 
-def write_budget_stop(run_dir: Path, attempt: int, reason: str, spent: float, budget: str) -> None:
-    data = {"attempt": attempt, "reason": reason, "spent": spent, "budget": budget, "time": time.time()}
+def write_budget_stop(
+    run_dir: Path, attempt: int, reason: str, spent: float, budget: str, job_id: str = ""
+) -> None:
+    data = {
+        "attempt": attempt,
+        "job_id": job_id,
+        "reason": reason,
+        "spent": spent,
+        "budget": budget,
+        "time": time.time(),
+    }
     write_json_atomic(Path(run_dir) / BUDGET_STOP_FILE, data)
 
 

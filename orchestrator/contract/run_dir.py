@@ -36,8 +36,8 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
       restarts.jsonl                restarts inside the allocation, one JSON object a line: {"job_id",
                                     "failed_attempt", "attempt", "cause", "step", "time"} (Slurm)
       cancel_requested.json         written by ``orchestrator cancel``: no requeue after it
-      budget_stop.json              node 0, when ``--budget`` stops the run: {"attempt", "reason", "spent",
-                                    "budget", "time"}: every node stops its ranks, no requeue, state BUDGET
+      budget_stop.json              node 0, when ``--budget`` stops the run: {"attempt", "job_id", "reason",
+                                    "spent", "budget", "time"}: every node stops its ranks, no requeue, BUDGET
       .run.lock                     held (flock) by a command that changes the run: submit into it,
                                     resume, auto-resume, cancel; the holder's pid and command inside
       local_pids.json               local jobs: {"controller": pid}

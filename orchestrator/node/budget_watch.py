@@ -64,6 +64,7 @@ class BudgetWatch:
         self.plan, self.run_dir, self.attempt, self.relay, self.log = plan, run_dir, attempt, relay, log
         self.budget, self.stop_signal = plan.budget, stop_signal
         self.owner = self.budget is not None and node.is_first_node
+        self.job_id = node.job_id
         self.stopped = False
         self.start = process_start()
         self.per_hour = held_per_hour(plan)
@@ -97,7 +98,9 @@ class BudgetWatch:
         verdict = decide(self.budget, spent, interval)
         if verdict.stop:
             self.meter(now)
-            write_budget_stop(self.run_dir, self.attempt, verdict.reason, spent, str(self.budget))
+            write_budget_stop(
+                self.run_dir, self.attempt, verdict.reason, spent, str(self.budget), self.job_id
+            )
             self._stop(verdict.reason)
         return self.stopped
 

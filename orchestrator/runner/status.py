@@ -135,6 +135,9 @@ def _row(
 ) -> StatusRow:
     st = result.states.get(job.job_id)
     own_state = st.state if st else job.last_state
+    stopped_by_budget = _budget_stop(job, own_state, summary)
+    if stopped_by_budget is not None:
+        own_state = JobState.BUDGET  # the scheduler's word for it (Slurm: FAILED) says less
     run_state: JobState | None = None
     if successor is not None:
         succ_st = result.states.get(successor.job_id)
@@ -180,7 +183,8 @@ def _row(
         resumes=summary.resumes,
         # Our own account of how a job ended ("node(s) n2 lost; auto-resumed as job 4") says more than
         # Slurm's ("NonZeroExitCode"), so it wins once the job is over.
-        reason=explain_dependency(
+        reason=stopped_by_budget
+        or explain_dependency(
             job.run_dir,
             job.end_reason
             if job.end_reason and own_state.is_terminal()
@@ -201,6 +205,19 @@ def _row(
         budget_spent=summary.budget_spent,
     )
     return row
+
+
+def _budget_stop(job: JobRecord, state: JobState, summary: RunSummary) -> str | None:
+    """The reason a run's budget stopped this job (``budget_stop.json`` names it), once it has ended
+    other than COMPLETED; None otherwise."""
+    if summary.budget is None or not state.is_terminal() or state in (JobState.COMPLETED, JobState.BUDGET):
+        return None  # a local job records BUDGET itself, with the step it stopped at
+    from orchestrator.contract.budget_records import budget_stop
+
+    marker = budget_stop(job.run_dir)
+    if marker is None or marker.get("job_id") != job.job_id:
+        return None
+    return f"{marker.get('reason') or 'budget'}; continue with resume --budget MORE"
 
 
 def requeues_since_last_submission(run_dir: Any) -> int:
