@@ -1,8 +1,9 @@
 """A run's budget records: each attempt's meter and the stop marker (``--budget``).
 
-Node 0 of every attempt of a run with a budget keeps its meter in ``logs/attempt_<A>/budget.json``
-(its allocation's start, the last time it looked, and the GPUs or CPUs the job holds), rewritten
-every few seconds and as the node ends, so a killed attempt still counts up to its last record. What
+Node 0 of every attempt (with a budget or not: one a ``resume`` gives later counts every attempt)
+keeps its meter in ``logs/attempt_<A>/budget.json`` (its allocation's start, the last time it looked,
+and the GPUs or CPUs the job holds), rewritten every few seconds and as the node ends, so a killed
+attempt still counts up to its last record. What
 the run has spent is every attempt's span times what it held: the hours ``orchestrator cost`` bills
 from the same span (a local job's ``node_<N>.held.json``). When the budget stops the run, node 0
 writes ``budget_stop.json``: every node stops its ranks at the next step boundary, the job is not

@@ -48,7 +48,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         node_<N>.pid                the launcher's pid
         node_<N>.held.json          local jobs, as the node ends: {"job_id", "node", "pid", "start" (its
                                     process's own start), "end", "procs", "cpus", "gpus"}: cost's bill
-        budget.json                 node 0 of a run with ``--budget``: its meter {"start", "end", "per_hour"}
+        budget.json                 node 0's meter of the attempt (``--budget``): {"start", "end", "per_hour"}
         start.json                  what this attempt's training started from, written by rank 0 of a
                                     script with a checkpoint hook (train/, orchestrator.loop,
                                     orchestrator.hf): {"step", "checkpoint", "hook"}; absent: no hook

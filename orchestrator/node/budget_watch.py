@@ -63,12 +63,13 @@ class BudgetWatch:
     ) -> None:
         self.plan, self.run_dir, self.attempt, self.relay, self.log = plan, run_dir, attempt, relay, log
         self.budget, self.stop_signal = plan.budget, stop_signal
-        self.owner = self.budget is not None and node.is_first_node
+        # Node 0 meters every attempt, with a budget or not: one given later (resume --budget) counts them.
+        self.owner = node.is_first_node
         self.job_id = node.job_id
         self.stopped = False
         self.start = process_start()
         self.per_hour = held_per_hour(plan)
-        self.before = spent_hours(run_dir, but=attempt) if self.owner else 0.0
+        self.before = spent_hours(run_dir, but=attempt) if self.owner and self.budget is not None else 0.0
         self.metered_at = 0.0
         self.checkpoints: dict[Path, float] = {}
         self.trained_from: float | None = None
@@ -81,7 +82,7 @@ class BudgetWatch:
         return self.before + (now - self.start) / 3600.0 * self.per_hour
 
     def check(self) -> bool:
-        if self.budget is None or self.stopped:
+        if self.stopped or (self.budget is None and not self.owner):
             return self.stopped
         now = time.time()
         if not self.owner:
@@ -91,6 +92,8 @@ class BudgetWatch:
             return self.stopped
         if now - self.metered_at >= METER_EVERY_S:
             self.meter(now)
+        if self.budget is None:
+            return False
         times = self._checkpoint_times()
         interval_s = checkpoint_interval_s(self.start, now, times, self._training_start()) + POLL_S
         spent = in_budget_units(self.budget, self.spent(now), self.plan.profile)

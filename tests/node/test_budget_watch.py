@@ -82,6 +82,7 @@ def test_a_budget_stops_at_a_checkpoint_and_resume_with_more_continues_exactly(
         "attempt_0",
         "attempt_1",
     ]
+    assert (ref_dir / "logs" / "attempt_0" / "budget.json").exists()  # metered without a budget too
     ours, theirs = tl.losses(run_dir), tl.losses(ref_dir)
     assert sorted(ours) == sorted(theirs) == list(range(1, STEPS + 1))
     assert [s for s in theirs if ours[s] != theirs[s]] == [], "losses differ from the uninterrupted run"
