@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.api import door
+from orchestrator.api import follow as at_login
 from orchestrator.api.doctor import doctor
 from orchestrator.api.door import JOB_ID, SWEEP_ID
 from orchestrator.api.handles import NOT_RESUMED, Job, Sweep, cancel, get_job, get_sweep, resume
@@ -312,13 +313,15 @@ def status(
     home: Path | str | None = None,
 ) -> StatusReport | None:
     """``status``: a row per job (one batched scheduler query); no ids: the active and recent jobs.
-    None when no job is selected."""
+    None when no job is selected. Jobs submitted through a login host: that host's rows."""
     from orchestrator.runner.status import StatusReport, collect_status, select_jobs
 
     with door.door("status"):
         job_ids = inputs.texts("job_ids", job_ids)
         timeout_s = inputs.seconds("timeout_s", timeout_s, optional=False) or timeout_s
     registry, home = door.checked("status", registry, home)
+    if registry is None and home is None and (at := at_login.one_login("status", job_ids)) is not None:
+        return at_login.status(at, job_ids, timeout_s)  # submitted through a login host: asked there
     with door.using(registry, home) as reg:
         jobs = select_jobs(reg, job_ids)
         if not jobs:
@@ -338,7 +341,7 @@ def wait(
 ) -> JobState:
     """Follow the job (into the job its run continues as) to its end; its final state. Progress lines
     go to ``out`` (default nowhere); ``timeout`` seconds passed: :class:`WaitTimeout` (its ``job_id``
-    and last ``state``)."""
+    and last ``state``). A job submitted through a login host is followed there."""
     import io
     import time
 
@@ -350,6 +353,8 @@ def wait(
         timeout = inputs.seconds("timeout", timeout)
         inputs.stream("out", out)
     registry, home = door.checked("wait", registry, home)
+    if (at := at_login.login_of(job_id, registry, home)) is not None:
+        return at_login.wait(at, job_id, poll, timeout, out)  # submitted through a login host: there
     deadline = None if timeout is None else time.monotonic() + timeout
     with door.using(registry, home) as reg:
         job = reg.get(job_id)  # an unknown id: a user error

@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.api import door
+from orchestrator.api import follow as at_login
 from orchestrator.api.door import JOB_ID, SWEEP_ID
 from orchestrator.config import inputs
 from orchestrator.contract.errors import UserError
+from orchestrator.remote import handles as remote
+from orchestrator.remote.handles import RemoteJob
 
 if TYPE_CHECKING:
     import signal
@@ -148,11 +151,14 @@ def _open(caller: str, home: Path | str | None) -> Registry:
     return Registry.open(door.checked_home(caller, home), create=home is None)
 
 
-def get_job(job_id: str, home: Path | str | None = None) -> Job:
-    """The handle of a job of the registry; an unknown id is a user error."""
+def get_job(job_id: str, home: Path | str | None = None) -> Job | RemoteJob:
+    """The handle of a job of the registry; an unknown id is a user error. A job submitted through a
+    login host (:mod:`orchestrator.api.follow`): a :class:`RemoteJob` on it."""
     with door.door("get_job"):
         inputs.text("job_id", job_id, JOB_ID)
     home = door.checked_home("get_job", home)
+    if (at := at_login.login_of(job_id, None, home)) is not None:
+        return remote.job_of(at, job_id)
     with _open("get_job", home) as registry:
         record = registry.get(job_id)
     return Job(record.job_id, Path(record.run_dir), home)
@@ -166,6 +172,8 @@ def cancel(job_id: str, sig: signal.Signals | str | None = None, home: Path | st
     with door.door("cancel"):
         inputs.text("job_id", job_id, JOB_ID)
     signum = signal_value(sig)  # 0, "5s", 1.5: refused, as `cancel --signal` refuses them
+    if (at := at_login.login_of(job_id, None, home)) is not None:
+        return at_login.cancel(at, job_id, signum)
     with _open("cancel", home) as registry:
         return cancel_locked(registry, job_id, signum)
 
@@ -182,6 +190,8 @@ def resume(
         inputs.text("job_id", job_id, JOB_ID)
         checked = door.resume_overrides("resume", overrides)
     home = door.checked_home("resume", home)
+    if (at := at_login.login_of(job_id, None, home)) is not None:
+        raise at_login.refuse("resume", job_id, at, "resume")
     with _open("resume", home) as registry:
         new_job_id, lines = resume_job(registry, job_id, **checked)
         record = registry.get(new_job_id)

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.api import door
+from orchestrator.api import follow as at_login
 from orchestrator.api.door import COST_TARGET, EXPORT_RUN, JOB_ID
 from orchestrator.config import inputs
 from orchestrator.contract.errors import UserError
 
 if TYPE_CHECKING:
     from orchestrator.contract.job_states import JobState
+    from orchestrator.remote.handles import RemoteRecord
     from orchestrator.runner.cost import CostReport
     from orchestrator.runner.export import Exported
     from orchestrator.runner.stacks import Stacks
@@ -54,6 +56,9 @@ def logs(
         inputs.mapping("resume_from", resume_from)
         inputs.flag("framed", framed)
         home = door.home(home)
+    if (at := at_login.login_of(job_id, None, home)) is not None and not framed and not resume_from:
+        flags = {"node": node, "rank": rank, "attempt": attempt, "tail": tail}
+        return at_login.logs(at, job_id, flags, follow, out)
     with door.using(None, home) as registry:
         return show_logs(
             registry,
@@ -100,6 +105,8 @@ def export(
         if not callable(say):
             raise UserError(f"say: expected a function taking a line, got {say!r}")
         home = door.home(home)
+    if run is not None and (at := at_login.login_of(str(run), None, home)) is not None:
+        raise at_login.refuse("export", str(run), at, "export")
     return export_run(
         run,
         Path(out_text),
@@ -120,6 +127,8 @@ def plot(job_id: str, output: str | Path | None = None, home: Path | str | None 
         inputs.text("job_id", job_id, JOB_ID)
         inputs.path_text("output", output, optional=True)
         home = door.home(home)
+    if (at := at_login.login_of(job_id, None, home)) is not None:
+        raise at_login.refuse("plot", job_id, at, "plot")
     with door.using(None, home) as registry:
         job = registry.get(job_id)
     out = Path(output) if output else job.run_dir / "plot.png"
@@ -137,9 +146,10 @@ def plot(job_id: str, output: str | Path | None = None, home: Path | str | None 
 
 def cost(
     target: str, *, whole_run: bool = False, timeout_s: float = 10.0, home: Path | str | None = None
-) -> CostReport:
+) -> CostReport | RemoteRecord:
     """Where the allocated hours of a job, a run (a run directory, or a job with ``whole_run``) or a
-    sweep went: productive, lost work, start-up, hang... (:mod:`orchestrator.runner.cost_model`)."""
+    sweep went: productive, lost work, start-up, hang... (:mod:`orchestrator.runner.cost_model`). A job
+    submitted through a login host: that host's bill, its ``cost --json`` (:mod:`.follow`)."""
     from orchestrator.runner.cost import cost_report
 
     with door.door("cost"):
@@ -147,6 +157,8 @@ def cost(
         inputs.flag("whole_run", whole_run)
         timeout_s = inputs.seconds("timeout_s", timeout_s, optional=False) or timeout_s
         home = door.home(home)
+    if (at := at_login.login_of(target, None, home)) is not None:
+        return at_login.cost(at, target, whole_run, timeout_s)  # the login host's bill, as `cost --json`
     with door.using(None, home) as registry:
         return cost_report(registry, target, whole_run=whole_run, timeout_s=timeout_s)
 
@@ -158,6 +170,8 @@ def stacks(job_id: str, home: Path | str | None = None) -> Stacks:
     with door.door("stacks"):
         inputs.text("job_id", job_id, JOB_ID)
         home = door.home(home)
+    if (at := at_login.login_of(job_id, None, home)) is not None:
+        raise at_login.refuse("stacks", job_id, at, "stacks")
     with door.using(None, home) as registry:
         job = registry.get(job_id)
     return dump_stacks(job.job_id, Path(job.run_dir), job.scheduler)

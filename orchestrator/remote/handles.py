@@ -97,7 +97,21 @@ def _wait(target: Target, what: str, timeout: float | None, poll: float, out: Te
         raise UserError(f"wait on the login host of {target.name}: {err.strip() or f'exit {rc}'}")
 
 
-class RemoteStatus(dict[str, Any]):
+class RemoteRecord(dict[str, Any]):
+    """A JSON object a login host's command printed (``cost --json``...): every field is also an
+    attribute, and ``to_json()`` gives it back, as the local call's record does."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self)
+
+
+class RemoteStatus(RemoteRecord):
     """A job's row of ``status --json`` on the login host, read as :class:`orchestrator.api.Job`'s
     ``status()`` is: ``state`` and ``run_state`` are :class:`JobState`, every other field of the row
     is an attribute (``step``, ``loss``, ``run_dir``, ...). Still the row itself (a dict: ``["state"]``
@@ -111,14 +125,21 @@ class RemoteStatus(dict[str, Any]):
     def run_state(self) -> JobState:
         return JobState(self.get("run_state") or self["state"])
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"status row has no field {name!r}") from None
 
-    def to_json(self) -> dict[str, Any]:
-        return dict(self)
+def run_json(target: Target, argv: list[str]) -> Any:
+    """``argv`` (a command with ``--json``) on the login host of ``target``: what it printed, read."""
+    return json.loads(_run(target, argv))
+
+
+def run_text(target: Target, argv: list[str]) -> str:
+    """``argv`` on the login host of ``target``: what it printed; a failure is its own line."""
+    return _run(target, argv)
+
+
+def job_of(target: Target, job_id: str) -> RemoteJob:
+    """The handle of ``job_id`` on the login host of ``target`` (its run directory from its row)."""
+    (row,) = run_json(target, ["status", job_id, "--json"])["jobs"]
+    return RemoteJob(job_id, target.name, Path(row["run_dir"]), target.profiles_dir)
 
 
 @dataclass(frozen=True)

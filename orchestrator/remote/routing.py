@@ -3,7 +3,8 @@
 ``submit``/``sweep``/``resume`` with ``--profile P`` where P has ``login.host`` (loaded from
 ``--profiles-dir`` when given); else ``$ORCHESTRATOR_LOGIN`` (a profile name: every command goes
 there, ``status`` and ``list`` included); else a job id this laptop submitted through a login host
-(:mod:`.book`): every command that names a job follows it there. On the login host itself
+(:mod:`.book`): every command that names a job follows it there (:func:`job_target`; an id this
+laptop's own registry has too is refused, naming both). On the login host itself
 (``ORCHESTRATOR_ON_LOGIN_HOST``, set by the agent) nothing is routed, so a profile folder the two
 share never loops. Every command of the CLI is in one of the tuples below
 (``tests/remote/test_every_command.py`` checks it against ``cli.main.COMMANDS``).
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 
 #: Environment variable naming the profile whose login host every command goes to.
 LOGIN_ENV = "ORCHESTRATOR_LOGIN"
+#: ``$ORCHESTRATOR_LOGIN`` set to this: every command runs here, on this laptop's registry, and none
+#: follows the book (how to name the laptop's job where a login host gave the same id).
+HERE_VALUE = "-"
 #: Commands that name their profile with ``--profile`` (or as their first word: :data:`PROFILE_WORD`).
 PROFILED = ("submit", "sweep", "resume", "doctor")
 #: Of those, the ones whose first positional word is the profile (``doctor PROFILE``), and their
@@ -118,6 +122,8 @@ def route(argv: Sequence[str]) -> Target | None:
         if name and login_profile(name, where):
             return target(name, where)
     env = os.environ.get(LOGIN_ENV)
+    if env == HERE_VALUE:
+        return None
     if env:
         try:
             load_login(Target(env))
@@ -126,8 +132,49 @@ def route(argv: Sequence[str]) -> Target | None:
         return target(env, None)
     if command in BY_JOB:
         words = [w for w in argv[1:] if not w.startswith("-")]
-        return next((p for w in words if (p := book.profile_of(w))), None)
+        return next((p for w in words if (p := job_target(w))), None)
     return None
+
+
+def job_route(job_id: str) -> Target | None:
+    """Where a call of the Python API naming ``job_id`` runs: the login host a command naming it goes
+    to (:func:`route`: ``$ORCHESTRATOR_LOGIN``, else the book), None: here."""
+    return route(["status", job_id])
+
+
+def job_target(job_id: str) -> Target | None:
+    """The login host the book says gave ``job_id``; None when it gave none. An id this laptop's own
+    registry has too is a :class:`UserError` naming both and how to say which is meant.
+
+    Why refuse and not pick one: the two count on their own (the local scheduler counts ``local-1``,
+    ``local-2``... in each registry; a cluster counts its own numbers), so the same id names two
+    different jobs, and either pick answers about, or cancels, a job the user did not mean without a
+    word. Why
+    not book the login host's ids under another name: the id is the one the login host printed and
+    uses in its run directory, its logs and under ``$ORCHESTRATOR_LOGIN``; a second name would be a
+    second fact to keep and to type."""
+    found = book.profile_of(job_id)
+    if found is None or not _in_this_registry(job_id):
+        return found
+    raise UserError(
+        f"job {job_id}: this laptop's registry has a job of that id, and so does the login host of "
+        f"{found.name} (submitted through it); say which: {LOGIN_ENV}={found.name} for the login host's, "
+        f"{LOGIN_ENV}={HERE_VALUE} for this laptop's"
+    )
+
+
+def _in_this_registry(job_id: str) -> bool:
+    """Whether this machine's registry (``$ORCHESTRATOR_HOME``) has ``job_id``; none there: False."""
+    from orchestrator.registry.store import REGISTRY_FILENAME, Registry, default_home
+
+    if not (default_home() / REGISTRY_FILENAME).is_file():
+        return False
+    with Registry.open(create=False) as registry:
+        try:
+            registry.get(job_id)
+        except UserError:
+            return False
+    return True
 
 
 def version() -> str:

@@ -9,7 +9,7 @@ hanging. ``status``, ``status SWEEP``, ``Job.status`` and ``Sweep.status`` share
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from orchestrator.contract.attempt_start import NO_HOOK, describe_newest_start
@@ -123,6 +123,20 @@ class StatusRow:
             "budget": self.budget,
             "budget_spent": self.budget_spent,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StatusRow:
+        """The row :meth:`to_json` wrote (a login host's ``status --json``); of its restarts, their
+        causes (the JSON's ``restart_causes``)."""
+        names = {f.name for f in fields(cls)} - {"state", "run_state", "restarts", "corrupt_checkpoints"}
+        given: dict[str, Any] = {k: data.get(k) for k in names}
+        return cls(
+            **given,
+            state=JobState(data["state"]),
+            run_state=JobState(data["run_state"]) if data.get("run_state") else None,
+            restarts=tuple({"cause": c} for c in data.get("restart_causes") or ()),
+            corrupt_checkpoints=list(data.get("corrupt_checkpoints") or ()),
+        )
 
 
 def _row(
@@ -387,6 +401,15 @@ class StatusReport:
 
     def to_json(self) -> dict[str, Any]:
         return status_json(self.rows, self.result)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StatusReport:
+        """The report :meth:`to_json` wrote (a login host's ``status --json``); no per-job states."""
+        result = QueryResult(
+            states={}, source=str(data["source"]), stale=bool(data["stale"]),
+            errors=tuple(data.get("errors") or ()), calls=dict(data.get("scheduler_calls") or {}),
+        )  # fmt: skip
+        return cls([StatusRow.from_json(row) for row in data["jobs"]], result)
 
     def all_ended(self) -> bool:
         """Every shown run is over (a run continued as another job answers for that job)."""

@@ -117,7 +117,7 @@ class Views:
             record = registry.get(job_id)
         assert report is not None
         row = report.rows[0]
-        details = api.get_job(job_id, home=self.home).details()
+        details = api.Job(record.job_id, record.run_dir, self.home).details()  # this registry's job
         return {
             "job": _row(row),
             "command": list(record.command),
@@ -172,7 +172,9 @@ class Views:
         with self._lock:
             entry = self._followers.pop(job_id, None)
             if entry is None:
-                entry = _Followed(api.get_job(job_id, home=self.home).curves())
+                with api.open_registry(self.home) as registry:  # this registry's job, never a login host's
+                    record = registry.get(job_id)
+                entry = _Followed(api.Job(record.job_id, record.run_dir, self.home).curves())
             self._followers[job_id] = entry  # newest last
             while len(self._followers) > MAX_FOLLOWED:
                 self._followers.pop(next(iter(self._followers)))
