@@ -24,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -125,8 +126,11 @@ def dump_one(rank: int, proc: Any, node: int, out_dir: Path) -> dict[str, Any]:
 
     try:
         state = proc.status()
+        cpu = proc.cpu_times()
+        cpu_s: float | None = cpu.user + cpu.system
     except psutil.Error:
-        state = "gone"
+        state, cpu_s = "gone", None
+    at = time.monotonic()  # one clock per machine: a rank's two dumps are taken on its own node
     tool = py_spy()
     if tool is None:
         text, how = "py-spy is not installed on this node (pip install 'orchestrator[train]')", "none"
@@ -154,6 +158,8 @@ def dump_one(rank: int, proc: Any, node: int, out_dir: Path) -> dict[str, Any]:
         "state": state,
         "in_collective": bool(COLLECTIVE_FRAME_RE.search(text)),
         "stack_tail": [line.strip() for line in text.splitlines() if line.startswith("    ")][:3],
+        "cpu_s": cpu_s,
+        "at": at,
     }
 
 
@@ -237,9 +243,24 @@ def find_culprit(
     return None
 
 
+#: A rank outside a collective that used at least this share of one core between two dumps is
+#: computing, not stuck (:func:`unchanged`): a stopped rank uses next to none (a timer thread's few
+#: milliseconds); a computing one on a machine loaded five times over its cores still gets ~20 %.
+BUSY_SHARE = 0.05
+
+
 def unchanged(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> bool:
     """Pure: whether two dumps of the same ranks show every one of them where it was (same process,
-    same innermost frames, same side of a collective): ranks that are not moving."""
+    same innermost frames, same side of a collective) and no rank outside a collective computing
+    between them: ranks that are not moving.
+
+    Why the CPU time: the same frames twice do not mean a rank stood still. A healthy job whose one
+    rank computes longer than the others (its loop on one line, its layers all ``Linear.forward``)
+    is caught there in both dumps, the others waiting for it in the all-reduce, and was reported as
+    "rank 1 differs". A rank stuck outside a collective (a deadlock, a sleep, a hung read) uses next
+    to no CPU; one that used :data:`BUSY_SHARE` of a core between the dumps is working (one spinning
+    in a loop it never leaves is too, to this test: the hang watchdog's heartbeats name that one).
+    Ranks inside a collective are not asked: NCCL's waiting ranks spin a core."""
 
     def where(records: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
         return {
@@ -247,7 +268,20 @@ def unchanged(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> bool
             for r in records
         }
 
-    return bool(first) and where(first) == where(second)
+    if not first or where(first) != where(second):
+        return False
+    before = {r["rank"]: r for r in first}
+    return not any(_busy(before[r["rank"]], r) for r in second if not r.get("in_collective"))
+
+
+def _busy(first: dict[str, Any], second: dict[str, Any]) -> bool:
+    """Whether a rank used at least :data:`BUSY_SHARE` of a core between its two records (False when
+    a record has no CPU time: a dump by an older node side, or a process gone)."""
+    values = [r.get(key) for r in (first, second) for key in ("cpu_s", "at")]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return False
+    cpu0, at0, cpu1, at1 = (float(v) for v in values)  # type: ignore[arg-type]
+    return at1 > at0 and cpu1 - cpu0 >= BUSY_SHARE * (at1 - at0)
 
 
 def main(argv: list[str] | None = None) -> int:

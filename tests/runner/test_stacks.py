@@ -13,6 +13,7 @@ from orchestrator.contract.run_dir import attempt_dir
 from orchestrator.runner import stacks as runner_stacks
 from orchestrator.supervise import stacks as supervise_stacks
 from orchestrator.supervise.stacks import find_culprit, unchanged
+from tests.helpers.cli import REPO, job_and_run_dir, job_ended, poll, run_cli
 
 ALLREDUCE = ["wait (torch/distributed/distributed_c10d.py:2501)", "all_reduce (x.py:3)", "step (t.py:9)"]
 FORWARD = ["linear (torch/nn/modules/linear.py:125)", "forward (model.py:40)", "step (t.py:7)"]
@@ -98,3 +99,32 @@ def test_the_watchdog_keeps_its_reading_of_one_dump_of_stalled_ranks() -> None:
     assert unchanged(records, [dict(r) for r in records])
     assert not unchanged(records, [_rank(0, ALLREDUCE), _rank(1, BACKWARD)])
     assert not unchanged([], [])
+
+
+#: A healthy job whose rank 1 computes each step while rank 0 waits for it in the all-reduce.
+UNEVEN = str(REPO / "tests" / "scripts" / "uneven_ranks.py")
+
+
+@pytest.mark.parametrize("stuck", [False, True], ids=["computing", "stuck"])
+def test_a_rank_that_computes_while_the_others_wait_is_not_named_a_stuck_one_is(
+    orch_env: dict[str, str], reap_local_jobs: None, stuck: bool
+) -> None:
+    """Issue 41: ``orchestrator stacks`` of a healthy 2-rank local job said "rank 1 differs": rank 1
+    computing (on one line, its frames the same in both dumps) while rank 0 waits in the all-reduce.
+    Same frames twice are not a stop: a rank outside the collective that used CPU between the dumps
+    is working. A rank that stopped there (``--stuck``: it sleeps) is still named, from real dumps."""
+    from orchestrator import api
+
+    res = run_cli(["submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "2", "--", UNEVEN,
+                   "--work", "30", *(["--stuck"] if stuck else [])], orch_env)  # fmt: skip
+    job, run_dir = job_and_run_dir(res.stdout)
+    poll(lambda: (run_dir / "ready").exists() or job_ended(orch_env, job), 120, "the first all-reduce")
+    dump = api.stacks(job)
+    run_cli(["cancel", job], orch_env)
+    where = {r["rank"]: r["in_collective"] for r in dump.records}
+    assert where == {0: True, 1: False}, dump.records  # rank 0 waits for rank 1, in both cases
+    if stuck:
+        assert dump.culprit is not None and dump.culprit[0] == 1, dump.records
+        assert dump.culprit[2] == "the only rank not inside a collective"
+    else:
+        assert dump.culprit is None, (dump.culprit, dump.records)
