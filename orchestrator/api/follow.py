@@ -5,14 +5,16 @@ book says, :mod:`orchestrator.remote.routing`), through the same commands a :cla
 Which calls follow: those given no ``registry`` and no ``home`` (a call given either asks that
 registry, on this machine). Where they go is :func:`orchestrator.remote.routing.job_route`'s answer,
 the one rule the command line keeps: ``$ORCHESTRATOR_LOGIN`` first (``-``: here), else the book; an
-id this laptop's registry has too is refused, naming both. ``stacks``, ``plot``, ``export`` and
-``resume`` answer with objects of this machine (files, a handle with a local run directory): for a
-job on a login host they are refused in one line naming the command that runs them there.
+id this laptop's registry has too is refused, naming both. ``plot`` draws here from the run's
+metrics fetched from there, as the command does. ``stacks``, ``export`` and ``resume`` answer with
+objects of this machine (files, a handle with a local run directory): for a job on a login host they
+are refused in one line naming the command that runs them there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator.contract.errors import UserError
@@ -84,6 +86,13 @@ def logs(
     text = remote.run_text(target, ["logs", job_id, *words, *(["--follow"] if follow else [])])
     (out or sys.stdout).write(text)
     return remote.job_of(target, job_id).status().run_state if follow else None
+
+
+def plot(target: Target, job_id: str, output: str | None) -> Path:
+    """The run's plot drawn here (into ``output`` or ``./<job>.png``), as ``orchestrator plot`` does."""
+    from orchestrator.remote.client import plot_here
+
+    return plot_here(target, job_id, output)
 
 
 def refuse(call: str, job_id: str, target: Target, command: str) -> UserError:

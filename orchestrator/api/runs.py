@@ -122,13 +122,14 @@ def export(
 
 
 def plot(job_id: str, output: str | Path | None = None, home: Path | str | None = None) -> Path:
-    """Loss and throughput of the job's run to a PNG (default ``<run_dir>/plot.png``); the file written."""
+    """Loss and throughput of the job's run to a PNG (default ``<run_dir>/plot.png``; a job on a login
+    host: drawn here, default ``./<job>.png``, as ``orchestrator plot`` does); the file written."""
     with door.door("plot"):
         inputs.text("job_id", job_id, JOB_ID)
         inputs.path_text("output", output, optional=True)
         home = door.home(home)
-    if (at := at_login.login_of(job_id, None, home)) is not None:
-        raise at_login.refuse("plot", job_id, at, "plot")
+    if (at := at_login.login_of(job_id, None, home)) is not None:  # drawn here, default ./<job>.png
+        return at_login.plot(at, job_id, None if output is None else str(output))
     with door.using(None, home) as registry:
         job = registry.get(job_id)
     out = Path(output) if output else job.run_dir / "plot.png"

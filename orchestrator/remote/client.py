@@ -15,7 +15,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import IO
+from pathlib import Path
+from typing import IO, Any
 
 from orchestrator.config.profile.records import ClusterProfile
 from orchestrator.contract.errors import UserError
@@ -243,25 +244,44 @@ def _plot(conn: Connection, profile: ClusterProfile, name: str, argv: list[str])
     ``./<job>.png`` (the run directory is on the login host)."""
     import argparse
     import json
-    from pathlib import Path
-
-    from orchestrator.rundir.plotting import plot_run
 
     parser = argparse.ArgumentParser(prog="orchestrator plot")
     parser.add_argument("job")
     parser.add_argument("-o", "--output")
     args = parser.parse_args(argv[1:])
-    home = ["--home", profile.login.home] if profile.login.home else []
-    rc, out, said = run_agent(conn, profile, name, ["fetch", *home, args.job])
+    rc, out, said = _fetch(conn, profile, name, args.job)
     if rc != 0:
         sys.stderr.write(said)
         return rc
-    fetched = json.loads(out)
-    target = Path(args.output or f"{args.job}.png")
+    print(_draw(json.loads(out), args.job, args.output))
+    return 0
+
+
+def plot_here(target: Target, job_id: str, output: str | None) -> Path:
+    """The Python API's ``plot`` of a job on the login host of ``target``: drawn here as ``plot``
+    draws it (into ``output`` or ``./<job>.png``); the file written."""
+    import json
+
+    profile, conn = _connect(target)
+    rc, out, said = _fetch(conn, profile, target.name, job_id)
+    if rc != 0:
+        raise UserError(f"plot on the login host of {target.name}: {said.strip() or f'exit {rc}'}")
+    return _draw(json.loads(out), job_id, output)
+
+
+def _fetch(conn: Connection, profile: ClusterProfile, name: str, job_id: str) -> tuple[int, bytes, str]:
+    """The agent's ``fetch``: the run's files a plot is drawn from, as JSON."""
+    home = ["--home", profile.login.home] if profile.login.home else []
+    return run_agent(conn, profile, name, ["fetch", *home, job_id])
+
+
+def _draw(fetched: dict[str, Any], job_id: str, output: str | None) -> Path:
+    from orchestrator.rundir.plotting import plot_run
+
+    target = Path(output or f"{job_id}.png")
     if target.suffix.lower() != ".png":
         raise UserError(f"-o {target}: only PNG output is supported (name it *.png)")
     with tempfile.TemporaryDirectory() as tmp:
         for file_name, text in fetched["files"].items():
             (Path(tmp) / Path(file_name).name).write_text(text)
-        print(plot_run(tmp, target, args.job))
-    return 0
+        return plot_run(tmp, target, job_id)

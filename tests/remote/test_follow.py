@@ -1,6 +1,7 @@
 """The module-level API follows a job to the login host it was submitted through, as the command
 line does (issue 41, item 3): ``api.wait(job)``, ``api.status([job])``, ``api.get_job(job)``,
-``api.cost(job)``, ``api.logs(job)`` and ``api.cancel(job)`` answered "unknown job id" on the laptop.
+``api.cost(job)``, ``api.logs(job)``, ``api.cancel(job)`` and ``api.plot(job)`` answered "unknown job
+id" on the laptop.
 An id this laptop's own registry has too is refused, naming both; ``export`` from a laptop writes its
 ``--out`` on the login host. Against a real OpenSSH server on loopback (``tests/remote/conftest.py``).
 """
@@ -47,8 +48,9 @@ except WaitTimeout as exc:
 out["cancel"] = api.cancel(slow)
 out["cancelled"] = api.wait(slow, timeout=120).value
 refused = {}
-for name, call in (("stacks", lambda: api.stacks(quick)), ("plot", lambda: api.plot(quick)),
-                   ("export", lambda: api.export(quick, "x")), ("resume", lambda: api.resume(quick))):
+out["plot"] = [str(api.plot(quick)), str(api.plot(quick, "named.png"))]
+for name, call in (("stacks", lambda: api.stacks(quick)), ("export", lambda: api.export(quick, "x")),
+                   ("resume", lambda: api.resume(quick))):
     try:
         call()
         refused[name] = None
@@ -88,6 +90,9 @@ def test_the_module_level_api_follows_the_book_to_the_login_host(laptop: Laptop)
     assert out["timed_out"][0] == slow and out["timed_out"][1] in ("PENDING", "RUNNING"), out["timed_out"]
     assert out["cancel"], out
     assert out["cancelled"] == JobState.CANCELLED.value
+    assert out["plot"] == [f"{quick}.png", "named.png"]  # drawn here, in the laptop's folder
+    assert all((laptop.project / name).stat().st_size > 0 for name in out["plot"])
+    assert set(out["refused"]) == {"stacks", "export", "resume"}
     for name, said in out["refused"].items():  # answers that are this machine's files: one line each
         assert said == (
             f"{name}: job {quick} is on the login host of cluster (submitted through it), and this call "
