@@ -393,6 +393,7 @@ def _wait_or_stop_on_failed_peer(
             return 128 + int(signal.SIGKILL)
         if budget is not None:
             budget.check()  # a stop goes to the ranks as the scheduler's signal would: they save, exit
+        node.poll_events()
         if hang is not None and hang.check() is not None:  # hang/attempt_<A>/hang.json says why
             _end_launch(launcher)
             return EXIT_HUNG

@@ -170,6 +170,7 @@ def attempt_events(
                 {**base, "step": step},
             )
         )
+    out.extend(budget_events(run_dir, job_id, name))
     hang = read_json(hang_dir(run_dir, attempt) / HANG_REPORT_FILE)
     if hang is not None:
         reason = str(hang.get("reason") or "the hang watchdog fired")
@@ -182,6 +183,45 @@ def attempt_events(
             )
         )
     return out
+
+
+#: The share of a run's budget at which its owner says so, once per budget (``resume --budget MORE``
+#: gives a new one).
+BUDGET_WARN_AT = 0.8
+
+
+def budget_events(run_dir: Path, job_id: str, name: str) -> list[Event]:
+    """``budget``: the run has spent :data:`BUDGET_WARN_AT` of its budget (its attempts' meters)."""
+    from orchestrator.contract.budget_records import spent_hours
+    from orchestrator.contract.run_dir import read_current_plan_json
+
+    text = read_current_plan_json(run_dir).get("budget")
+    if not isinstance(text, str):
+        return []
+    from orchestrator.config.budget import parse_budget
+    from orchestrator.contract.errors import UserError
+
+    try:
+        budget = parse_budget(text)
+    except UserError:
+        return []
+    profile = read_current_plan_json(run_dir).get("profile")
+    spent = spent_hours(run_dir)
+    if budget.is_money and isinstance(profile, dict):
+        key = "price_per_gpu_hour" if profile.get("gpus_per_node") else "price_per_cpu_hour"
+        price = profile.get(key)
+        spent *= float(price) if isinstance(price, int | float) else 0.0
+    if spent < BUDGET_WARN_AT * budget.amount:
+        return []
+    share = f"{100 * BUDGET_WARN_AT:.0f} %"
+    return [
+        Event(
+            f"budget_{share[:-2]}.{budget}",
+            "budget",
+            f"{name}: job {job_id} has spent {share} of its budget ({budget.show(spent)} of {budget})",
+            {"run_dir": str(run_dir), "name": name, "job_id": job_id, "budget": str(budget), "spent": spent},
+        )
+    ]
 
 
 def run_dir_events(run_dir: Path, job_id: str) -> list[Event]:
@@ -210,6 +250,15 @@ def end_event(
             f"end.{job_id}",
             "preempted",
             f"{name}: job {job_id} preempted ({why}); `orchestrator resume {job_id}` continues it",
+            {**details, "reason": why},
+        )
+    if state == "BUDGET":
+        why = reason or "its budget stopped it at a checkpoint"
+        return Event(
+            f"end.{job_id}",
+            "budget",
+            f"{name}: job {job_id} stopped by its budget ({why}); "
+            f"`orchestrator resume {job_id} --budget MORE` continues it",
             {**details, "reason": why},
         )
     if state in ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE"):

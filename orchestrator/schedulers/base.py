@@ -294,6 +294,12 @@ class NodeEnvironment(ABC):
         notifications starts them here; Slurm's batch step owns them there: nothing)."""
         return None
 
+    def poll_events(self) -> None:
+        """While training runs, from the node's wait loop: a scheduler whose node 0 owns the run's
+        notifications sends what the run directory says now (a budget 80 % spent); cheap between
+        looks. Slurm's batch step polls its own: nothing."""
+        return None
+
     @abstractmethod
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
         """After this node's training ended with ``code``: record or requeue, as the scheduler needs.

@@ -123,6 +123,10 @@ class LocalNodeEnvironment(NodeEnvironment):
             self.notifier = RunNotifier(run_dir, self.job_id, attempt, _say)
             self.notifier.attempt_events()
 
+    def poll_events(self) -> None:
+        if self.notifier is not None:
+            self.notifier.poll()
+
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
         from orchestrator.schedulers.local.held import write_node_held
 
