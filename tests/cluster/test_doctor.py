@@ -5,7 +5,8 @@ each problem planted on one of them, with its node and its fix:
 * n1: a private mount namespace (``unshare --mount``, root) with a 16 MiB tmpfs on ``/dev/shm`` and
   another over the run root: a small ``/dev/shm`` and a run directory that is not shared, for real;
 * n2: a ``torch`` package that raises on import, first on ``PYTHONPATH`` (a module missing there);
-* n3: ``ulimit -l 64`` (the old default that breaks pinned memory).
+* n3: ``ulimit -l 64`` (the old default that breaks pinned memory);
+* the profile's container image lies in the run root, so n1 (its own tmpfs there) is a node without it.
 
 The problems come from the profile's own ``setup`` lines (testing ``$SLURMD_NODENAME``), which the
 doctor runs on each node as a job's task does.
@@ -71,7 +72,12 @@ def test_planted_problems_are_each_named_with_node_and_fix(
         f'if [ "$SLURMD_NODENAME" = n2 ]; then export PYTHONPATH={shadow}:"$PYTHONPATH"; fi',
         'if [ "$SLURMD_NODENAME" = n3 ]; then ulimit -l 64; fi',
     ]
-    profiles = user_profile_dir(tmp_path, "slurm_test", setup=setup)
+    # The image lies in the run root, which n1's own tmpfs hides: a node without the image.
+    image = tmp_path / "runs" / "image.sif"
+    image.parent.mkdir(parents=True, exist_ok=True)
+    image.write_bytes(b"not a real image: the doctor checks that it is there")
+    container = {"runtime": "apptainer", "image": str(image)}
+    profiles = user_profile_dir(tmp_path, "slurm_test", setup=setup, container=container)
     code, report, seconds = doctor(["slurm_test", "--nodes", "3", "--profiles-dir", str(profiles)], orch_env)
     assert code == 1, report
     got = failed(report)
@@ -85,10 +91,12 @@ def test_planted_problems_are_each_named_with_node_and_fix(
     assert "planted: no torch on this node" in torch["value"] and "install torch" in torch["fix"], torch
     memlock = got[("ulimit -l", "n3")]
     assert memlock["value"].startswith("64 KiB") and "ulimit -l unlimited" in memlock["fix"], memlock
+    image_row = got[("container image", "n1")]
+    assert str(image) in image_row["value"] and "container.image" in image_row["fix"], image_row
     # Each problem only where it was planted (accelerate imports torch: it fails with it on n2).
     by_node = {node: {c for c, n in got if n == node} for node in ("n1", "n2", "n3")}
     assert by_node == {
-        "n1": {"run directory shared", "/dev/shm"},
+        "n1": {"run directory shared", "/dev/shm", "container image"},
         "n2": {"import torch", "import accelerate"},
         "n3": {"ulimit -l"},
     }, got
