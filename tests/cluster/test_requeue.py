@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.helpers.cli import REPO, poll, run_cli, sacct_state
+from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state
 from tests.helpers.run_dirs import events
 from tests.helpers.slurm_cluster import slurm
 
@@ -102,7 +104,9 @@ def test_requeue_as_new_job_continues_the_run_in_a_successor(
 ) -> None:
     """``requeue_as: new_job``: a stop signal hands the run to a successor job (new id, no
     ``scontrol requeue``, so no cred_expire hold) that resumes at the step the first one stopped at;
-    the run stays one run in the registry and status; ``max_requeues`` bounds the successors."""
+    the run stays one run in the registry and status, and keeps one name (the first job's id) for
+    ``status``, ``logs -f``, ``cancel``, ``wait`` and the script; ``max_requeues`` bounds the
+    successors."""
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     text = (REPO / "cluster_profiles" / "slurm_test.yaml").read_text()
@@ -129,10 +133,30 @@ def test_requeue_as_new_job_continues_the_run_in_a_successor(
         row = json.loads(status.stdout)["jobs"][0]
         assert (row["continued_as"], row["run_state"]) == (successor, "RUNNING"), row
         assert f"continued as job {successor}" in (row["reason"] or ""), row
-        # The bound: a second stop checkpoints but hands over to no third job.
-        again = run_cli(["cancel", successor, "--signal", "USR2"], orch_env, timeout=60)
-        assert again.returncode == 0, again.stdout + again.stderr
-        assert sacct_state(successor, timeout=180) == "FAILED"
+        # One name for the run: the first job's id. Its log follow goes on into the successor's
+        # attempt; the signal sent by that name reaches the successor.
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "logs", "-f", job_id],
+            env=orch_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            # The bound: a second stop checkpoints but hands over to no third job.
+            again = run_cli(["cancel", job_id, "--signal", "USR2"], orch_env, timeout=60)
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert f"the run continues as job {successor}" in again.stdout, again.stdout
+            assert sacct_state(successor, timeout=180) == "FAILED"
+            followed, _ = follow.communicate(timeout=120)
+        finally:
+            kill_tree(follow.pid)
+        # It ended with the run (FAILED: no third job), not with the first job (COMPLETED, exit 0),
+        # and printed the successor's node log to its last line.
+        assert follow.returncode == 1 and "node_rank=0 exit=" in followed, followed[-3000:]
+        node_log = (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
+        assert f"job={successor} run={job_id} " in node_log  # the script's $ORCHESTRATOR_RUN_NAME
+        waited = run_cli(["wait", job_id, "--timeout", "60"], orch_env, timeout=90)
+        assert waited.returncode == 1 and f"the run continues as job {successor}" in waited.stdout, (
+            waited.stdout
+        )
     finally:
         slurm("scancel", job_id, check=False)
         if successor:
