@@ -779,6 +779,41 @@ def gpu_row() -> dict:
     }
 
 
+def _sections(md: str) -> list[tuple[str, str]]:
+    """``(header line, text)`` per ``## `` section; the part before the first one has header ""."""
+    parts = ("\n" + md).split("\n## ")
+    out = [("", parts[0].lstrip("\n"))]
+    out += [(p.split("\n", 1)[0], "## " + p) for p in parts[1:]]
+    return out
+
+
+def _label(row: str) -> str:
+    """A goal row's item, without a trailing ``, N reps`` (the same item measured again)."""
+    return re.sub(r", \d+ (reps|interleaved pairs)$", "", row.split("|")[1].strip())
+
+
+def keep_foreign(new: str, old: str) -> str:
+    """``new`` (this invocation's report) plus what the previous results.md had that this script does
+    not write: goal rows added by other benches (their item not among ``new``'s) and whole sections
+    pasted from their scripts (dashboard, export, goodput, chaos). Without it ``--only ITEM`` dropped
+    them, and only git had them back."""
+    new_parts, old_parts = _sections(new), _sections(old)
+    headers = {h for h, _ in new_parts}
+    head = new_parts[0][1].rstrip("\n").split("\n")
+    labels = {_label(line) for line in head if line.startswith("| ") and not line.startswith("| item")}
+    foreign_rows = [
+        line
+        for line in old_parts[0][1].split("\n")
+        if line.startswith("| ") and not line.startswith(("| item", "|---")) and _label(line) not in labels
+    ]
+    if foreign_rows:
+        last = max(i for i, line in enumerate(head) if line.startswith("| "))
+        head[last + 1 : last + 1] = foreign_rows
+    body = [text.rstrip("\n") for _, text in new_parts[1:]]
+    body += [text.rstrip("\n") for h, text in old_parts[1:] if h not in headers]
+    return "\n\n".join(["\n".join(head), *body]) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (whole bench in ~6 minutes)")
@@ -938,6 +973,8 @@ def main() -> int:
     gpu_submit = BENCH / "results_gpu_submit.md"
     if gpu_submit.is_file():
         md = md.rstrip("\n") + "\n\n" + gpu_submit.read_text()
+    if (out / "results.md").is_file():
+        md = keep_foreign(md, (out / "results.md").read_text())
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(json.dumps(R, indent=1) + "\n")
     print(md)
