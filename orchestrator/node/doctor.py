@@ -4,8 +4,8 @@
 profile's set-up lines and environment. It measures, never judges: the interpreter, the packages a
 job imports and their versions, the GPUs torch sees (and nvidia-smi's health, on GPU profiles), the
 run root written and read both ways (its file for the host, the host's file for it), ``/dev/shm``,
-``ulimit -n``/``-l``, the container image (the preflight's check), and an all-reduce over every
-node. It prints its report as one JSON line (``REPORT_MARKER``): the host reads it from the step's
+``ulimit -n``/``-l``, the container image (the preflight's check), the ports of the profile's
+``port_range`` already taken, and an all-reduce over every node. It prints its report as one JSON line (``REPORT_MARKER``): the host reads it from the step's
 output, so a node whose run root is not shared still reports.
 
 The all-reduce needs every node: each first tells node 0 over a plain socket whether it can join
@@ -102,6 +102,30 @@ def limits() -> dict[str, Any]:
     }
 
 
+def ports_taken(start: int, end: int) -> dict[str, Any]:
+    """The ports of ``start``-``end`` that a socket of this node's network namespace holds (any state,
+    TCP over IPv4 and IPv6: a port in TIME_WAIT refuses a bind too), from ``/proc/net``, and the
+    kernel's ephemeral range. Read, never bound: the check takes no port from a job."""
+    taken: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 1 and ":" in fields[1]:
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                if start <= port <= end:
+                    taken.add(port)
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        ephemeral: list[int] | None = [low, high]
+    except (OSError, ValueError):
+        ephemeral = None
+    return {"range": [start, end], "taken": sorted(taken), "ephemeral": ephemeral}
+
+
 def agree(rank: int, nodes: int, main: str, port: int, ready: bool) -> bool:
     """Every node says whether it can join the all-reduce; node 0 answers go (all can) or no-go."""
     deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -194,6 +218,8 @@ def main(argv: list[str]) -> int:
         "run_dir": run_dir_check(Path(spec["folder"]), rank, spec["token"]),
         **limits(),
         "image_problems": image_problems((spec["image"][0], spec["image"][1]) if spec.get("image") else None),
+        # before the all-reduce binds two ports of the range
+        "ports": ports_taken(*spec["port_range"]),
     }
     if nodes >= 2:
         start, end = spec["port_range"]

@@ -35,6 +35,12 @@ MEMLOCK_UNLIMITED_ON_GPUS = True
 #: credentials past 300 s; the line carrying the clock arrives within milliseconds, so 2 s is skew,
 #: not the measurement.
 MAX_CLOCK_SKEW_S = 2.0
+#: The profile's ``port_range`` fails on a node where more than this share of its ports is taken. Why:
+#: each job derives its rendezvous port from its id within the range (``config.render.port_for_job``),
+#: so this share is the chance that a job's port is already bound there and its launch dies with
+#: "Address already in use"; a range that overlaps the kernel's ephemeral ports is taken a little
+#: more by every outgoing connection.
+MAX_PORTS_TAKEN_SHARE = 0.05
 
 #: What the node's part prints before its JSON report (one line), and the shell preamble before the
 #: node's clock, or when the interpreter is not there.
@@ -194,6 +200,8 @@ def node_rows(name: str, result: NodeResult, want: Expected) -> list[Row]:
         )
     )
     rows += _limit_rows(name, report, want)
+    if isinstance(report.get("ports"), dict):
+        rows.append(_port_row(name, report["ports"]))
     if result.skew_s is not None:
         ok = abs(result.skew_s) <= MAX_CLOCK_SKEW_S
         rows.append(
@@ -220,6 +228,37 @@ def node_rows(name: str, result: NodeResult, want: Expected) -> list[Row]:
             )
         )
     return rows
+
+
+def _port_row(name: str, ports: dict[str, Any]) -> Row:
+    start, end = (ports.get("range") or [0, 0])[:2]
+    taken, size = ports.get("taken") or [], max(1, int(end) - int(start) + 1)
+    ephemeral = ports.get("ephemeral")
+    overlap = (
+        f"; overlaps the kernel's ephemeral ports {ephemeral[0]}-{ephemeral[1]}"
+        if isinstance(ephemeral, list)
+        and len(ephemeral) == 2
+        and ephemeral[0] <= end
+        and start <= ephemeral[1]
+        else ""
+    )
+    value = f"{start}-{end}: {len(taken)} of {size} taken" + (
+        f" ({', '.join(map(str, taken[:5]))}{', ...' if len(taken) > 5 else ''})" if taken else ""
+    )
+    if len(taken) / size <= MAX_PORTS_TAKEN_SHARE:
+        return Row("port range free", name, True, value + overlap)
+    return Row(
+        "port range free",
+        name,
+        False,
+        value + overlap,
+        "set the profile's port_range to ports nothing else binds on the nodes"
+        + (
+            " and outside the kernel's ephemeral range (sysctl net.ipv4.ip_local_port_range)"
+            if overlap
+            else ""
+        ),
+    )
 
 
 def _gpu_row(name: str, report: dict[str, Any], want: Expected) -> Row:

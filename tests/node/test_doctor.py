@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import resource
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from orchestrator.node.doctor import JOIN_TIMEOUT_S, limits, package_versions, run_dir_check
+from orchestrator.node.doctor import JOIN_TIMEOUT_S, limits, package_versions, ports_taken, run_dir_check
 from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE
 from tests.helpers.cli import REPO
 from tests.helpers.net import free_port
@@ -98,3 +99,15 @@ def test_package_versions_name_what_does_not_import(tmp_path: Path) -> None:
     got = json.loads(out.stdout)
     assert got["accelerate"] == {"error": "ImportError: planted: broken accelerate"}
     assert "version" in got["torch"] and "version" in package_versions()["orchestrator"]
+
+
+def test_ports_taken_sees_a_listening_and_a_connected_socket_in_the_range() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            mine = client.getsockname()[1]
+            found = ports_taken(min(port, mine), max(port, mine))
+            assert {port, mine} <= set(found["taken"]), found
+            assert ports_taken(port, port)["taken"] == [port]
+    low, high = found["ephemeral"]
+    assert 0 < low <= high <= 65535

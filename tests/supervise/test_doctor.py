@@ -12,6 +12,7 @@ import pytest
 from orchestrator.supervise.doctor import (
     ALL_NODES,
     MAX_CLOCK_SKEW_S,
+    MAX_PORTS_TAKEN_SHARE,
     MIN_MEMLOCK_KIB,
     MIN_NOFILE,
     MIN_SHM_BYTES,
@@ -216,3 +217,27 @@ def test_one_node_skips_the_all_reduce() -> None:
     diagnosis = diagnose(expected(nodes=["n1"]), one)
     assert diagnosis.failed == []
     assert next(r for r in diagnosis.rows if r.check == "all-reduce").value == "not run (one node)"
+
+
+@pytest.mark.parametrize("taken", [0, 5, 6, 40])
+def test_a_port_range_mostly_taken_on_a_node_fails_there_with_its_fix(taken: int) -> None:
+    reports = [healthy(0), healthy(1)]
+    for r in reports:
+        r["ports"] = {"range": [29500, 29599], "taken": [], "ephemeral": [32768, 60999]}
+    reports[1]["ports"]["taken"] = list(range(29500, 29500 + taken))
+    rows = [r for r in diagnose(expected(), [NodeResult(r, file_seen=True, skew_s=0.0) for r in reports]).rows
+            if r.check == "port range free"]  # fmt: skip
+    assert [r.node for r in rows] == NODES and rows[0].ok
+    assert rows[1].ok is (taken / 100 <= MAX_PORTS_TAKEN_SHARE), rows[1]
+    assert f"{taken} of 100 taken" in rows[1].value
+    if not rows[1].ok:
+        assert "port_range" in rows[1].fix and "ephemeral" not in rows[1].fix
+
+
+def test_a_port_range_inside_the_ephemeral_ports_is_said_and_in_the_fix() -> None:
+    report = healthy(0)
+    report["ports"] = {"range": [40000, 40009], "taken": [40001], "ephemeral": [32768, 60999]}
+    (row,) = [r for r in diagnose(expected(nodes=["n1"]), [NodeResult(report, file_seen=True, skew_s=0.0)]).rows
+              if r.check == "port range free"]  # fmt: skip
+    assert not row.ok and "overlaps the kernel's ephemeral ports 32768-60999" in row.value
+    assert "ip_local_port_range" in row.fix
