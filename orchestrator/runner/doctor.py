@@ -160,12 +160,13 @@ def run_doctor(
     folder = root / DOCTOR_FOLDER / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     python = profile.python or sys.executable
     token = secrets.token_hex(8)
+    image = image_to_check(profile.container)
     spec = {
         "scheduler": profile.scheduler,
         "folder": str(folder),
         "token": token,
         "gpus": profile.gpus_per_node,
-        "image": image_to_check(profile.container),
+        "image": image,
         "port_range": [profile.port_range.start, profile.port_range.end],
     }
     argv = scheduler.doctor_step(
@@ -187,7 +188,7 @@ def run_doctor(
         python=python,
         version=version,
         run_root=str(root),
-        container=image_to_check(profile.container) is not None,
+        container=image is not None,
         min_bandwidth_mbps=profile.preflight.min_bandwidth_mbps,
     )
     step_error = None
