@@ -26,6 +26,7 @@ and podman's image by name also follows its end of options (``--``).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -309,13 +310,18 @@ def oci_bundle_path(run_dir: str) -> str:
 
 def oci_bundle_files(plan: LaunchPlan, run_dir: str) -> tuple[dict[str, Any], list[tuple[str, str | None]]]:
     """The per-run OCI bundle for Slurm's ``--container``: its ``config.json`` and the entries of its
-    ``rootfs/`` (``(name, symlink target)``; None: an empty folder, a mount point).
+    ``rootfs/`` (``(path relative to it, symlink target)``; None: an empty folder, a mount point).
 
     Slurm 22.05 runs ``<bundle>/rootfs`` whatever ``root.path`` says, and runc refuses a symbolic
-    link there, so the bundle's rootfs is a folder of mount points: every top-level folder of the
+    link there, so the bundle's rootfs is a folder of mount points: every top-level entry of the
     image is bind-mounted read-only onto it, its top-level links are copied, and the run's own
-    mounts follow. The image's ``config.json`` (when it is a bundle) is the base; Slurm fills in the
-    command, the environment and the terminal."""
+    mounts follow. runc creates a missing mount point, but never inside a read-only mount: an image
+    nobody here built has ``/opt`` (or ``/home``, ``/etc``...) where the node side or a run directory
+    must be mounted. So a folder of the image on the way to a missing mount point is not mounted
+    whole: the bundle has a folder of its own there and mounts the image's entries one by one into
+    it (:func:`_split_folders`), and runc makes the mount point in the bundle, never in the image,
+    which may be on read-only storage. The image's ``config.json`` (when it is a bundle) is the base;
+    Slurm fills in the command, the environment and the terminal."""
     image = Path(str(plan.profile.container.image))
     rootfs = image / "rootfs" if (image / "config.json").is_file() else image
     if not rootfs.is_dir():
@@ -323,32 +329,89 @@ def oci_bundle_files(plan: LaunchPlan, run_dir: str) -> tuple[dict[str, Any], li
     base: dict[str, Any] = {}
     if (image / "config.json").is_file():
         base = json.loads((image / "config.json").read_text())
-    entries: list[tuple[str, str | None]] = []
-    mounts: list[dict[str, Any]] = []
-    for child in sorted(rootfs.iterdir()):
-        if child.is_symlink():
-            entries.append((child.name, str(child.readlink())))
-        elif child.is_dir():
-            entries.append((child.name, None))
-            if child.name not in ("proc", "sys", "dev", "tmp"):  # the runtime's own (_SYSTEM_MOUNTS)
-                mounts.append(_bind(str(child), f"/{child.name}", True))
-    for m in all_mounts(plan, run_dir):
-        mounts.append(_bind(m.source, m.destination, m.read_only))
+    run_mounts = [_bind(m.source, m.destination, m.read_only) for m in all_mounts(plan, run_dir)]
     # Name resolution as on the node (what podman, pyxis and apptainer give by default): the job's
     # hosts are found by name, and an image's own /etc/hosts knows none of them.
-    # Over the image's own files only: its /etc is a read-only mount, where no mount point can be made.
-    mounts += [_bind(f, f, True) for f in _NAME_FILES if Path(f).exists() and (rootfs / f[1:]).exists()]
+    run_mounts += [_bind(f, f, True) for f in _NAME_FILES if Path(f).exists()]
+    split = _split_folders(rootfs, [m["destination"] for m in run_mounts])
+    entries: list[tuple[str, str | None]] = []
+    image_mounts: list[dict[str, Any]] = []
+    _mount_entries(rootfs, "", split, entries, image_mounts)
     config = {
         "ociVersion": base.get("ociVersion", "1.0.2"),
         "process": {**base.get("process", {}), "terminal": False, "cwd": workdir(plan, run_dir)},
-        "root": {"path": "rootfs", "readonly": False},
-        "mounts": [*_SYSTEM_MOUNTS, *mounts],
+        # Read-only as the image's own folders are: nothing a job writes lands in the bundle.
+        "root": {"path": "rootfs", "readonly": True},
+        "mounts": [*_SYSTEM_MOUNTS, *image_mounts, *run_mounts],
         # Only a mount namespace: the node's network, pids and hostname are the job's own.
         "linux": {"namespaces": [{"type": "mount"}]},
     }
     config["process"].setdefault("user", {"uid": 0, "gid": 0})
     config["process"].setdefault("args", ["/bin/false"])
     return config, entries
+
+
+def _in_image(rootfs: Path, path: str) -> list[str] | None:
+    """``path``'s parts inside the image with its symbolic links followed there (as runc follows
+    them, inside the root); None for a loop."""
+    todo, hops = path.split("/"), 0
+    done: list[str] = []
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = done[:-1]
+            continue
+        here = rootfs.joinpath(*done, part)
+        if here.is_symlink():
+            hops += 1
+            if hops > 40:
+                return None
+            target = os.readlink(here)
+            done = [] if target.startswith("/") else done
+            todo = target.split("/") + todo
+            continue
+        done.append(part)
+    return done
+
+
+def _split_folders(rootfs: Path, destinations: list[str]) -> set[str]:
+    """The image's folders (relative paths) to mount entry by entry, not whole: every folder from
+    the root down to the deepest existing one on the way to a mount point the image lacks (so the
+    missing part is made in the bundle's own folder). The runtime's own folders are left alone."""
+    split: set[str] = set()
+    for destination in destinations:
+        parts = _in_image(rootfs, destination)
+        if not parts or parts[0] in _RUNTIME_FOLDERS or rootfs.joinpath(*parts).exists():
+            continue
+        existing = 0
+        while existing < len(parts) and rootfs.joinpath(*parts[: existing + 1]).is_dir():
+            existing += 1
+        split.update("/".join(parts[:i]) for i in range(1, existing + 1))
+    return split
+
+
+def _mount_entries(
+    rootfs: Path,
+    folder: str,
+    split: set[str],
+    entries: list[tuple[str, str | None]],
+    mounts: list[dict[str, Any]],
+) -> None:
+    """The bundle's entries and read-only mounts for the image's ``folder`` (relative; "" the root)."""
+    for child in sorted(rootfs.joinpath(folder).iterdir()):
+        name = f"{folder}/{child.name}" if folder else child.name
+        if child.is_symlink():
+            entries.append((name, os.readlink(child)))
+        elif child.is_dir():
+            entries.append((name, None))
+            if name in split:
+                _mount_entries(rootfs, name, split, entries, mounts)
+            elif name not in _RUNTIME_FOLDERS:
+                mounts.append(_bind(str(child), f"/{name}", True))
+        elif folder:  # a file in a folder mounted entry by entry (runc makes its mount point)
+            mounts.append(_bind(str(child), f"/{name}", True))
 
 
 def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
@@ -361,6 +424,8 @@ def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
 
 
 _NAME_FILES = ("/etc/hosts", "/etc/resolv.conf")
+#: The runtime's own top-level folders (:data:`_SYSTEM_MOUNTS`): never the image's.
+_RUNTIME_FOLDERS = ("proc", "sys", "dev", "tmp")
 _SYSTEM_MOUNTS: list[dict[str, Any]] = [
     {"destination": "/proc", "type": "proc", "source": "proc"},
     {"destination": "/dev", "type": "bind", "source": "/dev", "options": ["rbind", "rw"]},

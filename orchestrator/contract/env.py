@@ -42,3 +42,6 @@ DISABLE_WORKAROUNDS_ENV = "ORCHESTRATOR_DISABLE_WORKAROUNDS"
 #: "1": a Trainer run may train in an output_dir that holds another run's checkpoints (and
 #: overwrite them); otherwise it is refused before training (orchestrator.hf).
 OVERWRITE_CHECKPOINTS_ENV = "ORCHESTRATOR_OVERWRITE_CHECKPOINTS"
+#: The image's Python, torch and accelerate (and warnings), as a containerised node task found them
+#: before submitit ran: the node entry writes them into its node log, which ``orchestrator logs`` shows.
+CONTAINER_REPORT_ENV = "ORCHESTRATOR_CONTAINER_REPORT"

@@ -28,6 +28,7 @@ from orchestrator.contract import run_alive
 from orchestrator.contract.attempt_start import NO_HOOK, describe_start, read_attempt_start
 from orchestrator.contract.env import (
     ATTEMPT_ENV,
+    CONTAINER_REPORT_ENV,
     EXPECTED_NUM_NODES_ENV,
     EXPECTED_WORLD_SIZE_ENV,
     FSDP_VERSION_ENV,
@@ -236,6 +237,8 @@ def _launch_and_wait(
         file=log,
         flush=True,
     )
+    for line in os.environ.pop(CONTAINER_REPORT_ENV, "").splitlines():  # the image's versions
+        print(f"[orchestrator node] {line}", file=log, flush=True)
     stop = stop_signal(plan.profile.signal.name)
     if relay.received:
         if listener is not None:

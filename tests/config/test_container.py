@@ -172,13 +172,18 @@ def test_oci_is_one_srun_flag_and_a_bundle_with_every_mount(tmp_path: Path) -> N
     assert f"--container={RUN_DIR}/{OCI_BUNDLE_DIR}" in words
     _check_inner(words, "oci", "/usr/bin/python3", INNER_ENV)
     config, entries = oci_bundle_files(plan, RUN_DIR)
+    # /etc lacks resolv.conf, the node's mount point: the bundle has an /etc of its own, into which
+    # the image's /etc is mounted entry by entry (runc makes the missing one there, not in the image)
     assert entries == [("bin", "usr/bin"), ("etc", None), ("proc", None), ("usr", None)]
     binds = [
         (m["source"], m["destination"], "ro" in m["options"]) for m in config["mounts"] if m["type"] == "bind"
     ]
-    assert (str(image / "usr"), "/usr", True) in binds and (str(image / "etc"), "/etc", True) in binds
-    # the node's name resolution, over the image's own file (after the image's /etc)
-    assert binds.index(("/etc/hosts", "/etc/hosts", True)) > binds.index((str(image / "etc"), "/etc", True))
+    assert (str(image / "usr"), "/usr", True) in binds and (str(image / "etc"), "/etc", True) not in binds
+    # the node's name resolution, over the image's own file (after it)
+    own_hosts = binds.index((str(image / "etc" / "hosts"), "/etc/hosts", True))
+    assert binds.index(("/etc/hosts", "/etc/hosts", True)) > own_hosts
+    assert ("/etc/resolv.conf", "/etc/resolv.conf", True) in binds
+    assert config["root"]["readonly"] is True
     for mount in _expected_mounts(USER_MOUNTS):
         assert mount in binds, mount
     assert config["root"]["path"] == "rootfs" and config["linux"]["namespaces"] == [{"type": "mount"}]
@@ -348,3 +353,79 @@ def test_the_oci_bundle_is_written_into_the_run_directory(tmp_path: Path) -> Non
         "options": ["rbind", "ro"],
     } in config["mounts"]
     assert config["process"]["cwd"] == str(run_dir)
+
+
+def _shell_rootfs(root: Path) -> None:
+    """A root filesystem with a shell, ``test`` and ``cat`` (this machine's, with their libraries)."""
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    for tool in ("/bin/sh", "/usr/bin/cat"):
+        found = subprocess.run(["ldd", tool], capture_output=True, text=True, timeout=30).stdout
+        for path in [tool, *re.findall(r"(/\S+) \(0x", found)]:
+            target = root / "usr" / path.lstrip("/").removeprefix("usr/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(path), target)
+    for name in ("bin", "lib", "lib64"):
+        (root / name).symlink_to(f"usr/{name}")
+
+
+def test_runc_runs_the_bundle_of_a_read_only_image_whose_folders_hold_the_mount_points(
+    tmp_path: Path,
+) -> None:
+    """An image nobody here built has /opt (its venv), /etc without the node's name files, a folder
+    on the way to the script's: runc could not make the node side's mount point in the read-only /opt
+    ("mkdir .../opt/orchestrator: read-only file system", issue 41). Run for real with runc, the image
+    read-only (a read-only bind mount of it): every mount point is made, the image's files are seen,
+    nothing is written into the image."""
+    import subprocess
+
+    from orchestrator.schedulers.slurm.scheduler import write_oci_bundle
+    from tests.helpers.preconditions import require_debian_packages
+
+    require_debian_packages("runc")
+    built = tmp_path / "built"
+    _shell_rootfs(built)
+    (built / "opt" / "venv").mkdir(parents=True)
+    (built / "opt" / "venv" / "marker").write_text("the image's own venv\n")
+    (built / "etc").mkdir()
+    (built / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    first = Path(SCRIPT).parts[1]  # the script's folder's first part: a folder of the image too
+    (built / first).mkdir(exist_ok=True)
+    for d in ("proc", "sys", "dev", "tmp"):
+        (built / d).mkdir()
+    before = sorted(str(p.relative_to(built)) for p in built.rglob("*"))
+    image = tmp_path / "image"
+    image.mkdir()
+    subprocess.run(["mount", "--bind", str(built), str(image)], check=True, timeout=30)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(image)], check=True, timeout=30)
+        assert subprocess.run(["mkdir", str(image / "x")], capture_output=True, timeout=30).returncode != 0
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        write_oci_bundle(_plan({"runtime": "oci", "image": str(image)}), run_dir)
+        bundle = run_dir / OCI_BUNDLE_DIR
+        config = json.loads((bundle / "config.json").read_text())
+        checks = [
+            "cat /opt/venv/marker",
+            f"test -f {NODE_SITE}/orchestrator/__init__.py",
+            f"test -f {shlex.quote(SCRIPT)}",
+            "cat /etc/passwd /etc/hosts",
+            f"test -d {shlex.quote(str(run_dir))}",
+        ]
+        config["process"]["args"] = ["/bin/sh", "-c", " && ".join(checks)]
+        config["process"]["env"] = ["PATH=/usr/bin:/bin"]
+        (bundle / "config.json").write_text(json.dumps(config))
+        state = tmp_path / "runc-state"
+        ran = subprocess.run(
+            ["runc", "--root", str(state), "run", "--bundle", str(bundle), f"orch-test-{tmp_path.name}"],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(image)], timeout=30, check=False)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("the image's own venv\nroot:x:0:0:"), ran.stdout
+    assert Path("/etc/hosts").read_text() in ran.stdout
+    assert sorted(str(p.relative_to(built)) for p in built.rglob("*")) == before

@@ -17,6 +17,7 @@ import sys
 from importlib import metadata
 
 from orchestrator.config.container import IN_CONTAINER_ENV, TARGET_VERSIONS, version_report
+from orchestrator.contract.env import CONTAINER_REPORT_ENV
 from orchestrator.schedulers.slurm.environment import fill_task_variables
 
 #: Exit status for an image that cannot train at all.
@@ -34,14 +35,16 @@ def main(argv: list[str]) -> int:
     found = {name: _installed(name) for name in TARGET_VERSIONS}
     described = ", ".join(f"{k} {v or 'missing'}" for k, v in found.items())
     say = "orchestrator container:"
-    print(f"{say} python {sys.version.split()[0]} ({sys.executable}), {described}", file=sys.stderr)
     warnings, errors = version_report(found, sys.executable)
-    for line in warnings:
-        print(f"{say} WARNING: {line}", file=sys.stderr)
-    for line in errors:
-        print(f"{say} ERROR: {line}", file=sys.stderr)
+    report = [f"{say} python {sys.version.split()[0]} ({sys.executable}), {described}"]
+    report += [f"{say} WARNING: {line}" for line in warnings]
+    report += [f"{say} ERROR: {line}" for line in errors]
+    for line in report:  # submitit's log: the only one an image that cannot train reaches
+        print(line, file=sys.stderr)
     if errors:
         return EXIT_BAD_IMAGE
+    # The node log, which ``orchestrator logs`` shows, is opened by the node entry: it writes these.
+    os.environ[CONTAINER_REPORT_ENV] = "\n".join(report)
     if os.environ.get(IN_CONTAINER_ENV) == "oci":
         fill_task_variables(os.environ)
     sys.stderr.flush()
