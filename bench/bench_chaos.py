@@ -1,8 +1,11 @@
 """Chaos on the Slurm test cluster (issue 42, item 5): mixed faults on a busy queue, side by side.
 
 ``train/`` (tiny preset, synthetic data, 2 nodes x 1 process, DDP, a checkpoint every
-``--ckpt-every`` steps) runs for ``--duration`` seconds per configuration, one configuration after
-another. A schedule of faults drawn with ``--seed`` (one every ~``--every`` seconds, shaped like Llama
+``--ckpt-every`` steps) runs for ``--duration`` seconds in every configuration at once, side by side
+on one cluster, each configuration on a partition of its own (3 nodes), so that all meet the same load
+on the shared cores at the same time; a fault-free run (``fault_free``) beside them gives the steps
+a run trains without faults under that load, and the checkpoints each configuration's final weights
+are compared with (bit-equal at the step of its newest complete checkpoint?). A schedule of faults drawn with ``--seed`` (one every ~``--every`` seconds, shaped like Llama
 3's interruptions, mostly hardware) hits every configuration the same way:
 
 * ``rank_kill`` (~45 %): SIGKILL of one rank (as the OOM killer does);
@@ -40,7 +43,8 @@ in ``metrics.jsonl`` over the duration), allocation goodput (bench_goodput's acc
 the time from each fault to the first step of the attempt after it, steps lost (trained again), and
 the faults that needed a person. Run it through the cluster wrapper::
 
-    bash tests/cluster/run_with_cluster.sh .venv/bin/python bench/bench_chaos.py --duration 1800 --every 180
+    NODES=15 bash tests/cluster/run_with_cluster.sh .venv/bin/python bench/bench_chaos.py \
+        --duration 1800 --every 180 --nvrx-path SITE
 
 Writes ``bench/results_chaos.json`` and prints the rows for ``bench/results.md``.
 """
@@ -78,9 +82,13 @@ from orchestrator.schedulers.slurm.accounting import query_allocations
 # The test cluster's own fault helpers (kill_node_processes, revive_nodes, load_cluster), imported at run
 # time: tests/ is typed by its own checks, not by `mypy bench`.
 CLUSTER = importlib.import_module("tests.helpers.slurm_cluster")
-PARTITION = os.environ.get("ORCHESTRATOR_TEST_CLUSTER_PARTITION", "debug")
+#: Nodes a configuration's own partition holds (2 training + 1: a spare, a filler job's or idle).
+NODES_PER_CONFIG = 3
 #: Llama 3's mix, coarsely: mostly hardware (a rank or a node lost), some hangs, some preemptions.
 MIX = (("rank_kill", 45), ("node_death", 25), ("hang", 15), ("preempt", 15))
+#: The fault-free configuration beside the others: the steps a run trains without faults under the
+#: same load, and the checkpoints the others' final weights are compared with.
+REFERENCE = "fault_free"
 #: squeue's answer for a job that left the queue.
 GONE = "GONE"
 #: Reasons a pending job waits for that are the queue's ordinary business.
@@ -150,11 +158,50 @@ def environ(pid: int) -> dict[str, str]:
     return out
 
 
+def revive_node(cluster: Any, node: str, timeout: float = 120) -> None:
+    """Start ``node``'s slurmd again (as start_cluster.sh does) and resume the node once it registered.
+
+    Not ``revive_nodes()``: it restarts every missing slurmd of the cluster, so with the configurations
+    side by side one configuration's revival would bring another's dead node back early."""
+    if cluster.mode != "netns":
+        CLUSTER.revive_nodes(cluster, timeout=timeout)
+        return
+    base, conf = Path(cluster.base), Path(cluster.base) / "etc" / "slurm.conf"
+    pid_file = base / "run" / f"slurmd-{node}.pid"
+    old = pid_file.read_text().strip() if pid_file.exists() else ""
+    if not (old.isdigit() and proc_state(int(old))):
+        start_slurmd(base, conf, node, pid_file)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        state = run("sinfo", "-h", "-N", "-n", node, "-o", "%t").stdout.split()
+        state_now = state[0].rstrip("*~#") if state else ""
+        if state_now in ("idle", "mix", "alloc", "comp"):
+            return
+        if state_now in ("down", "drain", "drng", "fail") and not (state and state[0].endswith("*")):
+            run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        time.sleep(2)
+    raise AssertionError(f"{node} not usable {timeout:.0f} s after its slurmd was started again")
+
+
+def start_slurmd(base: Path, conf: Path, node: str, pid_file: Path) -> None:
+    inner = f"hostname {node} && exec slurmd -D -f {shlex.quote(str(conf))} -N {node}"
+    # The marker tells start/stop_cluster.sh the daemon is the cluster's; setsid + & leaves it to init.
+    line = (
+        f"ORCH_SLURM_DAEMON_OF={shlex.quote(str(base))} setsid nsenter --net=/run/netns/slurm-{node} "
+        f"unshare --uts sh -c {shlex.quote(inner)} </dev/null "
+        f">>{shlex.quote(str(base / 'logs' / f'slurmd-{node}.out'))} 2>&1 & echo $!"
+    )
+    pid_file.write_text(run("bash", "-c", line).stdout.strip() + "\n")
+
+
 class Chaotic(Protocol):
     """What the driver needs of a configuration (bench_goodput's Config and a little more)."""
 
     name: str
+    partition: str
     run_dir: Path
+    run_dirs: list[Path]
+    """Every run directory, oldest first: a person who finds no checkpoint to resume submits anew."""
     jobs: list[str]
 
     def submit(self) -> None: ...
@@ -177,13 +224,17 @@ class Chaotic(Protocol):
 
 
 class ChaosProduct(Product):
-    def __init__(self, name: str, tmp: Path, overrides: dict[str, Any], args: list[str]) -> None:
+    def __init__(
+        self, name: str, tmp: Path, overrides: dict[str, Any], args: list[str], partition: str
+    ) -> None:
         super().__init__(name, tmp, None)
+        self.partition = partition
         data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
-        data.update(overrides)
+        data.update(overrides, partition=partition)
         (self.profiles / "slurm_test.yaml").write_text(yaml.safe_dump(data))
         self.overrides, self.args = overrides, args
         self.jobs: list[str] = []
+        self.run_dirs: list[Path] = []
 
     def submit(self) -> None:
         res = self.cli(
@@ -195,6 +246,7 @@ class ChaosProduct(Product):
             raise RuntimeError(f"{self.name}: submit failed: {res.stdout}{res.stderr}")
         self.first_job = res.stdout.split("submitted job ")[1].split()[0]
         self.run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
+        self.run_dirs.append(self.run_dir)
         self.jobs.append(self.first_job)
 
     def current_job(self) -> str:
@@ -226,6 +278,9 @@ class ChaosProduct(Product):
             while time.time() < deadline and squeue_state(self.current_job()) != GONE:
                 time.sleep(1)
         res = self.cli("resume", self.current_job(), "--profiles-dir", str(self.profiles), timeout=120)
+        if "no complete checkpoint" in res.stdout + res.stderr:
+            self.submit()  # nothing to resume from: a person submits the job again, from step 0
+            return self.first_job
         if "submitted job " not in res.stdout:
             raise RuntimeError(f"{self.name}: resume failed: {res.stdout}{res.stderr}")
         job = res.stdout.split("submitted job ")[1].split()[0]
@@ -259,9 +314,13 @@ wait "$child"
 class Launched(Baseline):
     """sbatch + srun + torchrun (or ft_launcher), train/'s own resume from its run directory."""
 
-    def __init__(self, name: str, tmp: Path, args: list[str], launcher: str, pythonpath: str) -> None:
+    def __init__(
+        self, name: str, tmp: Path, args: list[str], launcher: str, pythonpath: str, partition: str
+    ) -> None:
         super().__init__(name, tmp)
         self.args, self.launcher, self.pythonpath = args, launcher, pythonpath
+        self.partition = partition
+        self.run_dirs: list[Path] = []
         self.jobs: list[str] = []
         self.script = self.tmp / f"{name}.sbatch"
 
@@ -276,10 +335,11 @@ class Launched(Baseline):
     def submit(self) -> None:
         self.run_dir = self.tmp / "run"
         self.run_dir.mkdir()
+        self.run_dirs = [self.run_dir]
         self.script.write_text(
             SCRIPT.format(
                 name=self.name,
-                partition=PARTITION,
+                partition=self.partition,
                 run_dir=self.run_dir,
                 pythonpath=self.pythonpath,
                 launcher=self.launcher,
@@ -335,8 +395,8 @@ class Launched(Baseline):
 class Fillers:
     """Keeps ``count`` one-node exclusive sleep jobs pending on the partition (another user's work)."""
 
-    def __init__(self, count: int, seconds: int) -> None:
-        self.count, self.seconds = count, seconds
+    def __init__(self, count: int, seconds: int, partition: str) -> None:
+        self.count, self.seconds, self.partition = count, seconds, partition
         self.jobs: list[str] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -351,7 +411,13 @@ class Fillers:
         while not self.done.is_set():
             for _ in range(max(0, self.count - self.pending())):
                 res = run(
-                    *("sbatch", "--parsable", "--job-name=filler", f"--partition={PARTITION}", "--nodes=1"),
+                    *(
+                        "sbatch",
+                        "--parsable",
+                        "--job-name=filler",
+                        f"--partition={self.partition}",
+                        "--nodes=1",
+                    ),
                     *("--exclusive", "--output=/dev/null", "--time=00:10:00", f"--wrap=sleep {self.seconds}"),
                 )
                 if res.returncode == 0:
@@ -382,6 +448,7 @@ class Driver:
         self.revivals: list[threading.Thread] = []
         self.started = 0.0
         self.offset, self.last_step = 0, 0.0
+        self.metrics_of = Path()  # the run directory self.offset is into
         self.loads: list[tuple[float, float]] = []  # (time, 1-minute load average): the cores are shared
 
     def say(self, text: str) -> None:
@@ -392,6 +459,8 @@ class Driver:
     def last_step_time(self) -> float:
         """The time of the newest step in metrics.jsonl, reading only what was appended since the last
         call (a whole read every second would take the 2 cores from training)."""
+        if self.metrics_of != self.cfg.run_dir:
+            self.metrics_of, self.offset = self.cfg.run_dir, 0
         try:
             with (self.cfg.run_dir / METRICS_FILE).open("rb") as fh:
                 fh.seek(self.offset)
@@ -451,7 +520,7 @@ class Driver:
     def revive(self, node: str) -> None:
         time.sleep(self.args.revive_after)
         try:
-            CLUSTER.revive_nodes(self.cluster, timeout=120)
+            revive_node(self.cluster, node)
             self.say(f"{node} revived")
         except (AssertionError, subprocess.SubprocessError, OSError) as exc:
             self.say(f"{node}: revive failed: {exc}")
@@ -461,7 +530,7 @@ class Driver:
         self.started = time.time()
         cfg.submit()
         self.say(f"job {cfg.current_job()}, run directory {cfg.run_dir}")
-        fillers = Fillers(self.args.fillers, self.args.filler_seconds)
+        fillers = Fillers(self.args.fillers, self.args.filler_seconds, cfg.partition)
         deadline = time.time() + 60
         while time.time() < deadline and not squeue_state(cfg.current_job()).startswith("RUNNING"):
             time.sleep(1)
@@ -545,7 +614,7 @@ class Driver:
         """Every node usable again before the next configuration (a killed slurmd started again)."""
         deadline = time.time() + 150
         while time.time() < deadline:
-            states = run("sinfo", "-h", "-N", "-p", PARTITION, "-o", "%N %t").stdout.split("\n")
+            states = run("sinfo", "-h", "-N", "-p", self.cfg.partition, "-o", "%N %t").stdout.split("\n")
             bad = [
                 line for line in states if line.strip() and line.split()[1].rstrip("*") not in ("idle", "mix")
             ]
@@ -554,7 +623,8 @@ class Driver:
             if time.time() > deadline - 120:
                 self.say(f"nodes not idle: {bad}; reviving")
                 try:
-                    CLUSTER.revive_nodes(self.cluster, timeout=120)
+                    for line in bad:
+                        revive_node(self.cluster, line.split()[0])
                 except (AssertionError, subprocess.SubprocessError, OSError) as exc:
                     self.say(f"revive failed: {exc}")
             time.sleep(3)
@@ -567,11 +637,14 @@ class Driver:
 
     def report(self) -> dict[str, Any]:
         cfg, end = self.cfg, self.started + self.args.duration
-        events = [e for e in train_events(cfg.run_dir) if e["time"] <= end]
+        events = sorted(
+            (e for d in cfg.run_dirs for e in train_events(d) if e["time"] <= end), key=lambda e: e["time"]
+        )
         steps = [e for e in events if e["event"] == "train"]
         last: dict[int, dict[str, Any]] = {}
-        for e in steps:
-            last[e["step"]] = e
+        for e in train_events(cfg.run_dir):  # the steps kept: the final run directory's, once each
+            if e["event"] == "train" and e["time"] <= end:
+                last[e["step"]] = e
         productive = sum(e["step_time_s"] for e in last.values())
         recoveries: list[float | None] = []
         for f in self.applied:
@@ -590,11 +663,14 @@ class Driver:
             bill_json, error = None, str(exc)
         else:
             error = ""
-        restarts = read_restarts(cfg.run_dir) if isinstance(cfg, ChaosProduct) else []
+        restarts = (
+            [r for d in cfg.run_dirs for r in read_restarts(d)] if isinstance(cfg, ChaosProduct) else []
+        )
         found = query_allocations(cfg.jobs, timeout_s=30) or {}
         return {
             "jobs": cfg.jobs,
             "run_dir": str(cfg.run_dir),
+            "run_dirs": [str(d) for d in cfg.run_dirs],
             "steps": max(last, default=0),
             "steps_logged": len(steps),
             "steps_lost": len(steps) - len(last),
@@ -624,17 +700,107 @@ class Driver:
 
 def print_rows(results: dict[str, Any]) -> None:
     """The rows for bench/results.md."""
+    ref = results["runs"].get(REFERENCE, {})
     for name, r in results["runs"].items():
         if "error" in r:
             print(f"| {name} | error: {r['error']} |")
             continue
-        kinds = ", ".join(f["kind"] for f in r["faults"])
+        kinds = ", ".join(f["kind"] for f in r["faults"]) or "none"
+        weights = r.get("weights") or {}
+        if weights.get("compared"):
+            equal = f"{'yes' if weights['bit_equal'] else '**no**'} (step {weights['step']} of {weights['final_checkpoint_step']})"
+        else:
+            equal = "-" if name == REFERENCE else f"not compared: {weights.get('why', '?')}"
+        of_ref = (
+            f" ({100 * r['steps'] / ref['steps']:.0f} %)" if ref.get("steps") and name != REFERENCE else ""
+        )
         print(
-            f"| {name} | {r['faults_applied']} ({kinds}) | {r['steps']} | {100 * r['wall_goodput']:.1f} % | "
+            f"| {name} | {r['faults_applied']} ({kinds}) | {r['steps']}{of_ref} | {100 * r['wall_goodput']:.1f} % | "
             f"{100 * (r['allocation_goodput'] or 0):.1f} % | {r['back_median_s']} s / {r['back_max_s']} s "
             f"({r['faults_recovered']}/{r['faults_applied']} back) | {r['steps_lost']} | {r['needed_a_person']} | "
-            f"{r['new_jobs']} | {r.get('allocations', '?')} |"
+            f"{r['new_jobs']} | {r.get('allocations', '?')} | {r['median_step_s']} s | {equal} |"
         )
+
+
+def make_configs(args: argparse.Namespace, tmp: Path, nodes: int) -> list[Chaotic]:
+    """The configurations, each on a partition of its own (:data:`NODES_PER_CONFIG` nodes, created
+    here), side by side on one cluster of ``NODES_PER_CONFIG x len(--only)`` nodes."""
+    names = list(args.only) + ([REFERENCE] if args.reference else [])
+    if len(names) * NODES_PER_CONFIG > nodes:
+        raise SystemExit(
+            f"bench_chaos: {len(names)} configurations side by side need {len(names) * NODES_PER_CONFIG} "
+            f"nodes, the cluster has {nodes}: run it with NODES={len(names) * NODES_PER_CONFIG} "
+            "bash tests/cluster/run_with_cluster.sh ..."
+        )
+    train_args = chaos_args(args.ckpt_every)
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    configs: list[Chaotic] = []
+    for i, name in enumerate(names):
+        first = i * NODES_PER_CONFIG + 1
+        partition = f"chaos_{name}"
+        run(
+            *("scontrol", "create", f"PartitionName={partition}"),
+            *(f"Nodes=n[{first}-{first + NODES_PER_CONFIG - 1}]", "MaxTime=INFINITE", "State=UP"),
+        )
+        if name == "product":
+            over = {"max_restarts": 100, "spare_nodes": 1, "hang_timeout": args.hang_timeout}
+            configs.append(ChaosProduct(name, tmp, over, train_args, partition))
+        elif name == "restarts_off":
+            over = {"max_restarts": 0, "spare_nodes": 0, "hang_timeout": args.hang_timeout}
+            configs.append(ChaosProduct(name, tmp, over, train_args, partition))
+        elif name == REFERENCE:  # no faults; keeps every checkpoint for the comparison of weights
+            over = {"max_restarts": 0, "spare_nodes": 0, "hang_timeout": args.hang_timeout}
+            configs.append(ChaosProduct(name, tmp, over, [*train_args, "--keep-last", "100000"], partition))
+        elif name == "torchrun":
+            configs.append(Launched(name, tmp, train_args, torchrun, str(REPO), partition))
+        elif name == "ft_launcher":
+            launcher = f"{sys.executable} -m nvidia_resiliency_ext.fault_tolerance.launcher --ignore-missing-fault-tol-cfg"
+            configs.append(Launched(name, tmp, train_args, launcher, f"{args.nvrx_path}:{REPO}", partition))
+        else:
+            raise SystemExit(f"bench_chaos: unknown configuration {name}")
+    return configs
+
+
+def complete_steps(run_dir: Path) -> dict[int, Path]:
+    """train/'s complete checkpoints (folders with their marker), by step."""
+    return {
+        int(d.name.split("_")[1]): d
+        for d in (run_dir / "checkpoints").glob("step_*")
+        if (d / "COMPLETE.json").is_file()
+    }
+
+
+def same_weights(run_dir: Path, reference: Path) -> dict[str, Any]:
+    """The run's newest complete checkpoint that the fault-free run also has (the grid of
+    ``--ckpt-every``: the run's own last one, written at the stop, falls between) against the
+    fault-free run's at that step: every tensor of the model and of the optimizer's state bit-equal?"""
+    import torch
+    from safetensors.torch import load_file
+
+    mine, theirs = complete_steps(run_dir), complete_steps(reference)
+    common = sorted(mine.keys() & theirs.keys())
+    if not common:
+        return {"compared": False, "why": f"no common checkpoint (run: {sorted(mine)[-3:]})"}
+    step = common[-1]
+    folder, ref = mine[step], theirs[step]
+    a, b = load_file(str(folder / "model.safetensors")), load_file(str(ref / "model.safetensors"))
+    differ = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not torch.equal(a[k], b[k]))
+    opt_a = torch.load(folder / "optimizer.bin", map_location="cpu", weights_only=True)["state"]
+    opt_b = torch.load(ref / "optimizer.bin", map_location="cpu", weights_only=True)["state"]
+    opt_equal = opt_a.keys() == opt_b.keys() and all(
+        torch.equal(x, opt_b[k][name]) if isinstance(x, torch.Tensor) else x == opt_b[k][name]
+        for k, state in opt_a.items()
+        for name, x in state.items()
+    )
+    return {
+        "compared": True,
+        "step": step,
+        "final_checkpoint_step": max(mine),
+        "tensors": len(a),
+        "bit_equal": not differ and opt_equal,
+        "model_tensors_differ": differ[:10],
+        "optimizer_equal": opt_equal,
+    }
 
 
 def main() -> int:
@@ -648,14 +814,17 @@ def main() -> int:
     parser.add_argument("--person-after", type=float, default=150, help="seconds RUNNING without a step")
     parser.add_argument("--fillers", type=int, default=2, help="filler jobs kept pending")
     parser.add_argument("--filler-seconds", type=int, default=120)
-    parser.add_argument("--only", nargs="*", default=["product", "restarts_off", "torchrun"])
+    parser.add_argument("--only", nargs="*", default=["product", "restarts_off", "torchrun", "ft_launcher"])
+    parser.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help=f"no fault-free run ({REFERENCE}) beside them: no comparison of the final weights",
+    )
     parser.add_argument(
         "--nvrx-path", default="", help="PYTHONPATH holding nvidia_resiliency_ext (ft_launcher)"
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results_chaos.json")
-    parser.add_argument(
-        "--stop-at", type=float, default=0, help="epoch seconds: start no configuration that would end later"
-    )
     parser.add_argument("--rows", type=Path, default=None, help="only print the rows of this results file")
     args = parser.parse_args()
     if args.rows is not None:
@@ -664,54 +833,53 @@ def main() -> int:
     cluster = CLUSTER.load_cluster()
     tmp = Path(tempfile.mkdtemp(prefix="bench_chaos_"))
     faults = schedule(args.seed, args.duration, args.every)
-    train_args = chaos_args(args.ckpt_every)
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    configs: list[Chaotic] = []
-    for name in args.only:
-        if name == "product":
-            over = {"max_restarts": 100, "spare_nodes": 1, "hang_timeout": args.hang_timeout}
-            configs.append(ChaosProduct(name, tmp, over, train_args))
-        elif name == "restarts_off":
-            over = {"max_restarts": 0, "spare_nodes": 0, "hang_timeout": args.hang_timeout}
-            configs.append(ChaosProduct(name, tmp, over, train_args))
-        elif name == "torchrun":
-            configs.append(Launched(name, tmp, train_args, torchrun, str(REPO)))
-        elif name == "ft_launcher":
-            launcher = f"{sys.executable} -m nvidia_resiliency_ext.fault_tolerance.launcher --ignore-missing-fault-tol-cfg"
-            configs.append(Launched(name, tmp, train_args, launcher, f"{args.nvrx_path}:{REPO}"))
-        else:
-            parser.error(f"unknown configuration {name}")
+    configs = make_configs(args, tmp, cluster.nodes)
     results: dict[str, Any] = {
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "side_by_side": True,
         "duration_s": args.duration,
         "every_s": args.every,
         "seed": args.seed,
         "ckpt_every": args.ckpt_every,
         "person_after_s": args.person_after,
         "cred_expire": os.environ.get("ORCHESTRATOR_TEST_CLUSTER_CRED_EXPIRE", "?"),
+        "nodes": cluster.nodes,
         "schedule": [f.to_json() for f in faults if f.at < args.duration],
         "runs": {},
     }
-    for cfg in configs:
-        if args.stop_at and time.time() + args.duration + 120 > args.stop_at:
-            results["runs"][cfg.name] = {
-                "error": f"not run: it would end after --stop-at ({args.stop_at:.0f})"
-            }
-            continue
-        driver = Driver(cfg, faults, args, cluster)
+    drivers = [Driver(cfg, [] if cfg.name == REFERENCE else faults, args, cluster) for cfg in configs]
+
+    def drive(driver: Driver) -> None:
         try:
             driver.drive()
-            results["runs"][cfg.name] = driver.report()
+            results["runs"][driver.cfg.name] = driver.report()
         except Exception as exc:
-            results["runs"][cfg.name] = {
+            results["runs"][driver.cfg.name] = {
                 "error": repr(exc),
                 "traceback": traceback.format_exc(),
                 "log": driver.log,
-                "jobs": cfg.jobs,
+                "jobs": driver.cfg.jobs,
             }
-        results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+    # Side by side: every configuration meets the same load on the shared cores, at the same time.
+    threads = [threading.Thread(target=drive, args=(d,), name=d.cfg.name) for d in drivers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    reference = next((c for c in configs if c.name == REFERENCE), None)
+    if reference is not None:
+        for cfg in configs:
+            run_result = results["runs"].get(cfg.name, {})
+            if cfg is reference or "error" in run_result:
+                continue
+            try:
+                run_result["weights"] = same_weights(cfg.run_dir, reference.run_dir)
+            except Exception as exc:
+                run_result["weights"] = {"compared": False, "why": repr(exc)}
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({k: v for k, v in results.items() if k != "runs"}, indent=1))
     print_rows(results)
     return 0
