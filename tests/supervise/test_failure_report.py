@@ -199,6 +199,44 @@ def test_a_rank_that_exited_outranks_a_peer_our_sigterm_ended_seen_before_it(tmp
     assert why is not None and (why.node, why.rank) == (0, 1) and "code 3" in why.lines[0], why
 
 
+def _torchrun_record(first: tuple[int, int], then: tuple[int, int]) -> str:
+    """torchrun's summary: ``then`` under "Failures:", ``first`` as its "Root Cause" (``(rank, exitcode)``)."""
+
+    def entry(rank: int, code: int) -> str:
+        return f"[0]:\n  host      : vm\n  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} (pid: 9{rank})\n"
+
+    return (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        f"Failures:\n{entry(*then)}------\nRoot Cause (first observed failure):\n{entry(*first)}======\n"
+    )
+
+
+_PEER_GLOO = "[default0]:[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1\n"
+
+
+@pytest.mark.parametrize(
+    "first, then, peer_error",
+    [
+        ((1, -6), (0, -15), ""),  # a quiet machine: the abort seen first, the peer stopped by torchrun
+        ((0, -15), (1, -6), ""),  # loaded: torchrun's SIGTERM of the peer seen first
+        ((0, 1), (1, -6), _PEER_GLOO),  # loaded: the peer's own death of the abort (gloo) seen first
+        ((1, -6), (0, 1), _PEER_GLOO),
+    ],
+)
+def test_torchrun_s_abort_is_the_cause_whichever_death_it_saw_first(
+    tmp_path: Path, first: tuple[int, int], then: tuple[int, int], peer_error: str
+) -> None:
+    """Which death torchrun observed first depends on timing (issue 41 item 8: under load it named
+    rank 0's gloo error "rank 0 exited first"); the rank killed by a signal the job did not send is
+    the cause in every order, with its own code."""
+    log = "[orchestrator node] host=vm node_rank=0/1 job=local-1 attempt=0\n" + peer_error
+    log += _torchrun_record(first, then) + "[orchestrator node] host=vm node_rank=0 exit=1 after 5.0 s\n"
+    _attempt(tmp_path, {0: log}, {0: 1})
+    why = explain_failure(tmp_path, "local-1", procs_per_node=2)
+    assert why is not None and (why.node, why.rank) == (0, 1), why
+    assert why.lines[0].startswith("rank 1 died of SIGABRT (exit code 134)"), why.lines
+
+
 def test_a_hang_is_explained_by_the_watchdog_not_by_its_sigkill(tmp_path: Path) -> None:
     """The watchdog's SIGKILL is no cause: its hang.json is, said as status and the notification say it."""
     _attempt(tmp_path, {0: KILLED_LOG}, {0: 137})
