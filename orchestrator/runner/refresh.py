@@ -67,7 +67,21 @@ def settle(job: JobRecord, st: SchedulerState, ends_for_good: bool) -> Scheduler
                 raw_state=JobState.RUNNING.value,
                 reason=f"{st.state.value} reported, but {where} of the run still runs",
             )
-    return st
+    return _budget_stopped(job, st)
+
+
+def _budget_stopped(job: JobRecord, st: SchedulerState) -> SchedulerState:
+    """A job its budget stopped ends BUDGET on every scheduler: Slurm calls its exit 1 FAILED, and
+    ``wait``, ``list`` and a sweep read the registry this records (``budget_stop.json`` names it)."""
+    if not st.state.is_terminal() or st.state in (JobState.COMPLETED, JobState.BUDGET, JobState.CANCELLED):
+        return st
+    from orchestrator.contract.budget_records import budget_stop
+
+    marker = budget_stop(Path(job.run_dir))
+    if marker is None or marker.get("job_id") != job.job_id:
+        return st
+    why = f"{marker.get('reason') or 'budget'}; continue with resume --budget MORE"
+    return replace(st, state=JobState.BUDGET, reason=why)
 
 
 def _newest_of_its_run(job: JobRecord) -> bool:
