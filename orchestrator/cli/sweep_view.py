@@ -53,6 +53,11 @@ def render_sweep_status(status: SweepStatus) -> str:
         | {"step": "-", status.metric: "-", "requeues": 0, "reason": reason}
         for i, params, reason in status.not_started
     ]
+    table += [
+        {"task": i, "job": "-", "params": " ".join(f"{k}={v}" for k, v in params.items()), "state": "BUDGET"}
+        | {"step": "-", status.metric: "-", "requeues": 0, "reason": reason}
+        for i, params, reason in status.refused
+    ]
     table.sort(key=lambda r: int(str(r["task"])))
     columns = ["task", "job", "params", "state", "step", status.metric, "requeues", "reason"]
     lines = [format_table(table, columns)]
@@ -90,6 +95,10 @@ def sweep_status_json(status: SweepStatus) -> dict[str, Any]:
         "not_started": [
             {"task": i, "params": params, "state": "FAILED", "reason": reason}
             for i, params, reason in status.not_started
+        ],
+        "refused": [
+            {"task": i, "params": params, "state": "BUDGET", "reason": reason}
+            for i, params, reason in status.refused
         ],
     }
 

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.jsonfiles import read_json, write_json_atomic
-from orchestrator.contract.run_dir import BUDGET_METER_FILE, BUDGET_STOP_FILE, attempt_dir, attempt_dirs
+from orchestrator.contract.run_dir import (
+    BUDGET_METER_FILE,
+    BUDGET_STOP_FILE,
+    SWEEP_REFUSED_FILE,
+    attempt_dir,
+    attempt_dirs,
+)
 
 
 def _number(value: object) -> float | None:
@@ -35,6 +41,12 @@ def write_meter(run_dir: Path, attempt: int, start: float, end: float, per_hour:
     folder = attempt_dir(run_dir, attempt)
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / BUDGET_METER_FILE, record)
+
+
+def meter_record(run_dir: Path, attempt: int) -> dict[str, Any]:
+    """One attempt's meter record as written; {} where it has none (or it cannot be read)."""
+    data = read_json(attempt_dir(run_dir, attempt) / BUDGET_METER_FILE)
+    return data if isinstance(data, dict) else {}
 
 
 def meter_hours(record: object) -> float:
@@ -74,3 +86,23 @@ def budget_stop(run_dir: Path, attempt: int | None = None) -> dict[str, Any] | N
     if data is None or (attempt is not None and data.get("attempt") != attempt):
         return None
     return data
+
+
+def record_refusal(sweep_dir: Path, task: int, reason: str) -> None:
+    """A sweep's budget refused ``task`` (never started): ``status SWEEP`` shows it with ``reason``."""
+    data = refusals(sweep_dir)
+    data[task] = reason
+    write_json_atomic(Path(sweep_dir) / SWEEP_REFUSED_FILE, {str(k): v for k, v in sorted(data.items())})
+
+
+def refusals(sweep_dir: Path) -> dict[int, str]:
+    """``{task: reason}`` of the tasks a sweep's budget refused ({} for none, or an unreadable file)."""
+    data = read_json(Path(sweep_dir) / SWEEP_REFUSED_FILE) or {}
+    return {int(k): str(v) for k, v in data.items() if k.isdigit()}
+
+
+def forget_refusal(sweep_dir: Path, task: int) -> None:
+    """``task`` started after all (``resume SWEEP --failed`` with the budget left): no refusal now."""
+    data = refusals(sweep_dir)
+    if data.pop(task, None) is not None:
+        write_json_atomic(Path(sweep_dir) / SWEEP_REFUSED_FILE, {str(k): v for k, v in sorted(data.items())})

@@ -130,6 +130,8 @@ START_ESTIMATES_FILE = "start_estimates.jsonl"
 CANCEL_MARKER = "cancel_requested.json"
 BUDGET_STOP_FILE = "budget_stop.json"
 BUDGET_METER_FILE = "budget.json"
+#: In a sweep directory: the tasks its budget refused, ``{task: reason}`` (the local starter writes it).
+SWEEP_REFUSED_FILE = "budget_refused.json"
 LOCAL_PIDS_FILE = "local_pids.json"
 LOCAL_STATE_FILE = "local_state.json"
 #: ``node_<N>.held.json`` (a name per node: the layout says it as node_<N>)

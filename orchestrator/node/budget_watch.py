@@ -1,6 +1,7 @@
 """A run's budget, enforced while it trains (``--budget``): polled in every node's wait loop.
 
-Node 0 meters the attempt (its own process's start to now, times the GPUs or CPUs the job holds: the
+Node 0 meters the attempt (its own process's start to now (a restart inside the allocation: from
+the failed attempt's last record, so the seconds between the attempts count), times the GPUs or CPUs the job holds: the
 span ``cost`` bills a local job by), adds what earlier attempts of the run recorded
 (:mod:`orchestrator.contract.budget_records`), and asks :func:`orchestrator.config.budget.decide` whether the
 next checkpoint interval still fits. When it does not, node 0 writes ``budget_stop.json`` and every
@@ -48,6 +49,23 @@ def process_start() -> float:
         return time.time()
 
 
+def restarted_from(run_dir: Path, attempt: int, job_id: str) -> float | None:
+    """Where a restart inside the allocation picks up the meter: the failed attempt's last record's
+    end. The allocation is held between the attempts (the fault, the step's end, the relaunch: ~9 s
+    on the test cluster), so those seconds are spent too; metering from this process's start alone
+    dropped them. None: this attempt is no restart in this job's allocation (a first attempt, or a
+    requeue, whose queue wait holds nothing)."""
+    from orchestrator.contract.budget_records import meter_record
+    from orchestrator.contract.restarts import read_restarts
+
+    for record in read_restarts(run_dir):
+        if record.get("attempt") == attempt and record.get("job_id") == job_id:
+            failed = record.get("failed_attempt")
+            end = meter_record(run_dir, failed).get("end") if isinstance(failed, int) else None
+            return float(end) if isinstance(end, int | float) and end <= time.time() else None
+    return None
+
+
 class BudgetWatch:
     """Polled by each node while its training runs; :meth:`check` returns True once it stopped them."""
 
@@ -67,7 +85,7 @@ class BudgetWatch:
         self.owner = node.is_first_node
         self.job_id = node.job_id
         self.stopped = False
-        self.start = process_start()
+        self.start = restarted_from(run_dir, attempt, node.job_id) or process_start()
         self.per_hour = held_per_hour(plan)
         self.before = spent_hours(run_dir, but=attempt) if self.owner and self.budget is not None else 0.0
         self.metered_at = 0.0

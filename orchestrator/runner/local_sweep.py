@@ -15,6 +15,13 @@ forever); ``resume SWEEP --failed`` starts a new starter, which skips every task
 already (in the registry's sweep tasks, or a job in its run directory that a killed starter had
 submitted but not yet recorded) and takes the others K at a time. At most one starter works on a
 sweep: each holds :data:`STARTER_LOCK` exclusively.
+
+A sweep with a budget (``sweep --budget X``, or the profile's ``budget``: ``sweep.json``'s
+``budget``) is one budget over all its tasks: before each task the starter measures what the
+started tasks spent and hold (:func:`sweep_spend`) and :func:`orchestrator.config.sweep_budget.decide_task`
+says whether it starts (with a cap of its own: its run's ``--budget``), waits for a running task's
+unspent cap to come back, or is refused; a refused task is recorded (``budget_refused.json``) and
+``status SWEEP`` shows it BUDGET with the reason.
 """
 
 from __future__ import annotations
@@ -37,7 +44,11 @@ from orchestrator.contract.run_dir import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.registry.store import Registry
+    from orchestrator.config.budget import Budget
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.config.sweep_budget import SweepSpend
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.registry.store import JobRecord, Registry
 
 #: Seconds between looks at the running tasks.
 POLL_S = 0.5
@@ -90,10 +101,42 @@ def job_in(registry: Registry, run_dir: Path) -> str | None:
     return run.job_ids[-1] if run is not None else None
 
 
+def sweep_spend(
+    budget: Budget, plan: LaunchPlan, jobs: list[JobRecord], states: dict[str, JobState]
+) -> SweepSpend:
+    """What the sweep's started tasks (``jobs``, one per task) have spent and hold, in the budget's
+    unit, from their attempts' meters (``budget.json``: what each task's node 0 caps it by): the
+    ended ones that measure a task (COMPLETED, or stopped by their cap), everything spent, and what
+    the running tasks' caps (their runs' ``--budget``) hold beyond their spend."""
+    from orchestrator.config.budget import in_budget_units, parse_budget
+    from orchestrator.config.sweep_budget import SweepSpend
+    from orchestrator.contract.budget_records import spent_hours
+    from orchestrator.contract.job_states import JobState
+    from orchestrator.contract.run_dir import read_current_plan_json
+
+    ended: list[float] = []
+    spent = reserved = 0.0
+    for job in jobs:
+        used = in_budget_units(budget, spent_hours(Path(job.run_dir)), plan.profile)
+        spent += used
+        state = states.get(job.job_id, job.last_state)
+        if state in (JobState.COMPLETED, JobState.BUDGET):
+            ended.append(used)
+        elif not state.is_terminal():
+            cap = read_current_plan_json(Path(job.run_dir)).get("budget")
+            held = parse_budget(cap).amount if isinstance(cap, str) else budget.amount
+            reserved += max(0.0, held - used)
+    return SweepSpend(tuple(ended), spent, reserved)
+
+
 def main(argv: list[str] | None = None) -> int:
     import fcntl
+    from dataclasses import replace
 
+    from orchestrator.config.budget import parse_budget
     from orchestrator.config.plan import LaunchPlan
+    from orchestrator.config.sweep_budget import TaskVerdict, decide_task
+    from orchestrator.contract.budget_records import forget_refusal, record_refusal
     from orchestrator.registry.store import Registry
     from orchestrator.runner.refresh import refresh_states
     from orchestrator.runner.submission import submit
@@ -112,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = read_json(sweep_dir / SWEEP_FILE) or {}
     limit = int(data["max_parallel"])
+    budget = parse_budget(data["budget"]) if data.get("budget") else None
     with Registry.open() as registry:
         recorded = {t.task: t.job_id for t in registry.get_sweep(sweep_id).tasks}
         started: list[str] = list(recorded.values())
@@ -125,16 +169,31 @@ def main(argv: list[str] | None = None) -> int:
                 started.append(orphan)
                 print(f"task {number}: job {orphan} (submitted earlier, recorded now)", flush=True)
                 continue
+            plan = LaunchPlan.from_json(task["plan"])
+            verdict: TaskVerdict | None = None
             while True:
                 if (sweep_dir / CANCEL_MARKER).exists():
                     print(f"sweep {sweep_id} cancelled: task {number} and later not started", flush=True)
                     return 0
                 jobs = registry.get_many(started)
                 states = refresh_states(registry, jobs).states
-                if sum(1 for j in started if not states[j].state.is_terminal()) < limit:
-                    break
+                running = sum(1 for j in started if not states[j].state.is_terminal())
+                if running < limit:
+                    if budget is None:
+                        break
+                    left = sum(1 for t in data["tasks"] if int(t["task"]) >= number)
+                    spend = sweep_spend(budget, plan, jobs, {j: s.state for j, s in states.items()})
+                    verdict = decide_task(budget, spend, min(limit - running, left))
+                    if verdict.start or verdict.refuse:
+                        break
                 time.sleep(POLL_S)
-            plan = LaunchPlan.from_json(task["plan"])
+            if verdict is not None and verdict.refuse:
+                record_refusal(sweep_dir, number, verdict.reason)
+                print(f"task {number}: not started, {verdict.reason}", flush=True)
+                continue
+            if verdict is not None:
+                forget_refusal(sweep_dir, number)
+                plan = replace(plan, budget=verdict.cap)
             done = submit(plan, registry=registry, existing_run_dir=run_dir)
             registry.add_sweep_task(sweep_id, number, done.job_id, task["params"])
             started.append(done.job_id)

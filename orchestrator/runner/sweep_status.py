@@ -39,12 +39,15 @@ class SweepStatus:
     not_started: list[tuple[int, dict[str, str], str]] = field(default_factory=list)
     """Tasks of a local sweep whose starter ended without starting them (``kill -9``, a failed
     submit), with their parameters and the reason: FAILED; ``resume SWEEP --failed`` starts them."""
+    refused: list[tuple[int, dict[str, str], str]] = field(default_factory=list)
+    """Tasks the sweep's budget refused (``sweep --budget``: what is left cannot cover a task's
+    measured cost), with their parameters and the reason: BUDGET, never started."""
 
     @property
     def total(self) -> int:
         """Tasks of the sweep: the started ones and those not started yet (the summary's count
         read "2 tasks (1 COMPLETED, 2 QUEUED, 1 RUNNING)": only the started ones)."""
-        return len(self.rows) + len(self.queued) + len(self.not_started)
+        return len(self.rows) + len(self.queued) + len(self.not_started) + len(self.refused)
 
     def counts(self) -> dict[str, int]:
         """Tasks by state; they add up to :attr:`total`."""
@@ -55,6 +58,8 @@ class SweepStatus:
             out["QUEUED"] = out.get("QUEUED", 0) + len(self.queued)
         if self.not_started:
             out["FAILED"] = out.get("FAILED", 0) + len(self.not_started)
+        if self.refused:
+            out["BUDGET"] = out.get("BUDGET", 0) + len(self.refused)
         return out
 
 
@@ -69,13 +74,21 @@ def sweep_status(
 
     if metric not in SWEEP_METRICS:
         raise UserError(f"--metric {metric!r}: expected one of {', '.join(SWEEP_METRICS)}")
+    from orchestrator.contract.budget_records import refusals
     from orchestrator.contract.run_dir import CANCEL_MARKER, SWEEP_FILE, read_json
     from orchestrator.runner import local_sweep
 
     record = registry.get_sweep(sweep_id)
     tasks = [(t.task, t.job_id, t.params) for t in record.tasks]
     planned = (read_json(record.sweep_dir / SWEEP_FILE) or {}).get("tasks", [])
-    waiting = [t for t in planned if int(t["task"]) not in {n for n, _, _ in tasks}]
+    refused_reasons = refusals(record.sweep_dir)
+    started_tasks = {n for n, _, _ in tasks}
+    refused = [
+        (int(t["task"]), dict(t["params"]), refused_reasons[int(t["task"])])
+        for t in planned
+        if int(t["task"]) in refused_reasons and int(t["task"]) not in started_tasks
+    ]
+    waiting = [t for t in planned if int(t["task"]) not in started_tasks | {n for n, _, _ in refused}]
     not_started: list[tuple[int, dict[str, str], str]] = []
     if (record.sweep_dir / CANCEL_MARKER).exists():
         waiting = []  # a cancelled local sweep starts no more tasks
@@ -108,6 +121,7 @@ def sweep_status(
         [n for n, _, _ in tasks],
         [(int(t["task"]), dict(t["params"])) for t in waiting],
         not_started,
+        refused,
     )
     from orchestrator.notify.login import notify_sweep
 
@@ -117,14 +131,17 @@ def sweep_status(
 
 def sweep_outcome(status: SweepStatus) -> JobState | None:
     """None while a task may still run (queued, or a row not ended); else COMPLETED when every task's
-    run completed (a task resumed as another job answers for that job), FAILED otherwise."""
+    run completed (a task resumed as another job answers for that job), BUDGET when the others were
+    stopped or refused by the budget, FAILED otherwise."""
     from orchestrator.contract.job_states import JobState
 
     if status.queued or any(not row.state.is_terminal() for row in status.rows):
         return None
     finals = [row.run_state or row.state for row in status.rows]
-    if status.not_started or any(not state.is_success() for state in finals):
+    if status.not_started or any(not s.is_success() and s is not JobState.BUDGET for s in finals):
         return JobState.FAILED
+    if status.refused or JobState.BUDGET in finals:
+        return JobState.BUDGET
     return JobState.COMPLETED
 
 

@@ -9,6 +9,10 @@ Everything that can refuse the sweep (the plans, the script, the cluster's limit
 checked before the sweep directory is made. Unlike ``submit``, the array is not recorded as a
 two-phase intent: a sweep command killed between sbatch and the registry leaves the array running
 unrecorded (its tasks' run directories are complete; the scheduler lists it).
+
+A sweep's budget (``--budget``, the profile's ``budget``) is one budget for all its tasks
+(:mod:`orchestrator.config.sweep_budget`): kept in ``sweep.json``; a local sweep's starter gives
+each task its cap as it starts it; a job array's tasks each get an equal share up front.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import json
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config.plan import LaunchPlan
+from orchestrator.config.sweep_budget import equal_share
 from orchestrator.config.sweep_plan import sweep_plans
 from orchestrator.contract.errors import OrchestratorError, UserError
 from orchestrator.contract.permissions import run_umask, umask
@@ -81,18 +86,30 @@ def dry_run_sweep(
 ) -> tuple[Request | None, list[tuple[dict[str, str], LaunchPlan]]]:
     """What :func:`submit_sweep` would submit now: the array request (None where the scheduler has
     no arrays) and each task's parameters and plan."""
-    points = _checked(base, grid, max_parallel)
-    sweep_dir = planned_run_dir(base)
     scheduler = get_scheduler(base.profile.scheduler)
+    points = _budgeted(base, _checked(base, grid, max_parallel), scheduler.has_arrays)
+    sweep_dir = planned_run_dir(base)
     plans = [absolute_script(p) for _, p in points]
     return scheduler.dryrun_array(plans, sweep_dir, max_parallel, sys.executable), points
+
+
+def _budgeted(
+    base: LaunchPlan, points: list[tuple[dict[str, str], LaunchPlan]], arrays: bool
+) -> list[tuple[dict[str, str], LaunchPlan]]:
+    """The tasks' plans under the sweep's one budget (``base.budget``): on a scheduler that starts
+    the tasks itself (a job array) each task's cap is an equal share; without arrays our starter
+    gives each its cap as it starts it (none here)."""
+    if base.budget is None:
+        return points
+    cap = equal_share(base.budget, len(points)) if arrays else None
+    return [(params, replace(plan, budget=cap)) for params, plan in points]
 
 
 def submit_sweep(
     base: LaunchPlan, grid: Mapping[str, Sequence[str]], max_parallel: int, registry: Registry
 ) -> SubmittedSweep:
-    points = _checked(base, grid, max_parallel)
     scheduler = get_scheduler(base.profile.scheduler)
+    points = _budgeted(base, _checked(base, grid, max_parallel), scheduler.has_arrays)
     share = base.profile.share_with_group
     sweep_dir = planned_run_dir(base)
     if not scheduler.has_arrays:
@@ -118,6 +135,7 @@ def submit_sweep(
                 {
                     "grid": {k: list(v) for k, v in grid.items()},
                     "max_parallel": max_parallel,
+                    "budget": None if base.budget is None else str(base.budget),
                     "tasks": [
                         {"task": i, "params": p, "run_dir": str(d)}
                         for i, ((p, _), d) in enumerate(zip(points, dirs, strict=True))
@@ -177,7 +195,13 @@ def _start_without_array(
         grid_lists = {k: list(v) for k, v in grid.items()}
         write_json_atomic(
             sweep_dir / SWEEP_FILE,
-            {"sweep_id": sweep_id, "grid": grid_lists, "max_parallel": max_parallel, "tasks": tasks},
+            {
+                "sweep_id": sweep_id,
+                "grid": grid_lists,
+                "max_parallel": max_parallel,
+                "budget": None if base.budget is None else str(base.budget),
+                "tasks": tasks,
+            },
         )
         registry.add_sweep(
             sweep_id=sweep_id,

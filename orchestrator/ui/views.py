@@ -221,6 +221,7 @@ class Views:
         waiting += [
             {"task": t, "params": p, "state": "FAILED", "reason": r} for t, p, r in status.not_started
         ]
+        waiting += [{"task": t, "params": p, "state": "BUDGET", "reason": r} for t, p, r in status.refused]
         axes = sorted({k for _, _, p in _points(status) for k in p})
         return {
             "sweep_id": sweep_id,
@@ -240,6 +241,7 @@ def _points(status: Any) -> list[tuple[int, str, dict[str, str]]]:
     out = [(t, "started", p) for t, p in zip(status.tasks, status.params, strict=True)]
     out += [(t, "queued", p) for t, p in status.queued]
     out += [(t, "not started", p) for t, p, _ in status.not_started]
+    out += [(t, "refused", p) for t, p, _ in status.refused]
     return out
 
 

@@ -12,7 +12,8 @@ start record and the metrics are the loop's: this script writes none of them its
 the stop signal (it writes ``holding.json`` to its run directory first), then trains that step, at
 whose end the loop saves it and leaves for a requeue: the requeue tests' deterministic point.
 ``--fail``: exit 1 at once (a job that FAILED); ``--fail-if yes`` too (a grid axis picks the task).
-``--step-s``: the time one step takes (the workload's pace).
+``--step-s``: the time one step takes (the workload's pace); ``--save-every N``: a checkpoint every N
+steps too (what a ``--budget`` measures the next checkpoint interval by).
 Rank 0 appends ``$ORCHESTRATOR_RUN_NAME`` to ``run_names.txt`` in the run directory at each attempt's
 start (what a script would name its run after).
 """
@@ -40,6 +41,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--step-s", type=float, default=0.2)
+    p.add_argument(
+        "--save-every", type=int, default=0, help="also checkpoint every N steps (0: on a stop only)"
+    )
     p.add_argument("--hold-lr", type=float, default=None)
     p.add_argument("--hold-at", type=int, default=2)
     p.add_argument("--fail", action="store_true")
@@ -61,7 +65,7 @@ def main() -> int:
         model.weight.fill_(1.0 + args.seed)
     loader = DataLoader(TensorDataset(torch.ones(args.steps, 1)), batch_size=1)
     model, loader = accelerator.prepare(model, loader)
-    loop = ResumableLoop(accelerator, max_steps=args.steps)
+    loop = ResumableLoop(accelerator, max_steps=args.steps, save_every=args.save_every)
 
     attempt = int(os.environ.get("ORCHESTRATOR_ATTEMPT", "0"))
     if accelerator.is_main_process:
