@@ -2,7 +2,8 @@
 
 ``--grid lr=1e-3,3e-4 --grid seed=0,1 -- script.py --lr {lr} --seed {seed}`` submits one task per
 grid point, each a job of its own (own run directory, requeue and resume), at most ``--max-parallel``
-running at once. Prints the sweep id (the array's), and a line per task.
+running at once. Prints the sweep id (the array's), and a line per task. ``--budget X`` (or the
+profile's ``budget``) is one budget for the whole sweep (:mod:`orchestrator.config.sweep_budget`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.cli.plan_args import add_plan_arguments, plan_from_args, positive_int
 from orchestrator.contract.errors import EXIT_OK, UserError
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
             print(request.materialize().rstrip("\n"))
             print()
         for i, (_params, plan) in enumerate(points):
-            print(f"task {i}: {' '.join([plan.script, *plan.script_args])}")
+            cap = f"  (budget {plan.budget}: an equal share)" if plan.budget is not None else ""
+            print(f"task {i}: {' '.join([plan.script, *plan.script_args])}{cap}")
+        if base.budget is not None:
+            print(f"# {_budget_words(base, request is not None)}")
         where = f"; sweep directory would be {request.run_dir}" if request is not None else ""
         print(f"# dry run: nothing submitted ({len(points)} tasks{where})")
         return EXIT_OK
@@ -75,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         count *= len(values)
     print(f"submitted sweep {done.sweep_id} ({count} tasks)")
     print(f"sweep directory {done.sweep_dir}")
+    if base.budget is not None:
+        print(_budget_words(base, bool(done.job_ids)))
     record = api.get_sweep_record(done.sweep_id)
     for task in record.tasks:
         point = " ".join(f"{k}={v}" for k, v in task.params.items())
@@ -90,3 +100,13 @@ def run(args: argparse.Namespace) -> int:
 
         return wait_sweep(done.sweep_id, 2.0, None)
     return EXIT_OK
+
+
+def _budget_words(base: LaunchPlan, array: bool) -> str:
+    """How the sweep's one budget is shared out (:mod:`orchestrator.config.sweep_budget`)."""
+    if array:
+        return f"budget {base.budget} for the whole sweep: each task of the job array is capped at an equal share"
+    return (
+        f"budget {base.budget} for the whole sweep: each task is capped as it starts; a task the rest "
+        "cannot cover at the tasks' measured cost is not started (status shows it BUDGET)"
+    )
