@@ -28,7 +28,7 @@ PYTHON = "/opt/venv/bin/python"
 #: What the venv holds, from PyPI (for Python 3.13 PyPI serves torch's CUDA build, which trains on CPU).
 REQUIREMENTS = ("torch==2.13.0", "accelerate==1.15.0")
 #: The image's marker file (its recipe hash): ranks inside see it, the host does not.
-MARKER = "etc/orchestrator-debian-test-image"
+MARKER = "etc/debian-test-image"
 #: The Python minor the image has (never the host's: the node side must not depend on it).
 PYTHON_MINOR = "3.13"
 _STEP_TIMEOUT_S = 900
