@@ -267,6 +267,28 @@ def step_flags(plan: LaunchPlan, run_dir: str) -> list[str]:
     return []
 
 
+#: podman's flags on every node task: the node's namespaces but the mount one: its hostname (UTS)
+#: and pids, so the stacks collector finds the ranks as on the node itself, and its network for the
+#: rendezvous.
+PODMAN_RUN = ("podman", "run", "--rm", "--network=host", "--ipc=host", "--pid=host", "--uts=host")
+#: What ``orchestrator doctor`` runs in the image with its ``python``: what a job's node task needs
+#: from the image itself (orchestrator and submitit are mounted, not the image's).
+IMAGE_CHECK_CODE = (
+    "import torch, accelerate; print('torch', torch.__version__, 'accelerate', accelerate.__version__)"
+)
+
+
+def _podman_image_words(container: Container) -> list[str]:
+    image = container.image
+    if image is not None and image.startswith("/"):
+        # A root filesystem folder: under an overlay (``:O``), so the mount points podman makes
+        # land in the overlay, never in the image every job shares. No ``--`` here: podman (4.3)
+        # runs it as the command after ``--rootfs``; the path is the flag's value and starts with /.
+        return ["--read-only", "--rootfs", f"{_checked(image, 'container.image')}:O"]
+    # The end of podman's options: the image is read as an image whatever it holds.
+    return ["--", _image(container)]
+
+
 def wrap_command(plan: LaunchPlan, run_dir: str, command: str) -> str:
     """apptainer and podman: the runtime's command line around ``command`` (shell words)."""
     container = plan.profile.container
@@ -282,26 +304,42 @@ def wrap_command(plan: LaunchPlan, run_dir: str, command: str) -> str:
         words += ["--bind", binds, "--pwd", workdir(plan, run_dir), _image(container)]
         return " ".join(shlex.quote(w) for w in words) + " " + command
     if container.runtime == "podman":
-        # The node's namespaces but the mount one: its hostname (UTS) and pids, so the stacks
-        # collector finds the ranks as on the node itself, and its network for the rendezvous.
-        words = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--pid=host", "--uts=host"]
+        words = list(PODMAN_RUN)
         for m in all_mounts(plan, run_dir):
             words += ["-v", f"{m.source}:{m.destination}" + (":ro" if m.read_only else "")]
         for pattern in (*PODMAN_ENV_PATTERNS, *sorted(plan.profile.env)):
             words += ["-e", pattern]
         if plan.profile.gpus_per_node:
             words += ["--device", "nvidia.com/gpu=all"]
-        words += ["-w", workdir(plan, run_dir)]
-        if image is not None and image.startswith("/"):
-            # A root filesystem folder: under an overlay (``:O``), so the mount points podman makes
-            # land in the overlay, never in the image every job shares. No ``--`` here: podman (4.3)
-            # runs it as the command after ``--rootfs``; the path is the flag's value and starts with /.
-            words += ["--read-only", "--rootfs", f"{_checked(image, 'container.image')}:O"]
-        else:
-            # The end of podman's options: the image is read as an image whatever it holds.
-            words += ["--", _image(container)]
+        words += ["-w", workdir(plan, run_dir), *_podman_image_words(container)]
         return " ".join(shlex.quote(w) for w in words) + " " + command
     return command
+
+
+def image_start_argv(profile: ClusterProfile) -> list[str] | None:
+    """``orchestrator doctor``: the profile's runtime starting its image as a job's node task does
+    (the same runtime, flags, GPUs and image words as :func:`wrap_command`, no mounts), running
+    :data:`IMAGE_CHECK_CODE` with the image's ``python`` and the block's ``env``. None where the
+    image is started by the step's own flags (pyxis, oci: the step itself starts it, not a command on the
+    node) or there is no container."""
+    container = profile.container
+    if container.runtime not in ("podman", "apptainer") or not container.image:
+        return None
+    inner = [
+        "env",
+        *_env_words(container)[2:],
+        runtime_argument(container.python, "container.python"),
+        "-c",
+        IMAGE_CHECK_CODE,
+    ]
+    if container.runtime == "apptainer":
+        return ["apptainer", "exec", *(["--nv"] if profile.gpus_per_node else []), _image(container), *inner]
+    words = list(PODMAN_RUN)
+    for pattern in (*PODMAN_ENV_PATTERNS, *sorted(profile.env)):
+        words += ["-e", pattern]
+    if profile.gpus_per_node:
+        words += ["--device", "nvidia.com/gpu=all"]
+    return [*words, *_podman_image_words(container), *inner]
 
 
 def oci_bundle_path(run_dir: str) -> str:

@@ -4,7 +4,8 @@
 profile's set-up lines and environment. It measures, never judges: the interpreter, the packages a
 job imports and their versions, the GPUs torch sees (and nvidia-smi's health, on GPU profiles), the
 run root written and read both ways (its file for the host, the host's file for it), ``/dev/shm``,
-``ulimit -n``/``-l``, the container image (the preflight's check), the ports of the profile's
+``ulimit -n``/``-l``, the container image (the preflight's check, then the runtime starting it with
+the image's interpreter, timed), the ports of the profile's
 ``port_range`` already taken, and an all-reduce over every node. It prints its report as one JSON line (``REPORT_MARKER``): the host reads it from the step's
 output, so a node whose run root is not shared still reports.
 
@@ -20,6 +21,7 @@ import json
 import os
 import resource
 import socket
+import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -34,6 +36,8 @@ ALLREDUCE_BYTES = 16 << 20
 ALLREDUCE_TRIES = 5
 #: How long nodes wait for each other (the go/no-go, then torch's rendezvous).
 JOIN_TIMEOUT_S = 60.0
+#: Bound on the runtime starting the image (a first start may unpack or map a large image).
+IMAGE_START_TIMEOUT_S = 120.0
 
 
 def package_versions() -> dict[str, dict[str, str]]:
@@ -60,6 +64,34 @@ def gpus_seen(expected: int, torch_ok: bool) -> dict[str, Any]:
     if expected > 0:
         info["problems"] = [p for p in gpu_problems(expected) if "visible" not in p]
     return info
+
+
+def image_start(argv: list[str] | None, problems: list[str]) -> dict[str, Any] | None:
+    """The runtime starting the image (``argv``: :func:`orchestrator.config.container.image_start_argv`),
+    timed: its exit status and last output line. None when there is nothing to start (no such runtime)
+    or the image is not here (``problems`` already say so)."""
+    if not argv or problems:
+        return None
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=IMAGE_START_TIMEOUT_S,
+        )
+        code, output = done.returncode, (done.stdout + done.stderr).strip().splitlines()
+    except subprocess.TimeoutExpired:
+        code, output = None, [f"no end within {IMAGE_START_TIMEOUT_S:.0f} s"]
+    except OSError as exc:
+        code, output = None, [f"{argv[0]}: {exc.strerror or exc}"]
+    return {
+        "runtime": argv[0],
+        "code": code,
+        "seconds": round(time.monotonic() - started, 2),
+        "last": output[-1][:300] if output else "",
+    }
 
 
 def run_dir_check(folder: Path, rank: int, token: str) -> dict[str, Any]:
@@ -224,15 +256,24 @@ def main(argv: list[str]) -> int:
     if nodes >= 2:
         start, end = spec["port_range"]
         port = port_for_job(node.job_id, start, end - 1)
+        gpu = int(spec["gpus"]) > 0
+        # A GPU profile's all-reduce is NCCL's: a node where torch sees no GPU cannot join it.
+        why = (
+            "not run: torch does not import here"
+            if not torch_ok
+            else "not run: torch sees no GPU here"
+            if gpu and not report["gpus"]["count"]
+            else WAITED_FOR_OTHERS
+        )
         try:
             main_ip = socket.gethostbyname(node.hostnames[0])
-            if agree(rank, nodes, main_ip, port, torch_ok):
-                report["allreduce"] = allreduce(rank, nodes, main_ip, port + 1, int(spec["gpus"]) > 0)
+            if agree(rank, nodes, main_ip, port, why == WAITED_FOR_OTHERS):
+                report["allreduce"] = allreduce(rank, nodes, main_ip, port + 1, gpu)
             else:
-                why = "not run: torch does not import here" if not torch_ok else WAITED_FOR_OTHERS
                 report["allreduce"] = {"error": why}
         except Exception as exc:  # noqa: BLE001 - reported, judged on the host
             report["allreduce"] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+    report["image_start"] = image_start(spec.get("image_start"), report["image_problems"])
     print(f"{REPORT_MARKER} {json.dumps(report)}", flush=True)
     return 0
 

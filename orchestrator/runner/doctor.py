@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.container import image_to_check
+from orchestrator.config.container import image_start_argv, image_to_check
 from orchestrator.config.profile.load import load_profile
 from orchestrator.config.render import shell_quote
 from orchestrator.contract.errors import UserError
@@ -161,12 +161,14 @@ def run_doctor(
     python = profile.python or sys.executable
     token = secrets.token_hex(8)
     image = image_to_check(profile.container)
+    start_argv = image_start_argv(profile)
     spec = {
         "scheduler": profile.scheduler,
         "folder": str(folder),
         "token": token,
         "gpus": profile.gpus_per_node,
         "image": image,
+        "image_start": start_argv,
         "port_range": [profile.port_range.start, profile.port_range.end],
     }
     argv = scheduler.doctor_step(
@@ -190,6 +192,7 @@ def run_doctor(
         run_root=str(root),
         container=image is not None,
         min_bandwidth_mbps=profile.preflight.min_bandwidth_mbps,
+        image_start=start_argv is not None,
     )
     step_error = None
     if code != 0 and not any(r.report for r in results):

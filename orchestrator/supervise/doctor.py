@@ -78,6 +78,9 @@ class Expected:
     """The profile has a container block: its image must be there on each node."""
     min_bandwidth_mbps: float
     """The profile's ``preflight.min_bandwidth_mbps``: the floor each job's links are held to."""
+    image_start: bool = False
+    """Each node starts the image with the profile's runtime (podman, apptainer); pyxis and OCI images
+    are started by the step's own flags, so only their presence is checked."""
 
 
 @dataclass
@@ -213,21 +216,46 @@ def node_rows(name: str, result: NodeResult, want: Expected) -> list[Row]:
                 "" if ok else "synchronise the node's clock (chrony/ntpd) with the submitting host's",
             )
         )
-    if want.container:
-        problems = report.get("image_problems") or []
-        rows.append(
-            Row(
-                "container image",
-                name,
-                not problems,
-                "; ".join(problems) or "present",
-                "put the profile's container.image on this node (pull it into its store, or a path "
-                "every node mounts)"
-                if problems
-                else "",
-            )
-        )
+    if want.container or want.image_start:
+        rows.append(_image_row(name, report, want))
     return rows
+
+
+def _image_row(name: str, report: dict[str, Any], want: Expected) -> Row:
+    """The image is on the node, and the profile's runtime starts it with the image's interpreter."""
+    problems = report.get("image_problems") or []
+    if problems:
+        return Row(
+            "container image",
+            name,
+            False,
+            "; ".join(problems),
+            "put the profile's container.image on this node (pull it into its store, or a path "
+            "every node mounts)",
+        )
+    start = report.get("image_start")
+    if not want.image_start:
+        return Row("container image", name, True, "present")
+    if not isinstance(start, dict):
+        return Row("container image", name, False, "not started: the node did not say", "rerun the doctor")
+    said = f": {start.get('last')}" if start.get("last") else ""
+    if start.get("code") == 0:
+        return Row(
+            "container image",
+            name,
+            True,
+            f"{start.get('runtime')} started it in {start.get('seconds')} s{said}",
+        )
+    how = "did not end" if start.get("code") is None else f"exit {start.get('code')}"
+    return Row(
+        "container image",
+        name,
+        False,
+        f"{start.get('runtime')} could not start it ({how}, {start.get('seconds')} s){said}",
+        f"make {start.get('runtime')} start the image on this node as the job will (its storage and "
+        "configuration in the setup lines or env), with container.python importing torch and accelerate "
+        "in the image",
+    )
 
 
 def _port_row(name: str, ports: dict[str, Any]) -> Row:

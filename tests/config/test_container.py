@@ -17,12 +17,14 @@ import yaml
 
 from orchestrator.config.container import (
     CONTAINER_ENTRY,
+    IMAGE_CHECK_CODE,
     IN_CONTAINER_ENV,
     NODE_PACKAGES,
     NODE_SITE,
     OCI_BUNDLE_DIR,
     TARGET_VERSIONS,
     check_submittable,
+    image_start_argv,
     image_to_check,
     node_package_mounts,
     oci_bundle_files,
@@ -429,3 +431,37 @@ def test_runc_runs_the_bundle_of_a_read_only_image_whose_folders_hold_the_mount_
     assert ran.stdout.startswith("the image's own venv\nroot:x:0:0:"), ran.stdout
     assert Path("/etc/hosts").read_text() in ran.stdout
     assert sorted(str(p.relative_to(built)) for p in built.rglob("*")) == before
+
+
+def test_the_doctor_starts_the_image_as_the_job_s_runtime_does() -> None:
+    """``image_start_argv``: the job's podman words (namespaces, variables, GPUs, the image after the
+    end of options or as an overlaid root filesystem), no mounts, the image's python importing what a
+    job needs; apptainer likewise; pyxis and OCI (started by srun's flags) and no container: None."""
+    plan = _plan({"runtime": "podman", **CONTAINER, "image": "/images/rootfs dir"})
+    job = _srun_words(plan)
+    argv = image_start_argv(plan.profile)
+    assert argv is not None and argv[:7] == job[job.index("podman") : job.index("podman") + 7]
+    assert argv[argv.index("env") - 3 : argv.index("env")] == [
+        "--read-only",
+        "--rootfs",
+        "/images/rootfs dir:O",
+    ]
+    assert "-v" not in argv and {"SLURM_*", *BASE["env"]} <= {
+        argv[i + 1] for i, w in enumerate(argv) if w == "-e"
+    }
+    assert argv[argv.index("env") :] == [
+        "env", *(f"{k}={v}" for k, v in sorted(INNER_ENV.items())), "/usr/bin/python3", "-c", IMAGE_CHECK_CODE
+    ]  # fmt: skip
+    named = image_start_argv(
+        _plan({"runtime": "podman", "image": "docker.io/pytorch/pytorch:2"}, gpus_per_node=2).profile
+    )
+    assert named is not None and named[named.index("env") - 2 : named.index("env")] == [
+        "--",
+        "docker.io/pytorch/pytorch:2",
+    ]
+    assert named[named.index("--device") + 1] == "nvidia.com/gpu=all"
+    sif = image_start_argv(_plan({"runtime": "apptainer", "image": "/img/t.sif"}, gpus_per_node=2).profile)
+    assert sif == ["apptainer", "exec", "--nv", "/img/t.sif", "env", "python3", "-c", IMAGE_CHECK_CODE]
+    for runtime in ("pyxis", "oci"):
+        assert image_start_argv(_plan({"runtime": runtime, "image": "/img/rootfs"}).profile) is None
+    assert image_start_argv(parse_profile(yaml.safe_dump(BASE), "test.yaml")) is None

@@ -12,7 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.node.doctor import JOIN_TIMEOUT_S, limits, package_versions, ports_taken, run_dir_check
+from orchestrator.node.doctor import (
+    JOIN_TIMEOUT_S,
+    image_start,
+    limits,
+    package_versions,
+    ports_taken,
+    run_dir_check,
+)
 from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE
 from tests.helpers.cli import REPO
 from tests.helpers.net import free_port
@@ -111,3 +118,21 @@ def test_ports_taken_sees_a_listening_and_a_connected_socket_in_the_range() -> N
             assert ports_taken(port, port)["taken"] == [port]
     low, high = found["ephemeral"]
     assert 0 < low <= high <= 65535
+
+
+def test_image_start_times_the_command_and_keeps_its_last_line() -> None:
+    """A real process stands in for the runtime: its exit status, time and last line are reported."""
+    said = image_start([sys.executable, "-c", "print('one'); print('torch 2.13.0')"], [])
+    assert said is not None and said["code"] == 0 and said["last"] == "torch 2.13.0", said
+    assert said["runtime"] == sys.executable and 0 < said["seconds"] < 60, said
+    failed = image_start([sys.executable, "-c", "import sys; sys.exit('no torch in the image')"], [])
+    assert failed is not None and failed["code"] == 1 and failed["last"] == "no torch in the image", failed
+    missing = image_start(["/nonexistent/podman", "run"], [])
+    assert missing is not None and missing["code"] is None and "No such file" in missing["last"], missing
+
+
+def test_an_image_that_is_not_there_or_no_runtime_is_not_started(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    assert image_start(argv, ["container image x not found on this node"]) is None
+    assert image_start(None, []) is None and not marker.exists()

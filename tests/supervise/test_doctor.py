@@ -241,3 +241,44 @@ def test_a_port_range_inside_the_ephemeral_ports_is_said_and_in_the_fix() -> Non
               if r.check == "port range free"]  # fmt: skip
     assert not row.ok and "overlaps the kernel's ephemeral ports 32768-60999" in row.value
     assert "ip_local_port_range" in row.fix
+
+
+def test_an_image_the_runtime_starts_passes_with_its_time_and_one_it_cannot_fails_there() -> None:
+    started = {"runtime": "podman", "code": 0, "seconds": 2.4, "last": "torch 2.13.0 accelerate 1.15.0"}
+    broken = {
+        "runtime": "podman",
+        "code": 1,
+        "seconds": 0.8,
+        "last": "ModuleNotFoundError: No module named 'torch'",
+    }
+    want = expected(container=True, image_start=True)
+    rows = diagnose(want, results(n1={"image_start": started}, n2={"image_start": broken})).rows
+    ok = next(r for r in rows if (r.check, r.node) == ("container image", "n1"))
+    assert ok.ok and ok.value == "podman started it in 2.4 s: torch 2.13.0 accelerate 1.15.0", ok
+    got = failures(rows)
+    assert set(got) == {("container image", "n2")}, got
+    row = got[("container image", "n2")]
+    assert "podman could not start it (exit 1, 0.8 s)" in row.value and "No module named 'torch'" in row.value
+    assert "make podman start the image on this node" in row.fix and "container.python" in row.fix
+    hung = {"runtime": "apptainer", "code": None, "seconds": 120.0, "last": "no end within 120 s"}
+    row = failures(diagnose(want, results(n1={"image_start": hung})).rows)[("container image", "n1")]
+    assert row.value.startswith("apptainer could not start it (did not end, 120.0 s)"), row
+
+
+def test_a_missing_image_is_named_once_not_started() -> None:
+    """The node does not try to start an image it does not have: one row, the missing image's fix."""
+    problem = {"image_problems": ["container image x not in this node's podman storage"], "image_start": None}
+    started = {"image_start": {"runtime": "podman", "code": 0, "seconds": 1.0, "last": "torch 2.13.0"}}
+    got = failures(diagnose(expected(container=True, image_start=True), results(n1=started, n2=problem)).rows)
+    assert (
+        set(got) == {("container image", "n2")}
+        and "pull it into its store" in got[("container image", "n2")].fix
+    )
+
+
+def test_a_gpu_profile_s_all_reduce_names_the_node_without_a_gpu() -> None:
+    gpus = {"count": 8, "names": ["H100"] * 8, "problems": []}
+    no_gpu = {"allreduce": {"error": "not run: torch sees no GPU here"}}
+    waited = {"allreduce": {"error": WAITED_FOR_OTHERS}, "gpus": gpus, "memlock_kib": -1}
+    got = failures(diagnose(expected(gpus_per_node=8), results(n1=waited, n2=no_gpu)).rows)
+    assert got[("all-reduce", ALL_NODES)].value == "n2: not run: torch sees no GPU here"
