@@ -82,3 +82,12 @@ def test_an_unknown_partition_names_the_ones_there() -> None:
         UserError, match="--partition big: the cluster has no such partition; it has: cpu, gpu"
     ):
         draft("x", facts(), Answers(partition="big"))
+
+
+def test_the_gpu_type_keeps_the_clusters_spelling_for_gres() -> None:
+    """``--gres=gpu:TYPE:N`` must name the type as slurm.conf does (``A100``, ``tesla_v100``)."""
+    found = facts()
+    for node in found.nodes:
+        node.gres = node.gres.replace("a100", "A100")
+    data = yaml.safe_load(draft("gpus", found, Answers(partition="gpu"), when="today"))
+    assert (data["gpus_per_node"], data["gpu_type"]) == (8, "A100"), data

@@ -113,7 +113,8 @@ def draft(name: str, facts: ClusterFacts, answers: Answers, when: str | None = N
     if gpu_count:
         key("gpus_per_node", gpu_count, "the nodes' GRES")
         if gpu_type:
-            key("gpu_type", gpu_type.lower(), "the nodes' GRES type")
+            # As the cluster spells it: the value goes into --gres, where Slurm matches the type.
+            key("gpu_type", gpu_type, "the nodes' GRES type")
         key("exclusive", True, "whole GPU nodes for multi-GPU training")
     if cpus:
         key(
