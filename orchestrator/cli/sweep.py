@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
         count *= len(values)
     print(f"submitted sweep {done.sweep_id} ({count} tasks)")
     print(f"sweep directory {done.sweep_dir}")
-    if base.budget is not None:
-        print(_budget_words(base, bool(done.job_ids)))
     record = api.get_sweep_record(done.sweep_id)
+    if base.budget is not None:
+        print(_budget_words(base, bool(record.tasks)))
     for task in record.tasks:
         point = " ".join(f"{k}={v}" for k, v in task.params.items())
         print(f"task {task.task}: job {task.job_id}  {point}")

@@ -4,11 +4,12 @@ refuses the third with the reason (``status SWEEP``, ``wait SWEEP``), each start
 cap of its own that kept the sweep within its budget, and the sweep's ``cost`` is the sum of its
 tasks' and within the budget.
 
-The tasks are tests/scripts/sweep_task.py (real training through ``orchestrator.loop``) at a fixed
-pace: 30 steps of 0.5 s, a checkpoint every 5 (what each task's cap measures its next checkpoint
-interval by), ~18-22 s a task with its start-up (3-7 s on 2 busy cores). A budget of
-47.9 CPU-seconds (2.4 tasks of 20 s) gives the same outcome for any task cost from 16 s (three
-would fit) to 23 s (two would not).
+The tasks are tests/scripts/sweep_task.py (real training through ``orchestrator.loop``), 30 steps paced
+to end 20 s after the task's node started and a checkpoint every 5 (what each task's cap measures its
+next checkpoint interval by): ~21 CPU-seconds a task (20.7 and 21.0 at load 12 on 2 cores) however
+long the start-up took (on plain sleeping steps a task cost 13 s on a quiet machine, 35 s at load
+14). A budget of 55 CPU-seconds (2.4 such tasks) gives this outcome for any task cost from 18.4 s
+(three would fit) to 27 s (two would not).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from tests.helpers.cli import REPO, kill_tree, run_cli
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "scripts" / "sweep_task.py")
-#: ~2.4 tasks of ~20 CPU-seconds (one process, one CPU).
-BUDGET = "0.0133cpu-h"
+#: Each task's script trains for this long (its steps paced to end then, whatever its start-up took).
+PACE_S = 20
+#: ~2.4 tasks of ~21-23 CPU-seconds (one process, one CPU: the paced 20 s and the node's exit).
+BUDGET = "0.0153cpu-h"
 
 
 def test_a_sweep_budget_runs_what_it_covers_and_refuses_the_rest(
@@ -34,7 +37,7 @@ def test_a_sweep_budget_runs_what_it_covers_and_refuses_the_rest(
     res = run_cli(
         ["sweep", "--profile", "local", "--nodes", "1", "--procs-per-node", "1", "--max-parallel", "1",
          "--budget", BUDGET, "--grid", "lr=0.3,0.1,0.2", "--wait", "--",
-         SCRIPT, "--lr", "{lr}", "--steps", "30", "--step-s", "0.5", "--save-every", "5"],
+         SCRIPT, "--lr", "{lr}", "--steps", "30", "--pace-s", str(PACE_S), "--save-every", "5"],
         orch_env, timeout=300,
     )  # fmt: skip
     try:

@@ -12,8 +12,10 @@ start record and the metrics are the loop's: this script writes none of them its
 the stop signal (it writes ``holding.json`` to its run directory first), then trains that step, at
 whose end the loop saves it and leaves for a requeue: the requeue tests' deterministic point.
 ``--fail``: exit 1 at once (a job that FAILED); ``--fail-if yes`` too (a grid axis picks the task).
-``--step-s``: the time one step takes (the workload's pace); ``--save-every N``: a checkpoint every N
-steps too (what a ``--budget`` measures the next checkpoint interval by).
+``--step-s``: the time one step takes (the workload's pace); ``--pace-s T`` instead: the steps spread
+to end T seconds after the node started (node 0's ``budget.json``), however long the start-up took
+(a task's cost that the machine's load does not change); ``--save-every N``: a checkpoint every N steps too (what a
+``--budget`` measures the next checkpoint interval by).
 Rank 0 appends ``$ORCHESTRATOR_RUN_NAME`` to ``run_names.txt`` in the run directory at each attempt's
 start (what a script would name its run after).
 """
@@ -35,7 +37,17 @@ def expected_loss(lr: float, seed: int, step: int) -> float:
     return A * (1.0 + seed) ** 2 * (1.0 - 2.0 * A * lr) ** (2 * (step - 1))
 
 
+def node_start(run_dir: object, attempt: int) -> float:
+    """When this attempt's node process started (node 0's budget meter), 0.0 while not recorded."""
+    try:
+        with open(os.path.join(str(run_dir), "logs", f"attempt_{attempt}", "budget.json")) as fh:
+            return float(json.load(fh)["start"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
 def main() -> int:
+    began = time.time()
     p = argparse.ArgumentParser()
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
@@ -43,6 +55,9 @@ def main() -> int:
     p.add_argument("--step-s", type=float, default=0.2)
     p.add_argument(
         "--save-every", type=int, default=0, help="also checkpoint every N steps (0: on a stop only)"
+    )
+    p.add_argument(
+        "--pace-s", type=float, default=0.0, help="spread the steps to end this long after the node started"
     )
     p.add_argument("--hold-lr", type=float, default=None)
     p.add_argument("--hold-at", type=int, default=2)
@@ -71,6 +86,7 @@ def main() -> int:
     if accelerator.is_main_process:
         with open(loop.run_dir / "run_names.txt", "a") as names:
             names.write(os.environ.get("ORCHESTRATOR_RUN_NAME", "") + "\n")
+    origin = 0.0
     hold = args.hold_lr is not None and abs(args.lr - args.hold_lr) < 1e-12 and attempt == 0
     for (x,) in loop.batches(loader, epochs=1):
         if hold and loop.step + 1 == args.hold_at:
@@ -79,7 +95,11 @@ def main() -> int:
             (loop.run_dir / HOLDING_FILE).write_text(json.dumps({"step": args.hold_at}))
             while not loop.stop.signum:
                 time.sleep(0.05)
-        time.sleep(args.step_s)
+        if args.pace_s > 0:  # step k ends at origin + pace * k / steps, whatever the start-up took
+            origin = origin or node_start(loop.run_dir, attempt) or began
+            time.sleep(max(0.0, origin + args.pace_s * (loop.step + 1) / args.steps - time.time()))
+        else:
+            time.sleep(args.step_s)
         loss = A * (model(x) ** 2).mean()
         accelerator.backward(loss)
         with torch.no_grad():
