@@ -44,6 +44,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.contract.checkpoints import find_resumable  # noqa: E402
 from orchestrator.rank import workarounds  # noqa: E402
+from orchestrator.rank.checkpoint_io import checked_choice  # noqa: E402
 from train import checkpointing  # noqa: E402
 from train.model import build_model  # noqa: E402
 
@@ -73,35 +74,47 @@ def as_before_issue_16() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stock_dcp_reads() -> Iterator[None]:
-    """``load_before``: train/'s load with DCP's own FileSystemReader (no direct reads)."""
-    from orchestrator.rank import dcp_reader
+    """``load_before``: train/'s load with DCP's own FileSystemReader (no load plan, no direct reads)."""
+    from orchestrator.rank import dcp_reader, shard_plan
 
-    saved = dcp_reader.direct_dcp_reads
+    saved = dcp_reader.direct_dcp_reads, shard_plan.fast_fsdp_loads
     dcp_reader.direct_dcp_reads = contextlib.nullcontext  # type: ignore[assignment]
+    shard_plan.fast_fsdp_loads = lambda folder: contextlib.nullcontext(shard_plan.FastLoadReport())  # type: ignore[assignment,return-value]
     try:
         yield
     finally:
-        dcp_reader.direct_dcp_reads = saved
+        dcp_reader.direct_dcp_reads, shard_plan.fast_fsdp_loads = saved
 
 
 @contextlib.contextmanager
-def count_direct_reads(dcp_reader: Any) -> Iterator[dict[str, int]]:
-    """Rank 0's count of tensors the load read straight into place and of those left to DCP."""
-    real = dcp_reader.direct_dcp_reads
-    got: dict[str, int] = {}
+def count_direct_reads(dcp_reader: Any) -> Iterator[dict[str, Any]]:
+    """Rank 0's count of tensors the load read through its load plan, straight into place through
+    DCP's planner, and left to DCP; and why the load plan was not used, if it was not."""
+    from orchestrator.rank import shard_plan
+
+    real, real_plan = dcp_reader.direct_dcp_reads, shard_plan.fast_fsdp_loads
+    got: dict[str, Any] = {"planned": 0, "direct": 0, "through_dcp": 0}
 
     @contextlib.contextmanager
     def counting() -> Iterator[Any]:
         with real() as counts:
             yield counts
-        got["direct"] = got.get("direct", 0) + counts.direct
-        got["through_dcp"] = got.get("through_dcp", 0) + counts.through_dcp
+        got["direct"] += counts.direct
+        got["through_dcp"] += counts.through_dcp
 
-    dcp_reader.direct_dcp_reads = counting
+    @contextlib.contextmanager
+    def planned(folder: Path) -> Iterator[Any]:
+        with real_plan(folder) as report:
+            yield report
+        got["planned"] += report.tensors
+        if report.why_not:
+            got["why_not"] = report.why_not
+
+    dcp_reader.direct_dcp_reads, shard_plan.fast_fsdp_loads = counting, planned
     try:
         yield got
     finally:
-        dcp_reader.direct_dcp_reads = real
+        dcp_reader.direct_dcp_reads, shard_plan.fast_fsdp_loads = real, real_plan
 
 
 def main() -> None:
@@ -182,13 +195,18 @@ def main() -> None:
             dist.barrier()
             t = time.perf_counter()
             if kind == "cold_resume":
-                # What a resumed attempt does: rank 0 picks the newest complete checkpoint, reading
-                # every byte to check the marker's digests, then every rank loads it.
+                # What a resumed attempt of train/ does: rank 0 picks the newest complete checkpoint
+                # (checking the digests of every file but the shards), every rank checks its own
+                # shards' digests (checked_choice), then every rank loads it.
+                choice: list[Any] = [None]
                 if rank == 0:
-                    found = find_resumable(run_dir)
+                    found = find_resumable(run_dir, print, shards=False)
                     assert found is not None and found[0] == folder, found
-                dist.barrier()
-                checkpointing.load(acc, folder, dict(current), opt, current)
+                    choice = [(str(found[0]), found[1])]
+                dist.broadcast_object_list(choice, src=0)
+                checked = checked_choice(acc, run_dir, choice[0])
+                assert checked is not None and Path(checked[0]) == folder, checked
+                checkpointing.load(acc, folder, checked[1], opt, current)
             elif kind.endswith("load"):
                 from orchestrator.rank import dcp_reader
 

@@ -52,6 +52,7 @@ from orchestrator.contract.heartbeat import Heartbeat
 from orchestrator.contract.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
 from orchestrator.rank import selfcheck
 from orchestrator.rank import workarounds as accelerate_workarounds
+from orchestrator.rank.checkpoint_io import checked_choice
 from orchestrator.rank.loop import fix_ddp_buckets
 from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if accelerator.is_main_process and args.resume != "never":
         found_ckpt: tuple[Path, dict] | tuple[str, str] | None
         if args.resume == "auto":
-            found_ckpt = checkpoints.find_resumable(run_dir, warn)
+            found_ckpt = checkpoints.find_resumable(run_dir, warn, shards=False)  # ranks: below
         else:
             folder = Path(args.resume)
             marker, why = checkpointing.validate(folder)
@@ -363,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         choice = [(str(found_ckpt[0]), found_ckpt[1]) if found_ckpt else None]
     if world > 1:
         dist.broadcast_object_list(choice, src=0)
+    if args.resume == "auto" and choice[0] is not None:  # every rank checks its own shards' digests
+        choice = [checked_choice(accelerator, run_dir, choice[0], warn)]
     last_saved_step = -1
     if choice[0] is not None and choice[0][0] == "invalid":
         return 2

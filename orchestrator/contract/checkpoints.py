@@ -89,6 +89,27 @@ def rank_shard_files(folder: Path, rank: int) -> list[str]:
     ]
 
 
+def is_rank_shard(rel: str) -> bool:
+    """A DCP shard file (``__<rank>_<n>.distcp``): what the ranks check while they load it."""
+    return _RANK_SHARD.fullmatch(rel.rsplit("/", 1)[-1]) is not None
+
+
+def shard_share(rels: Iterable[str], rank: int, world_size: int) -> list[str]:
+    """The shard files among ``rels`` whose digests rank ``rank`` of ``world_size`` checks at a load:
+    those the same rank wrote (at the same world size, the very files it reads), and those of ranks
+    that are gone, dealt out by their rank modulo the world size."""
+    return [
+        rel
+        for rel in rels
+        if (m := _RANK_SHARD.fullmatch(rel.rsplit("/", 1)[-1])) and int(m.group(1)) % world_size == rank
+    ]
+
+
+def load_plan_name(rank: int) -> str:
+    """Rank ``rank``'s load plan in a sharded checkpoint (:mod:`orchestrator.rank.shard_plan`)."""
+    return f"load_plan_{rank}.json"
+
+
 def fsync_and_digest(folder: Path, rels: list[str]) -> dict[str, str]:
     """fsync and sha256 of the given files (a rank's own shards, while they are in its page cache)."""
     for rel in rels:
@@ -100,10 +121,11 @@ def fsync_and_digest(folder: Path, rels: list[str]) -> dict[str, str]:
     return {rel: str(value) for rel, value in got.items()}
 
 
-def check_checkpoint_content(ckpt_dir: Path, marker: dict[str, Any]) -> str:
+def check_checkpoint_content(ckpt_dir: Path, marker: dict[str, Any], shards: bool = True) -> str:
     """ "" when every file's bytes match the marker's ``sha256`` digests, else why not. Reads every
     byte, so it is for a restore (once per start), never for ``status``. Checkpoints written before
-    digests existed pass."""
+    digests existed pass. ``shards=False``: the DCP shard files are left out (every digest must still
+    be there): the ranks check those while they load them (``train/``: ``checkpointing.load``)."""
     digests = marker.get("sha256")
     if not isinstance(digests, dict):
         return ""
@@ -111,6 +133,8 @@ def check_checkpoint_content(ckpt_dir: Path, marker: dict[str, Any]) -> str:
     for rel in rels:
         if digests.get(rel) is None:
             return f"{COMPLETE_MARKER} has no sha256 of {rel}"
+    if not shards:
+        rels = [rel for rel in rels if not is_rank_shard(rel)]
     got_all = file_digests(Path(ckpt_dir), rels)
     for rel in rels:
         got, want = got_all[rel], digests[rel]
@@ -221,14 +245,16 @@ def mark_complete_in_place(folder: Path, marker: dict[str, Any]) -> dict[str, An
     return _write_marker(folder, marker)
 
 
-def newest_complete(folders: Iterable[Path], warn: Warn = print) -> tuple[Path, dict[str, Any]] | None:
+def newest_complete(
+    folders: Iterable[Path], warn: Warn = print, shards: bool = True
+) -> tuple[Path, dict[str, Any]] | None:
     """The first of ``folders`` (newest first) that is complete and whose content matches its digests;
     torn ones are skipped with a warning, corrupt ones are also marked (``CORRUPT.json``) so neither a
-    later resume nor ``status`` picks them again."""
+    later resume nor ``status`` picks them again. ``shards``: see :func:`check_checkpoint_content`."""
     for folder in folders:
         marker, why = check_checkpoint(folder)
         if marker is not None:
-            why = check_checkpoint_content(folder, marker)
+            why = check_checkpoint_content(folder, marker, shards)
             if not why:
                 return folder, marker
             mark_checkpoint_corrupt(folder, why)
@@ -319,14 +345,21 @@ def remove_unfinished(run_dir: str | os.PathLike[str], warn: Warn = print) -> li
     return removed
 
 
-def find_resumable(run_dir: str | os.PathLike[str], warn: Warn = print) -> tuple[Path, dict[str, Any]] | None:
+def find_resumable(
+    run_dir: str | os.PathLike[str], warn: Warn = print, shards: bool = True
+) -> tuple[Path, dict[str, Any]] | None:
     """Rank 0 at the start of an attempt (both checkpoint writers, ``train/`` and
     :mod:`orchestrator.loop`, call it there): remove what earlier attempts' unfinished saves left
     (:func:`remove_unfinished`), then return the newest complete checkpoint whose content matches its
     digests; torn ones are skipped with a warning, corrupt ones are also marked (``CORRUPT.json``) so
-    neither a later resume nor ``status`` picks them again."""
+    neither a later resume nor ``status`` picks them again.
+
+    ``shards=False``: the DCP shard files (the bulk of a sharded checkpoint) are not read here; the
+    caller's ranks check them as they load them, each its own (``train/``: one pass over the bytes
+    on every rank at once instead of two passes, one of them on rank 0 alone), and mark the
+    checkpoint corrupt themselves (:func:`mark_checkpoint_corrupt`) before choosing again."""
     remove_unfinished(run_dir, warn)
-    return newest_complete((folder for _, folder in checkpoint_folders(Path(run_dir))), warn)
+    return newest_complete((folder for _, folder in checkpoint_folders(Path(run_dir))), warn, shards)
 
 
 def prune(run_dir: str | os.PathLike[str], keep_last: int, keep_tmp: AbstractSet[str] = frozenset()) -> None:

@@ -31,12 +31,16 @@ def without_zip_crc32() -> Iterator[None]:
 
 
 def own_shard_digests(folder: Path, rank: int, world_size: int) -> dict[str, str]:
-    """Every rank fsyncs and hashes the shard files it wrote (in its page cache, on its own core);
-    rank 0 gets them all. Collective: every rank calls it after the save's barrier. Rank 0 alone
-    hashing every rank's shards grows with the world size; this does not."""
+    """Every rank writes its load plan (:func:`orchestrator.rank.shard_plan.write_load_plan`: where
+    the bytes it will read back lie), then fsyncs and hashes the shard files it wrote and that plan
+    (in its page cache, on its own core); rank 0 gets them all. Collective: every rank calls it after
+    the save's barrier. Rank 0 alone hashing every rank's shards grows with the world size; this
+    does not."""
     from orchestrator.contract.checkpoints import fsync_and_digest, rank_shard_files
+    from orchestrator.rank.shard_plan import write_load_plan
 
-    mine = fsync_and_digest(folder, rank_shard_files(folder, rank))
+    plan = write_load_plan(folder, rank, world_size)
+    mine = fsync_and_digest(folder, rank_shard_files(folder, rank) + ([plan] if plan else []))
     if world_size <= 1:
         return mine
     import torch.distributed as dist
@@ -74,11 +78,72 @@ def prefetch_own_shards(folder: Path, rank: int) -> int:
     return asked
 
 
-def load_state(accelerator: Any, folder: Path) -> None:
+def check_own_shards(accelerator: Any, folder: Path, digests: dict[str, str]) -> list[str]:
+    """Why ``folder``'s shard files do not match the marker's ``digests`` ([] when they do), the same
+    list on every rank. Each rank hashes its share (:func:`orchestrator.contract.checkpoints.shard_share`:
+    at an unchanged world size, the files it wrote and will read), all at once, which also leaves
+    them in its page cache for the load that follows; rank 0 checked the other files
+    (``find_resumable(..., shards=False)``). Collective. Nothing is loaded before the check, so a
+    corrupt checkpoint is refused with the state untouched and an older one can be chosen."""
+    from orchestrator.contract.checkpoints import file_digests, shard_share
+
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mine = shard_share(digests, rank, world)
+    problems = []
+    for rel, got in file_digests(folder, mine).items():
+        if isinstance(got, OSError):
+            problems.append(f"cannot read {rel}: {got.strerror or got}")
+        elif got != digests[rel]:
+            problems.append(f"file {rel}: sha256 {got[:12]}..., the marker says {str(digests[rel])[:12]}...")
+    if world <= 1:
+        return problems
+    import torch.distributed as dist
+
+    gathered: list[list[str] | None] = [None] * world
+    dist.all_gather_object(gathered, problems)
+    return [p for part in gathered for p in (part or [])]
+
+
+def checked_choice(
+    accelerator: Any, run_dir: Path, found: tuple[str, dict] | None, warn: Any = print
+) -> tuple[str, dict] | None:
+    """The checkpoint to resume from, its shard files checked: ``found`` is rank 0's
+    ``find_resumable(run_dir, warn, shards=False)`` as every rank received it. A checkpoint whose
+    shards do not match its digests is marked corrupt and skipped, as ``find_resumable`` does with
+    the other files, and rank 0 chooses again. Collective; the same answer on every rank."""
+    from orchestrator.contract.checkpoints import find_resumable, mark_checkpoint_corrupt
+    from orchestrator.contract.run_dir import COMPLETE_MARKER
+
+    while found is not None:
+        folder, marker = Path(found[0]), found[1]
+        digests = marker.get("sha256")
+        problems = check_own_shards(accelerator, folder, digests) if isinstance(digests, dict) else []
+        if not problems:
+            return found
+        choice: list[tuple[str, dict] | None] = [None]
+        if accelerator.is_main_process:
+            why = "; ".join(problems)
+            mark_checkpoint_corrupt(folder, why)
+            warn(f"warning: skipping checkpoint {folder}: content does not match {COMPLETE_MARKER}: {why}")
+            again = find_resumable(run_dir, warn, shards=False)
+            choice = [(str(again[0]), again[1]) if again else None]
+        if accelerator.num_processes > 1:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(choice, src=0)
+        found = choice[0]
+    return None
+
+
+def load_state(accelerator: Any, folder: Path) -> Any:
     """``accelerator.load_state(folder)`` as train/ and the loop restore: this rank's shard files
-    read ahead, then every DCP tensor read straight into place (:mod:`orchestrator.rank.dcp_reader`)."""
+    read ahead; an FSDP2 model and optimizer read through each rank's load plan where the sharding is
+    the saved one (:mod:`orchestrator.rank.shard_plan`), else every DCP tensor read straight into
+    place (:mod:`orchestrator.rank.dcp_reader`). Returns the fast path's report."""
     from orchestrator.rank.dcp_reader import direct_dcp_reads
+    from orchestrator.rank.shard_plan import fast_fsdp_loads
 
     prefetch_own_shards(folder, accelerator.process_index)
-    with direct_dcp_reads():
+    with fast_fsdp_loads(folder) as report, direct_dcp_reads():
         accelerator.load_state(str(folder))
+    return report
