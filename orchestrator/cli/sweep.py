@@ -70,10 +70,9 @@ def run(args: argparse.Namespace) -> int:
             print(request.materialize().rstrip("\n"))
             print()
         for i, (_params, plan) in enumerate(points):
-            cap = f"  (budget {plan.budget}: an equal share)" if plan.budget is not None else ""
-            print(f"task {i}: {' '.join([plan.script, *plan.script_args])}{cap}")
+            print(f"task {i}: {' '.join([plan.script, *plan.script_args])}")
         if base.budget is not None:
-            print(f"# {_budget_words(base, request is not None)}")
+            print(f"# {_budget_words(base)}")
         where = f"; sweep directory would be {request.run_dir}" if request is not None else ""
         print(f"# dry run: nothing submitted ({len(points)} tasks{where})")
         return EXIT_OK
@@ -85,13 +84,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"sweep directory {done.sweep_dir}")
     record = api.get_sweep_record(done.sweep_id)
     if base.budget is not None:
-        print(_budget_words(base, bool(record.tasks)))
+        print(_budget_words(base))
     for task in record.tasks:
         point = " ".join(f"{k}={v}" for k, v in task.params.items())
         print(f"task {task.task}: job {task.job_id}  {point}")
     if not record.tasks:
         print(
-            f"tasks start {max_parallel or 'all'} at a time on this machine (see `orchestrator status {done.sweep_id}`)"
+            f"tasks start {max_parallel or 'all'} at a time, submitted from this machine "
+            f"(see `orchestrator status {done.sweep_id}`)"
         )
     print(f"next: `orchestrator status {done.sweep_id}` (a line per task and the best one)")
     sys.stdout.flush()
@@ -102,11 +102,9 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _budget_words(base: LaunchPlan, array: bool) -> str:
+def _budget_words(base: LaunchPlan) -> str:
     """How the sweep's one budget is shared out (:mod:`orchestrator.config.sweep_budget`)."""
-    if array:
-        return f"budget {base.budget} for the whole sweep: each task of the job array is capped at an equal share"
     return (
-        f"budget {base.budget} for the whole sweep: each task is capped as it starts; a task the rest "
-        "cannot cover at the tasks' measured cost is not started (status shows it BUDGET)"
+        f"budget {base.budget} for the whole sweep: a job per task, each capped as it starts; a task "
+        "the rest cannot cover at the tasks' measured cost is not started (status shows it BUDGET)"
     )

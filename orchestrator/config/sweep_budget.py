@@ -107,9 +107,3 @@ def round_down(cap: Budget) -> Budget:
     quantum = 10.0 ** (math.floor(math.log10(cap.amount)) - 3)
     amount = float(f"{math.floor(cap.amount / quantum * (1 + 1e-12)) * quantum:.4g}")
     return Budget(amount if amount > 0 else cap.amount, cap.unit)
-
-
-def equal_share(budget: Budget, tasks: int) -> Budget:
-    """Each task's cap where the scheduler starts the tasks itself (a Slurm job array: no starter of
-    ours decides between them): the budget split equally, so the sweep stays within it."""
-    return round_down(Budget(budget.amount / max(1, tasks), budget.unit))

@@ -1,4 +1,5 @@
-"""A local sweep: its tasks run K at a time on this machine (the local scheduler has no job arrays).
+"""A sweep started task by task from this machine: the local scheduler's (it has no job arrays), and
+on any scheduler a sweep with a budget (its tasks' caps and refusals are decided as each starts).
 
 ``orchestrator sweep --profile local`` prepares the sweep (its directory, each task's run directory
 and plan in ``sweep.json``) and starts this module detached (:func:`start`); it submits each task as
@@ -50,8 +51,10 @@ if TYPE_CHECKING:
     from orchestrator.contract.job_states import JobState
     from orchestrator.registry.store import JobRecord, Registry
 
-#: Seconds between looks at the running tasks.
+#: Seconds between looks at the running tasks (local jobs: their run directories).
 POLL_S = 0.5
+#: The same on a scheduler with a queue to ask (a sweep with a budget on Slurm): at most this often.
+QUEUE_POLL_S = 2.0
 #: In the sweep directory: held exclusively by the one starter working on the sweep.
 STARTER_LOCK = ".starter.lock"
 
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.registry.store import Registry
     from orchestrator.runner.refresh import refresh_states
     from orchestrator.runner.submission import submit
+    from orchestrator.schedulers import get_scheduler
 
     args = argv if argv is not None else sys.argv[1:]
     sweep_dir, sweep_id = Path(args[0]), args[1]
@@ -156,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     data = read_json(sweep_dir / SWEEP_FILE) or {}
     limit = int(data["max_parallel"])
     budget = parse_budget(data["budget"]) if data.get("budget") else None
+    # a cluster's scheduler (one with job arrays) is asked through its queue: less often
+    scheduler = LaunchPlan.from_json(data["tasks"][0]["plan"]).profile.scheduler if data["tasks"] else "local"
+    poll_s = QUEUE_POLL_S if get_scheduler(scheduler).has_arrays else POLL_S
     with Registry.open() as registry:
         recorded = {t.task: t.job_id for t in registry.get_sweep(sweep_id).tasks}
         started: list[str] = list(recorded.values())
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     verdict = decide_task(budget, spend, min(limit - running, left))
                     if verdict.start or verdict.refuse:
                         break
-                time.sleep(POLL_S)
+                time.sleep(poll_s)
             if verdict is not None and verdict.refuse:
                 record_refusal(sweep_dir, number, verdict.reason)
                 print(f"task {number}: not started, {verdict.reason}", flush=True)

@@ -11,8 +11,9 @@ two-phase intent: a sweep command killed between sbatch and the registry leaves 
 unrecorded (its tasks' run directories are complete; the scheduler lists it).
 
 A sweep's budget (``--budget``, the profile's ``budget``) is one budget for all its tasks
-(:mod:`orchestrator.config.sweep_budget`): kept in ``sweep.json``; a local sweep's starter gives
-each task its cap as it starts it; a job array's tasks each get an equal share up front.
+(:mod:`orchestrator.config.sweep_budget`): kept in ``sweep.json``; a sweep with one is started by
+our starter, a job per task, on every scheduler (not a job array, whose tasks Slurm starts itself),
+which gives each task its cap as it starts it or refuses it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.config.plan import LaunchPlan
-from orchestrator.config.sweep_budget import equal_share
 from orchestrator.config.sweep_plan import sweep_plans
 from orchestrator.contract.errors import OrchestratorError, UserError
 from orchestrator.contract.permissions import run_umask, umask
@@ -84,35 +84,43 @@ def _checked(
 def dry_run_sweep(
     base: LaunchPlan, grid: Mapping[str, Sequence[str]], max_parallel: int
 ) -> tuple[Request | None, list[tuple[dict[str, str], LaunchPlan]]]:
-    """What :func:`submit_sweep` would submit now: the array request (None where the scheduler has
-    no arrays) and each task's parameters and plan."""
-    scheduler = get_scheduler(base.profile.scheduler)
-    points = _budgeted(base, _checked(base, grid, max_parallel), scheduler.has_arrays)
+    """What :func:`submit_sweep` would submit now: the array request (None where the tasks are not
+    one job array: a scheduler without arrays, or a sweep with a budget) and each task's parameters
+    and plan."""
+    points = _budgeted(base, _checked(base, grid, max_parallel))
+    if not _as_array(base):
+        return None, points
     sweep_dir = planned_run_dir(base)
+    scheduler = get_scheduler(base.profile.scheduler)
     plans = [absolute_script(p) for _, p in points]
     return scheduler.dryrun_array(plans, sweep_dir, max_parallel, sys.executable), points
 
 
+def _as_array(base: LaunchPlan) -> bool:
+    """Whether the sweep's tasks are one job array. Not with a budget: the scheduler would start an
+    array's tasks itself, and the sweep's budget needs to decide before each task whether it starts
+    and with what cap (:mod:`orchestrator.config.sweep_budget`), which our starter does
+    (:mod:`orchestrator.runner.local_sweep`, a job per task)."""
+    return get_scheduler(base.profile.scheduler).has_arrays and base.budget is None
+
+
 def _budgeted(
-    base: LaunchPlan, points: list[tuple[dict[str, str], LaunchPlan]], arrays: bool
+    base: LaunchPlan, points: list[tuple[dict[str, str], LaunchPlan]]
 ) -> list[tuple[dict[str, str], LaunchPlan]]:
-    """The tasks' plans under the sweep's one budget (``base.budget``): on a scheduler that starts
-    the tasks itself (a job array) each task's cap is an equal share; without arrays our starter
-    gives each its cap as it starts it (none here)."""
+    """The tasks' plans without the sweep's budget: the starter gives each its own cap as it starts it."""
     if base.budget is None:
         return points
-    cap = equal_share(base.budget, len(points)) if arrays else None
-    return [(params, replace(plan, budget=cap)) for params, plan in points]
+    return [(params, replace(plan, budget=None)) for params, plan in points]
 
 
 def submit_sweep(
     base: LaunchPlan, grid: Mapping[str, Sequence[str]], max_parallel: int, registry: Registry
 ) -> SubmittedSweep:
     scheduler = get_scheduler(base.profile.scheduler)
-    points = _budgeted(base, _checked(base, grid, max_parallel), scheduler.has_arrays)
+    points = _budgeted(base, _checked(base, grid, max_parallel))
     share = base.profile.share_with_group
     sweep_dir = planned_run_dir(base)
-    if not scheduler.has_arrays:
+    if not _as_array(base):
         return _start_without_array(base, grid, points, max_parallel, registry, sweep_dir)
     with umask(run_umask(share)):
         _make_run_dir(sweep_dir, share)
@@ -177,8 +185,9 @@ def _start_without_array(
     registry: Registry,
     sweep_dir: Path,
 ) -> SubmittedSweep:
-    """A scheduler without arrays (local): the tasks' run directories and plans now, and a detached
-    :mod:`orchestrator.runner.local_sweep` that submits them ``max_parallel`` at a time."""
+    """A scheduler without arrays (local), or a sweep with a budget: the tasks' run directories and
+    plans now, and a detached :mod:`orchestrator.runner.local_sweep` that submits them, a job each,
+    ``max_parallel`` at a time."""
     from orchestrator.runner import local_sweep
 
     share = base.profile.share_with_group
