@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ckpt_load_rows import load_rows
+
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TRAIN_ARGS = [
@@ -343,7 +345,7 @@ def goal_rows(c: dict) -> list[dict]:
     rows: list[dict] = []
     p = c.get("save_probe")
     if p:
-        sv, cold, warm = p["save"], p["load_cold"], p["load_warm"]
+        sv = p["save"]
         gb = p["checkpoint_bytes"] / 1e9
         rows.append(
             {
@@ -371,46 +373,7 @@ def goal_rows(c: dict) -> list[dict]:
                     "met": None,
                 }
             )
-        if cold:
-            rows.append(
-                {
-                    "item": "sharded load, base: train/'s load (load_state) vs readinto the same local shards, page "
-                    f"cache dropped before each (a resume on another node), {p['pairs']} interleaved pairs",
-                    "goal": ">= 0.5x a plain read of the same bytes",
-                    "measured": f"load {cold['cold_load_median_s']:.2f} s vs read {cold['cold_raw_read_median_s']:.2f} s "
-                    f"(pair ratios {min(cold['pair_ratios']):.2f}-{max(cold['pair_ratios']):.2f}); page cache warm: "
-                    f"load {warm['load_median_s']:.2f} s vs read {warm['raw_read_median_s']:.2f} s = {warm['ratio_median']:.2f}x"
-                    + (
-                        f"; a resume (rank 0 checks every file's sha256, then the load), cold: "
-                        f"{rc['cold_resume_median_s']:.2f} s = {rc['ratio_median']:.2f}x"
-                        if (rc := p.get("resume_cold"))
-                        else ""
-                    ),
-                    "ratio": f"{cold['ratio_median']:.2f}x of read",
-                    "met": cold["ratio_median"] >= 0.5,
-                }
-            )
-        vc, vw = p.get("load_vs_stock_cold"), p.get("load_vs_stock_warm")
-        if vc and vw:
-            reads = p.get("direct_reads") or {}
-            rows.append(
-                {
-                    "item": "sharded load, base: with issue 16's direct reads (orchestrator.rank.dcp_reader: "
-                    "preadv into each tensor, file order) vs DCP's stock FileSystemReader, same processes, "
-                    "interleaved",
-                    "goal": "report",
-                    "measured": f"cold {vc['cold_load_median_s']:.2f} s vs {vc['cold_load_before_median_s']:.2f} s "
-                    f"(pair ratios {min(vc['pair_ratios']):.2f}-{max(vc['pair_ratios']):.2f}); warm "
-                    f"{vw['load_median_s']:.2f} s vs {vw['load_before_median_s']:.2f} s"
-                    + (
-                        f"; {reads['direct']} tensors a rank read directly, {reads['through_dcp']} through DCP"
-                        if reads
-                        else ""
-                    ),
-                    "ratio": f"{1 / vc['ratio_median']:.2f}x faster cold, {1 / vw['ratio_median']:.2f}x warm",
-                    "met": None,
-                }
-            )
+        rows += load_rows(p)
     rows += [
         {
             "item": f"sharded save, base, in a fresh launch vs the disk's ceiling: one 8 MiB cache-resident buffer written "
@@ -438,15 +401,31 @@ def goal_rows(c: dict) -> list[dict]:
     return rows
 
 
-if __name__ == "__main__":  # pragma: no cover - manual run
+def main(argv: list[str]) -> None:
+    """``bench_ckpt_load.py``: the whole item, as bench/run.py runs it. ``bench_ckpt_load.py --probe N``:
+    only ckpt_save_probe.py's N interleaved pairs (the save and load goal rows), printed as the
+    results.md rows, with the load average before and after."""
     sys.path.insert(0, str(REPO / "bench"))
     from run import BASE_ENV, free_port, raw_write_fsync
 
-    print(
-        json.dumps(
-            bench_ckpt_base(
-                Path(os.environ.get("TMPDIR", "/tmp")) / "ckpt_base", 1, BASE_ENV, free_port, raw_write_fsync
-            ),
-            indent=1,
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ckpt_base"
+    if argv[:1] == ["--probe"]:
+        tmp.mkdir(parents=True, exist_ok=True)
+        before = os.getloadavg()
+        probe = save_probe(
+            render(tmp / "cfg_sharded", BASE_ENV, "sharded"), tmp, BASE_ENV, free_port(), int(argv[1])
         )
-    )
+        print(
+            json.dumps(
+                {"save_probe": probe, "loadavg_before": before, "loadavg_after": os.getloadavg()}, indent=1
+            )
+        )
+        for row in load_rows(probe):
+            met = "n/a" if row["met"] is None else ("yes" if row["met"] else "**no**")
+            print(f"| {row['item']} | {row['goal']} | {row['measured']} | {row['ratio']} | {met} |")
+        return
+    print(json.dumps(bench_ckpt_base(tmp, 1, BASE_ENV, free_port, raw_write_fsync), indent=1))
+
+
+if __name__ == "__main__":  # pragma: no cover - manual run
+    main(sys.argv[1:])

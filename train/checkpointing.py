@@ -57,6 +57,7 @@ from orchestrator.contract.run_dir import (
     checkpoint_folders,
 )
 from orchestrator.rank.checkpoint_io import load_state, own_shard_digests, without_zip_crc32
+from orchestrator.rank.shard_plan import write_load_plan
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -329,6 +330,11 @@ class AsyncCheckpointer:
                             process_group=self.group,
                         )
                     job[name] = None  # free the staged copy as soon as it is on disk
+                # Each rank's load plan, as a synchronous save's own_shard_digests writes it; in place on
+                # every rank before rank 0 lists the files for the marker.
+                write_load_plan(tmp, self.accelerator.process_index, self.accelerator.num_processes)
+                if self.group is not None:
+                    dist.barrier(group=self.group)
                 if self.accelerator.is_main_process and self.want_checksums:
                     # Rank 0's dcp.save returns after the coordinator gathered every rank's write
                     # results and wrote .metadata, so every shard is readable now.

@@ -39,11 +39,13 @@ Warn = Callable[[str], None]
 
 # ---------------------------------------------------------------------------- content digests
 def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, read in 4 MiB blocks."""
+    """sha256 of a file's bytes, read in 4 MiB blocks into one buffer (no new block per read)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(4 << 20):
-            h.update(block)
+    buf = bytearray(4 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 

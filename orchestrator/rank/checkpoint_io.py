@@ -53,29 +53,33 @@ def own_shard_digests(folder: Path, rank: int, world_size: int) -> dict[str, str
     return merged
 
 
-def prefetch_own_shards(folder: Path, rank: int) -> int:
-    """Ask the kernel to read this rank's shard files ahead (``POSIX_FADV_WILLNEED``) before
-    ``load_state`` walks them item by item: a resume on another node finds them on disk, not in its
-    page cache, and DCP's reads (one ``torch.load`` per tensor, in the planner's order) otherwise wait
-    on the disk one item at a time. Returns the bytes asked for; a no-op where fadvise is missing."""
-    from orchestrator.contract.checkpoints import list_files, rank_shard_files
-
+def _read_ahead(folder: Path, rels: list[str]) -> int:
+    """``POSIX_FADV_WILLNEED`` on each file: the kernel starts reading it into the page cache and
+    returns. Returns the bytes asked for; a no-op where fadvise is missing."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:
         return 0
-    sizes = list_files(folder)
     asked = 0
-    for rel in rank_shard_files(folder, rank):
+    for rel in rels:
         try:
             fd = os.open(folder / rel, os.O_RDONLY)
         except OSError:
             continue
         try:
             advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            asked += sizes.get(rel, 0)
+            asked += os.fstat(fd).st_size
         finally:
             os.close(fd)
     return asked
+
+
+def prefetch_own_shards(folder: Path, rank: int) -> int:
+    """Ask the kernel to read this rank's shard files ahead (:func:`_read_ahead`) before
+    ``load_state`` walks them item by item: a resume on another node finds them on disk, not in its
+    page cache, and the reads otherwise wait on the disk one item at a time."""
+    from orchestrator.contract.checkpoints import rank_shard_files
+
+    return _read_ahead(folder, rank_shard_files(folder, rank))
 
 
 def check_own_shards(accelerator: Any, folder: Path, digests: dict[str, str]) -> list[str]:
@@ -89,6 +93,7 @@ def check_own_shards(accelerator: Any, folder: Path, digests: dict[str, str]) ->
 
     rank, world = accelerator.process_index, accelerator.num_processes
     mine = shard_share(digests, rank, world)
+    _read_ahead(folder, mine)  # the kernel fetches while sha256 runs: cold, the two overlap
     problems = []
     for rel, got in file_digests(folder, mine).items():
         if isinstance(got, OSError):

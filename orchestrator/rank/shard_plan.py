@@ -279,7 +279,9 @@ def _match(item: _Item | None, t: torch.Tensor, layouts: _Layouts) -> torch.Tens
     """The memory holding this rank's bytes of ``t``, if ``item`` is exactly them."""
     if item is None or not item.dtype:
         return "not in the plan"
-    local = getattr(t, "_local_tensor", t)
+    local = getattr(t, "_local_tensor", t)  # a DTensor's own memory; its detach() is a dispatched op
+    if local.requires_grad:
+        local = local.detach()
     offsets, size = layouts(t)
     if (
         local.device.type != "cpu"
@@ -312,7 +314,7 @@ def _model_targets(model: torch.nn.Module, plan: dict[str, _Item], layouts: _Lay
         for name, t in tensors:
             key = prefix + name
             keys.add(key)
-            got = _match(plan.get(key), t.detach(), layouts)
+            got = _match(plan.get(key), t, layouts)
             if isinstance(got, str):
                 return got
             reads.append((plan[key], got))
@@ -338,7 +340,7 @@ def _optimizer_targets(
             keys.add(key)
             if not torch.is_tensor(value):
                 return f"{key} is not a tensor"
-            got = _match(plan.get(key), value.detach(), layouts)
+            got = _match(plan.get(key), value, layouts)
             if isinstance(got, str):
                 return got
             reads.append((plan[key], got))
