@@ -257,6 +257,34 @@ def save_probe(cfg: Path, tmp: Path, env: dict, port: int, reps: int) -> dict:
     }
 
 
+def load_phases(cfg: Path, tmp: Path, env: dict, port: int, rounds: int) -> dict:
+    """ckpt_load_phases.py under ``accelerate launch`` (as ``save_probe``): where a sharded load's time
+    goes, stock DCP path vs the load plan, warm and cold, and a cold resume; medians over ``rounds``."""
+    folder = tmp / "load_phases"
+    acc = shutil.which("accelerate") or "accelerate"
+    cmd = [
+        acc, "launch", "--config_file", str(cfg), "--main_process_port", str(port),
+        str(REPO / "bench" / "ckpt_load_phases.py"), str(folder), str(rounds),
+    ]  # fmt: skip
+    res = subprocess.run(
+        cmd, env=dict(env, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1"), cwd=REPO,
+        capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    shutil.rmtree(folder, ignore_errors=True)
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    if res.returncode != 0 or not rows:
+        raise RuntimeError(f"ckpt_load_phases.py failed ({res.returncode}): {res.stderr[-2000:]}")
+    kinds = [k for k in rows[0] if isinstance(rows[0][k], dict)]
+    return {
+        "rounds": len(rows),
+        "loadavg": [r["loadavg"][0] for r in rows],
+        **{
+            kind: {ph: round(statistics.median(r[kind][ph] for r in rows), 4) for ph in rows[0][kind]}
+            for kind in kinds
+        },
+    }
+
+
 def bench_ckpt_base(
     tmp: Path,
     reps: int,
@@ -404,11 +432,17 @@ def goal_rows(c: dict) -> list[dict]:
 def main(argv: list[str]) -> None:
     """``bench_ckpt_load.py``: the whole item, as bench/run.py runs it. ``bench_ckpt_load.py --probe N``:
     only ckpt_save_probe.py's N interleaved pairs (the save and load goal rows), printed as the
-    results.md rows, with the load average before and after."""
+    results.md rows, with the load average before and after. ``--phases N``: ckpt_load_phases.py's
+    split of a load's time, medians of N rounds."""
     sys.path.insert(0, str(REPO / "bench"))
     from run import BASE_ENV, free_port, raw_write_fsync
 
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "ckpt_base"
+    if argv[:1] == ["--phases"]:
+        tmp.mkdir(parents=True, exist_ok=True)
+        cfg = render(tmp / "cfg_sharded", BASE_ENV, "sharded")
+        print(json.dumps(load_phases(cfg, tmp, BASE_ENV, free_port(), int(argv[1])), indent=1))
+        return
     if argv[:1] == ["--probe"]:
         tmp.mkdir(parents=True, exist_ok=True)
         before = os.getloadavg()
