@@ -27,7 +27,6 @@ import json
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,19 +43,9 @@ from orchestrator.schedulers.slurm.environment import (
     batch_restarts,
     cancelled_by_user,
     clean_submit_environment,
-    this_node,
+    nodes_in_service,
 )
-
-#: Bound on one node probe. A live node runs ``true`` in well under a second; a dead one makes
-#: srun wait for slurmd's answer (``MessageTimeout``, 10 s by default) and retry.
-PROBE_TIMEOUT_S = 20.0
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    node: str
-    alive: bool
-    detail: str
+from orchestrator.schedulers.slurm.node_probe import PROBE_TIMEOUT_S, ProbeResult, probe_nodes
 
 
 @dataclass
@@ -76,96 +65,6 @@ class Decision:
     time: float = field(default_factory=time.time)
 
 
-def probe_node(node: str, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
-    """Can ``node`` still run a step of this job? ``--overlap``: the failed step may still hold
-    resources on live nodes while it is being cleaned up."""
-    argv = [
-        "srun",
-        "--overlap",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--nodelist={node}",
-        "--kill-on-bad-exit=1",
-        "--quiet",
-        "true",
-    ]
-    try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        return ProbeResult(node, False, f"no answer within {timeout_s:.0f} s")
-    except OSError as exc:
-        return ProbeResult(node, False, f"srun could not run: {exc}")
-    if proc.returncode == 0:
-        return ProbeResult(node, True, "ok")
-    return ProbeResult(node, False, (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1])
-
-
-def slurmd_addresses(nodes: list[str]) -> dict[str, tuple[str, int]]:
-    """``node -> (address, port)`` of each node's slurmd, where Slurm says it unambiguously (one
-    ``scontrol show node`` and ``show config``); {} when it cannot be told (several slurmd on one
-    address without their ports: multiple-slurmd set-ups)."""
-    try:
-        shown = subprocess.run(
-            ["scontrol", "show", "node", "-o", ",".join(nodes)], capture_output=True, text=True, timeout=10
-        ).stdout
-        config = subprocess.run(
-            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=10
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    import re
-
-    default = re.search(r"^SlurmdPort\s*=\s*(\d+)", config, re.M)
-    out: dict[str, tuple[str, int]] = {}
-    for line in shown.splitlines():
-        name, addr, port = (re.search(rf"\b{k}=(\S+)", line) for k in ("NodeName", "NodeAddr", "Port"))
-        if name and addr and (port or default):
-            out[name.group(1)] = (addr.group(1), int((port or default).group(1)))  # type: ignore[union-attr]
-    if len({a for a, _ in out.values()}) < len(out) and not all(
-        "Port=" in line for line in shown.splitlines()
-    ):
-        return {}
-    return out
-
-
-def slurmd_refuses(address: tuple[str, int], timeout_s: float = 2.0) -> bool:
-    """True when the node answers but nothing listens on its slurmd port: its slurmd is gone, and the
-    node can run no step (the srun probe would wait ``MessageTimeout``, 10 s by default, to say so).
-    A timeout proves nothing (a firewall, a busy node): the srun probe decides then."""
-    import socket
-
-    try:
-        with socket.create_connection(address, timeout=timeout_s):
-            return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-
-
-def probe_nodes(nodes: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[ProbeResult]:
-    """All nodes at once: the check takes one probe's time, not one per node. A node whose slurmd
-    port refuses connections is lost at once; the others get the srun probe."""
-    if not nodes:
-        return []
-    addresses = slurmd_addresses(nodes)
-    me = this_node()
-    if me is None or me not in addresses or slurmd_refuses(addresses[me]):
-        # This node's own slurmd runs (this job is on it): if it seems not to, the addresses are wrong.
-        addresses = {}
-
-    def probe(node: str) -> ProbeResult:
-        address = addresses.get(node)
-        if address is not None and slurmd_refuses(address):
-            return ProbeResult(node, False, f"slurmd at {address[0]}:{address[1]} refuses connections")
-        return probe_node(node, timeout_s)
-
-    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-        return list(pool.map(probe, nodes))
-
-
 def decide(
     job_id: str,
     step_status: int,
@@ -174,8 +73,14 @@ def decide(
     resubmissions_so_far: int,
     cancelled: str | None,
     auto_resume: bool = True,
+    back_in_service: frozenset[str] = frozenset(),
 ) -> Decision:
-    """Pure: the facts in, what to do out (tested without a cluster)."""
+    """Pure: the facts in, what to do out (tested without a cluster).
+
+    ``back_in_service``: nodes lost in an earlier restart of this allocation, or excluded by an earlier
+    job of the run, that Slurm now places jobs on again (a node restarted by its admin). They are
+    not excluded from the new job: a long run's excluded nodes would otherwise only grow, until the
+    partition cannot hold the job (a probe still calls such a node lost: it left the allocation)."""
     lost = sorted(p.node for p in probes if not p.alive)
     if cancelled:
         return Decision(job_id, step_status, "none", cancelled, lost)
@@ -205,10 +110,20 @@ def decide(
             f"({plan.max_requeues})",
             lost,
         )
-    exclude = sorted(set(plan.exclude_nodes) | set(lost))
-    return Decision(
-        job_id, step_status, "resubmitted", f"node(s) {', '.join(lost)} lost", lost, exclude_nodes=exclude
-    )
+    exclude, reason = excluded(plan.exclude_nodes, lost, back_in_service)
+    return Decision(job_id, step_status, "resubmitted", reason, lost, exclude_nodes=exclude)
+
+
+def excluded(
+    before: tuple[str, ...] | list[str], lost: list[str], back_in_service: frozenset[str]
+) -> tuple[list[str], str]:
+    """Pure: the nodes a new job excludes, and the reason's words for it."""
+    back = sorted((set(before) | set(lost)) & back_in_service)
+    exclude = sorted((set(before) | set(lost)) - back_in_service)
+    reason = f"node(s) {', '.join(lost)} lost"
+    if back:
+        reason += f"; {', '.join(back)} back in service (Slurm), not excluded"
+    return exclude, reason
 
 
 def read_decisions(run_dir: Path) -> list[dict[str, Any]]:
@@ -324,10 +239,12 @@ def after_failed_step(
     probes: list[ProbeResult] | None,
     auto_resume: bool,
     probe_timeout: float = PROBE_TIMEOUT_S,
+    left_out: list[str] | None = None,
 ) -> Decision | None:
     """Classify a failed step and act on it; the decision is appended to ``auto_resume.jsonl``.
 
-    ``probes`` are the supervisor's, when it already probed (srun hung on a lost node)."""
+    ``probes`` are the supervisor's, when it already probed (srun hung on a lost node); ``left_out``:
+    the nodes earlier restarts of this allocation left out (lost then, maybe back in service now)."""
     started = time.time()
 
     def say(line: str) -> None:
@@ -353,8 +270,16 @@ def after_failed_step(
             say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")
     plan = current_plan(run_dir)
     previous = [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
+    earlier = sorted(set(left_out or []) | set(plan.exclude_nodes))
     decision = decide(
-        job_id, step_status, probes, plan, len(previous), cancelled_by_user(run_dir, job_id), auto_resume
+        job_id,
+        step_status,
+        probes,
+        plan,
+        len(previous),
+        cancelled_by_user(run_dir, job_id),
+        auto_resume,
+        back_in_service=nodes_in_service(earlier),
     )
     if decision.action == "resubmitted":
         try:
@@ -405,7 +330,8 @@ def after_hang(
             job_id, 1, "refused", f"{reason}; {len(previous)} auto-resume(s) reached max_requeues", lost
         )
     else:
-        exclude = sorted(set(plan.exclude_nodes) | set(lost))
+        earlier = [n for n in plan.exclude_nodes if n not in lost]
+        exclude, _ = excluded(plan.exclude_nodes, lost, nodes_in_service(earlier))
         decision = Decision(job_id, 1, "resubmitted", reason, lost, exclude_nodes=exclude)
         try:
             resubmit(run_dir, plan, decision)

@@ -227,7 +227,14 @@ def supervise(
     decision = None
     if status != 0 and end.hang is None:
         decision = ar.after_failed_step(
-            run_dir, job_id, status, started, end.probes, auto_resume, probe_timeout
+            run_dir,
+            job_id,
+            status,
+            started,
+            end.probes,
+            auto_resume,
+            probe_timeout,
+            left_out=placement.left_out if placement is not None else None,
         )
     notifier.ended(
         status, started, decision.reason if decision is not None and decision.action != "none" else None

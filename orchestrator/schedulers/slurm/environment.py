@@ -54,6 +54,36 @@ def batch_restarts() -> int:
         return 0
 
 
+#: sinfo's short node states of a node Slurm will place a job on; any suffix (``*`` not responding,
+#: ``~`` powered off, ``@`` reboot pending, ...) or another state (down, drain, fail, ...) is not.
+IN_SERVICE_STATES = frozenset({"idle", "mix", "alloc", "comp"})
+
+
+def nodes_in_service(nodes: list[str]) -> frozenset[str]:
+    """Those of ``nodes`` that Slurm says it would place a job on now (one ``sinfo``; an empty set
+    when it cannot be asked: the caller then keeps excluding them, as before)."""
+    import subprocess
+
+    if not nodes:
+        return frozenset()
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    if proc.returncode != 0:
+        return frozenset()
+    states: dict[str, set[str]] = {}
+    for line in proc.stdout.splitlines():
+        name, _, state = line.strip().partition(" ")
+        states.setdefault(name, set()).add(state.strip())  # a node in two partitions: two lines
+    return frozenset(n for n, seen in states.items() if n in nodes and seen <= IN_SERVICE_STATES)
+
+
 def allocation_nodes() -> list[str]:
     """Host names of this allocation (``SLURM_JOB_NODELIST`` expanded by Slurm itself)."""
     import subprocess

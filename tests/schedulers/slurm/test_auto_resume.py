@@ -111,3 +111,23 @@ def test_requeue_as_auto_continues_as_a_new_job_where_the_credential_would_hold_
     assert requeue_mode("auto", cred_expire_s=10) == "same_job"  # the test cluster's
     assert requeue_mode("same_job", cred_expire_s=120) == "same_job"
     assert requeue_mode("new_job", cred_expire_s=10) == "new_job"
+
+
+def test_a_node_lost_earlier_and_back_in_service_is_not_excluded_again(plan) -> None:
+    """The chaos bench's second node death: n2 had died (a spare took its place) and was back in
+    service (Slurm: idle) when n3 died with no spare left. The probe calls n2 lost too (it left the
+    allocation); excluding it as well left 1 of the partition's 3 nodes, and the resubmission was
+    refused. A node Slurm places jobs on again is not excluded; the new loss always is."""
+    plan = replace(plan, exclude_nodes=("n9",))
+    d = ar.decide(
+        "7", 1, probes(n1=True, n2=False, n3=False), plan, 0, None, back_in_service=frozenset({"n2", "n9"})
+    )
+    assert d.action == "resubmitted"
+    assert d.exclude_nodes == ["n3"]
+    assert d.lost_nodes == ["n2", "n3"]
+    assert "n2, n9 back in service (Slurm), not excluded" in d.reason
+
+
+def test_without_slurms_word_every_lost_node_stays_excluded(plan) -> None:
+    exclude, reason = ar.excluded(("n9",), ["n2", "n3"], frozenset())
+    assert exclude == ["n2", "n3", "n9"] and reason == "node(s) n2, n3 lost"
