@@ -30,7 +30,7 @@ Configurations:
 * ``torchrun``: plain ``sbatch`` + ``srun torchrun --nnodes=2 --nproc-per-node=1 --max-restarts=3
   --rdzv-backend=c10d`` running ``train/train.py --run-dir`` with its own resume; USR2 trap ->
   ``scontrol requeue`` as a careful user writes it;
-* ``ft_launcher`` (opt-in, ``--only``): the same script with nvidia-resiliency-ext's ``ft_launcher``
+* ``ft_launcher``: the same script with nvidia-resiliency-ext's ``ft_launcher``
   in place of torchrun, from ``--nvrx-path`` (not installed in the project's environment).
 
 "A person" (the driver, acting at once) is needed when the job left the queue before the end, or
@@ -86,6 +86,9 @@ CLUSTER = importlib.import_module("tests.helpers.slurm_cluster")
 NODES_PER_CONFIG = 3
 #: Llama 3's mix, coarsely: mostly hardware (a rank or a node lost), some hangs, some preemptions.
 MIX = (("rank_kill", 45), ("node_death", 25), ("hang", 15), ("preempt", 15))
+#: Every configuration's time limit: well past ``--duration`` (the profile's 30 minutes made the fault-free
+#: run of a 30-minute bench checkpoint and requeue itself 30 s before its end).
+TIME_LIMIT = "02:00:00"
 #: The fault-free configuration beside the others: the steps a run trains without faults under the
 #: same load, and the checkpoints the others' final weights are compared with.
 REFERENCE = "fault_free"
@@ -230,7 +233,7 @@ class ChaosProduct(Product):
         super().__init__(name, tmp, None)
         self.partition = partition
         data = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())
-        data.update(overrides, partition=partition)
+        data.update(overrides, partition=partition, time_limit=TIME_LIMIT)
         (self.profiles / "slurm_test.yaml").write_text(yaml.safe_dump(data))
         self.overrides, self.args = overrides, args
         self.jobs: list[str] = []
@@ -295,7 +298,7 @@ SCRIPT = """#!/bin/bash
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=1
 #SBATCH --mem=1G
-#SBATCH --time=00:30:00
+#SBATCH --time={time_limit}
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output={run_dir}/slurm-%j.out
@@ -340,6 +343,7 @@ class Launched(Baseline):
             SCRIPT.format(
                 name=self.name,
                 partition=self.partition,
+                time_limit=TIME_LIMIT,
                 run_dir=self.run_dir,
                 pythonpath=self.pythonpath,
                 launcher=self.launcher,
