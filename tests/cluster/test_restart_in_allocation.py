@@ -287,7 +287,7 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
     )
     victim = ""
     try:
-        assert "#SBATCH --nodes=3" in (run_dir / "sbatch.sh").read_text()
+        assert "#SBATCH --nodes=2-3\n" in (run_dir / "sbatch.sh").read_text()
         rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2)
         header = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text().splitlines()[0]
         victim = header.split("host=")[1].split()[0]
