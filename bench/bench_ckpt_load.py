@@ -441,7 +441,8 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--phases"]:
         tmp.mkdir(parents=True, exist_ok=True)
         cfg = render(tmp / "cfg_sharded", BASE_ENV, "sharded")
-        print(json.dumps(load_phases(cfg, tmp, BASE_ENV, free_port(), int(argv[1])), indent=1))
+        got = load_phases(cfg, tmp, BASE_ENV, free_port(), int(argv[1]))
+        print(json.dumps({**got, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1))
         return
     if argv[:1] == ["--probe"]:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -454,7 +455,10 @@ def main(argv: list[str]) -> None:
                 {"save_probe": probe, "loadavg_before": before, "loadavg_after": os.getloadavg()}, indent=1
             )
         )
-        for row in load_rows(probe):
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        loads = f"{before[0]:.1f}-{os.getloadavg()[0]:.1f}"
+        note = f"; {when}, `python bench/bench_ckpt_load.py --probe {argv[1]}`, load average {loads}"
+        for row in load_rows(probe, note):
             met = "n/a" if row["met"] is None else ("yes" if row["met"] else "**no**")
             print(f"| {row['item']} | {row['goal']} | {row['measured']} | {row['ratio']} | {met} |")
         return
