@@ -6,10 +6,15 @@ each problem planted on one of them, with its node and its fix:
   another over the run root: a small ``/dev/shm`` and a run directory that is not shared, for real;
 * n2: a ``torch`` package that raises on import, first on ``PYTHONPATH`` (a module missing there);
 * n3: ``ulimit -l 64`` (the old default that breaks pinned memory);
-* the profile's container image lies in the run root, so n1 (its own tmpfs there) is a node without it.
+* the profile's podman image (a root filesystem with Python, torch and accelerate, cached per machine
+  by ``tests/helpers/container_image.py``) is hidden on n1 by a tmpfs over its cache folder: a node
+  without the image; n2 and n3 start it with podman and import torch in it, timed.
 
 The problems come from the profile's own ``setup`` lines (testing ``$SLURMD_NODENAME``), which the
 doctor runs on each node as a job's task does.
+
+A GPU profile on the nodes with GRES GPUs (``start_cluster.sh``'s ``GPU_NODES``: Slurm gives the
+job their GPUs, the nodes have none) fails the GPU row of each node with its fix.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from typing import Any
 
 from orchestrator.supervise.doctor import MIN_SHM_BYTES
 from tests.helpers.cli import run_cli, user_profile_dir
-from tests.helpers.preconditions import require
+from tests.helpers.container_image import CACHE_ROOT, build_image, image_python
+from tests.helpers.gres import gres_truth
+from tests.helpers.podman import podman_conf
+from tests.helpers.preconditions import require, require_debian_packages
 from tests.helpers.slurm_cluster import require_cluster
 
 CHECKS = {"interpreter", "import torch", "import accelerate", "import orchestrator", "GPUs", "/dev/shm"}
@@ -59,26 +67,26 @@ def test_planted_problems_are_each_named_with_node_and_fix(
     cluster = require_cluster()
     require(cluster.nodes >= 3, "three nodes (one per planted problem)")
     require(slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE") == "netns", "node names per namespace")
+    require_debian_packages("podman", "runc")
+    image = build_image()
+    assert image.is_relative_to(CACHE_ROOT)
     shadow = tmp_path / "no_torch"
     (shadow / "torch").mkdir(parents=True)
     (shadow / "torch" / "__init__.py").write_text("raise ImportError('planted: no torch on this node')\n")
     setup = [
-        # n1: its own /dev/shm (16 MiB) and its own run root, in a private mount namespace; the whole
-        # task script runs again inside it ($BASH_EXECUTION_STRING), once.
+        # n1: its own /dev/shm (16 MiB), its own run root and an empty image cache, in a private mount
+        # namespace; the whole task script runs again inside it ($BASH_EXECUTION_STRING), once.
         'if [ "$SLURMD_NODENAME" = n1 ] && [ -z "$PLANTED" ]; then export PLANTED=1; '
         "exec unshare --mount --propagation private bash -c "
         '\'mount -t tmpfs -o size=16m planted /dev/shm && mount -t tmpfs planted "$ORCHESTRATOR_RUNS" '
-        '&& exec bash -c "$0"\' "$BASH_EXECUTION_STRING"; fi',
+        f'&& mount -t tmpfs planted {CACHE_ROOT} && exec bash -c "$0"\' "$BASH_EXECUTION_STRING"; fi',
         f'if [ "$SLURMD_NODENAME" = n2 ]; then export PYTHONPATH={shadow}:"$PYTHONPATH"; fi',
         'if [ "$SLURMD_NODENAME" = n3 ]; then ulimit -l 64; fi',
     ]
-    # The image lies in the run root, which n1's own tmpfs hides: a node without the image.
-    image = tmp_path / "runs" / "image.sif"
-    image.parent.mkdir(parents=True, exist_ok=True)
-    image.write_bytes(b"not a real image: the doctor checks that it is there")
-    container = {"runtime": "apptainer", "image": str(image)}
+    container = {"runtime": "podman", "image": str(image), "python": image_python()}
     profiles = user_profile_dir(tmp_path, "slurm_test", setup=setup, container=container)
-    code, report, seconds = doctor(["slurm_test", "--nodes", "3", "--profiles-dir", str(profiles)], orch_env)
+    env = {**orch_env, "CONTAINERS_CONF": str(podman_conf(tmp_path))}
+    code, report, seconds = doctor(["slurm_test", "--nodes", "3", "--profiles-dir", str(profiles)], env)
     assert code == 1, report
     got = failed(report)
     print(f"\n[doctor] planted: {seconds:.1f} s wall (CLI); failed: {sorted(got)}")
@@ -93,6 +101,12 @@ def test_planted_problems_are_each_named_with_node_and_fix(
     assert memlock["value"].startswith("64 KiB") and "ulimit -l unlimited" in memlock["fix"], memlock
     image_row = got[("container image", "n1")]
     assert str(image) in image_row["value"] and "container.image" in image_row["fix"], image_row
+    # Where the image is, podman starts it and torch imports inside: the time it took is said.
+    started = {r["node"]: r["value"] for r in report["rows"] if r["check"] == "container image" and r["ok"]}
+    assert set(started) == {"n2", "n3"}, report["rows"]
+    for value in started.values():
+        assert value.startswith("podman started it in ") and " s: torch 2.13" in value, started
+    print(f"[doctor] image started: {started}")
     # Each problem only where it was planted (accelerate imports torch: it fails with it on n2).
     by_node = {node: {c for c, n in got if n == node} for node in ("n1", "n2", "n3")}
     assert by_node == {
@@ -102,6 +116,28 @@ def test_planted_problems_are_each_named_with_node_and_fix(
     }, got
     # Not run: n2 cannot join, says so at once (no rendezvous timeout), and is the node named.
     assert got[("all-reduce", "all")]["value"] == "n2: not run: torch does not import here", got
-    assert seconds < 60
+    assert seconds < 90
     assert MIN_SHM_BYTES > 16 << 20
     assert report["folder"] is not None  # kept to look at
+
+
+def test_a_gpu_profile_on_gres_nodes_without_gpus_fails_each_node_s_gpu_row(
+    slurm_cluster: dict[str, str], orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Slurm places the doctor's step on the nodes whose GRES has the profile's GPUs (its ``--gres``);
+    torch sees none there: the GPU row fails on each of them with its fix, exit 1, and the all-reduce
+    (NCCL's on a GPU profile) is not attempted."""
+    nodes, kind, count = gres_truth()
+    profiles = user_profile_dir(tmp_path, "slurm_test", gpus_per_node=count, gpu_type=kind)
+    code, report, seconds = doctor(["slurm_test", "--nodes", "2", "--profiles-dir", str(profiles)], orch_env)
+    assert code == 1 and not report["ok"], report
+    got = failed(report)
+    print(f"\n[doctor] GPU profile on GRES nodes: {seconds:.1f} s wall (CLI); failed: {sorted(got)}")
+    gpu_rows = {n: r for (c, n), r in got.items() if c == "GPUs"}
+    assert set(gpu_rows) == set(nodes[:2]), report["rows"]
+    for row in gpu_rows.values():
+        assert row["value"].startswith(f"0 GPU(s) seen, gpus_per_node is {count}"), row
+        assert "run on nodes with the profile's GPUs" in row["fix"], row
+    allreduce = got[("all-reduce", "all")]
+    assert allreduce["value"].endswith(": not run: torch sees no GPU here"), allreduce
+    assert {c for c, _ in got} <= {"GPUs", "ulimit -l", "all-reduce"}, got
