@@ -7,6 +7,10 @@ compared with the same job run outside any container (``--profile local``, same 
 the bit: the ranks are provably inside (their mount namespace is not the host's, the image's marker
 file is visible to them and not to the host), and the podman job is preempted with USR2 and resumes
 exactly while ``orchestrator stacks`` reads both ranks' stacks inside.
+
+An image nobody here built (``tests/helpers/debian_image.py``: Debian trixie by debootstrap, its own
+Python 3.13 and a venv with torch and accelerate from PyPI) runs under Slurm's OCI support from
+read-only storage: its ``/opt`` and ``/etc`` hold no mount point the node side needs (issue 41).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from orchestrator.contract.run_dir import preflight_dir, read_json
 from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
 from tests.helpers.container_image import MARKER, build_image, forbidden_in_image, image_python
+from tests.helpers.debian_image import MARKER as DEBIAN_MARKER
+from tests.helpers.debian_image import PYTHON as DEBIAN_PYTHON
+from tests.helpers.debian_image import PYTHON_MINOR, build_debian_image
 from tests.helpers.hold import held, rank_pid
 from tests.helpers.podman import podman_conf
 from tests.helpers.preconditions import require_debian_packages
@@ -105,12 +112,21 @@ def _oci_conf(cluster: dict[str, str]) -> None:
     )
 
 
-def _ranks_inside(run_dir: Path) -> None:
+def _ranks_inside(run_dir: Path, marker: str = MARKER) -> None:
     """Rank 0 runs in another mount namespace than this test, and sees the image's marker file."""
     pid = rank_pid(run_dir, 0, min_step=1)
     assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
-    assert Path(f"/proc/{pid}/root/{MARKER}").exists()
-    assert not Path("/", MARKER).exists()
+    assert Path(f"/proc/{pid}/root/{marker}").exists()
+    assert not Path("/", marker).exists()
+
+
+def _versions_in_logs(job_id: str, orch_env: dict, python: str) -> None:
+    """The node log's line with the image's Python, torch and accelerate, as ``orchestrator logs``
+    shows it (not only submitit's own file)."""
+    shown = run_cli(["logs", job_id], orch_env, timeout=60)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    line = next((x for x in shown.stdout.splitlines() if "orchestrator container: python" in x), "")
+    assert f"python {python}" in line and "torch 2.13.0" in line and "accelerate 1.15.0" in line, shown.stdout
 
 
 def _stacks_of_both_ranks(job_id: str, orch_env: dict) -> None:
@@ -177,8 +193,7 @@ def test_podman_two_node_full_shard_preempted_resumes_exactly(
     assert sacct_state(job_id) == "COMPLETED"
     resumed = [e for e in iter_metrics(run_dir) if e.get("event") == "resume"]
     assert len(resumed) == 1 and 3 <= resumed[0]["step"] < STEPS, resumed
-    logs = _node_logs(run_dir)
-    assert "orchestrator container: python" in logs and "accelerate 1.15.0" in logs, logs[-3000:]
+    _versions_in_logs(job_id, orch_env, f"{sys.version_info.major}.{sys.version_info.minor}")
     _check_losses(run_dir, _reference_losses(reference))
 
 
@@ -196,6 +211,44 @@ def test_slurm_oci_container_two_node_full_shard_equals_outside(
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
     assert waited.returncode == 0, waited.stdout + waited.stderr + _node_logs(run_dir)[-4000:]
     assert "--container=" in (run_dir / "sbatch.sh").read_text()
+    _check_losses(run_dir, _reference_losses(reference))
+
+
+@pytest.fixture
+def read_only_debian_image(tmp_path: Path) -> Iterator[Path]:
+    """The Debian image (built on first use, cached), seen through a read-only bind mount: a mount
+    point made in it fails, as on read-only storage (a squashfs, a shared image store)."""
+    built = build_debian_image()
+    assert forbidden_in_image(built) == [], "the Debian image must not contain orchestrator or submitit"
+    image = tmp_path / "debian-image"
+    image.mkdir()
+    subprocess.run(["mount", "--bind", str(built), str(image)], check=True, timeout=30)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(image)], check=True, timeout=30)
+        yield image
+    finally:
+        subprocess.run(["umount", "-l", str(image)], timeout=30, check=False)
+
+
+def test_slurm_oci_runs_an_image_nobody_here_built_from_read_only_storage(
+    slurm_cluster: dict, orch_env: dict, tmp_path: Path, read_only_debian_image: Path,
+    reference: subprocess.Popen[str],
+) -> None:  # fmt: skip
+    """runc failed at container init with this image ("mkdir .../opt/orchestrator: read-only file
+    system"): now both nodes train in it, every loss equal to the run outside a container, and
+    ``orchestrator logs`` shows the image's own Python (another minor than this machine's)."""
+    _oci_conf(slurm_cluster)
+    container = {"runtime": "oci", "image": str(read_only_debian_image), "python": DEBIAN_PYTHON}
+    profiles = user_profile_dir(tmp_path, container=container)
+    job_id, run_dir = _submit(orch_env, profiles)
+    try:
+        _ranks_inside(run_dir, DEBIAN_MARKER)
+        waited = run_cli(["wait", job_id, "--timeout", "300"], orch_env, timeout=320)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+    assert waited.returncode == 0, waited.stdout + waited.stderr + _node_logs(run_dir)[-4000:]
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" != PYTHON_MINOR
+    _versions_in_logs(job_id, orch_env, PYTHON_MINOR)
     _check_losses(run_dir, _reference_losses(reference))
 
 
