@@ -171,3 +171,48 @@ def test_every_attempt_counts_against_one_budget_and_its_stop_resumes_exactly(
     ours, theirs = tl.losses(run_dir), tl.losses(ref_dir)
     assert sorted(ours) == sorted(theirs) == list(range(1, STEPS + 1))
     assert [s for s in theirs if ours[s] != theirs[s]] == [], "losses differ from the uninterrupted run"
+
+
+SWEEP_TASK = str(REPO / "tests" / "scripts" / "sweep_task.py")
+#: ~2.4 tasks of sweep_task.py paced to 20 s (1 CPU): the same sweep as tests/runner/test_sweep_budget.py.
+SWEEP_BUDGET = "0.0153cpu-h"
+
+
+def test_a_sweep_budget_on_slurm_runs_what_it_covers_and_refuses_the_rest(
+    slurm_cluster: dict, orch_env: dict[str, str]
+) -> None:
+    """On Slurm too a sweep's budget is one budget: its starter submits a job per task (no job array:
+    Slurm would start an array's tasks itself), each with a cap of its own, and refuses the task the
+    rest cannot cover at the tasks' measured cost; the sweep's bill, from ``sacct``, is its tasks'
+    bills added up and within the budget."""
+    res = run_cli(
+        ["sweep", "--profile", "slurm_test", "--nodes", "1", "--procs-per-node", "1", "--max-parallel", "1",
+         "--budget", SWEEP_BUDGET, "--grid", "lr=0.3,0.1,0.2", "--wait", "--",
+         SWEEP_TASK, "--lr", "{lr}", "--steps", "30", "--pace-s", "20", "--save-every", "5"],
+        orch_env, timeout=400,
+    )  # fmt: skip
+    sweep_id = res.stdout.split("submitted sweep ")[1].split()[0] if "submitted sweep " in res.stdout else ""
+    assert res.returncode == 1 and f"sweep {sweep_id} ended BUDGET" in res.stdout, res.stdout + res.stderr
+    status = json.loads(run_cli(["status", sweep_id, "--json"], orch_env, timeout=60).stdout)
+    assert status["counts"] == {"COMPLETED": 2, "BUDGET": 1}, status
+    (refused,) = status["refused"]
+    assert refused["task"] == 2 and refused["reason"].startswith("refused: budget left "), refused
+    jobs = [t["job_id"] for t in status["tasks"]]
+    assert all("_" not in j for j in jobs), jobs  # a Slurm job each, no array task
+    assert [sacct_state(j) for j in jobs] == ["COMPLETED", "COMPLETED"]
+    caps = [float(t["budget"].removesuffix("cpu-h")) for t in status["tasks"]]
+    spent = [t["budget_spent"] for t in status["tasks"]]
+    assert caps[0] == 0.0153 and caps[1] <= 0.0153 - spent[0], (caps, spent)
+    bill = json.loads(run_cli(["cost", sweep_id, "--json"], orch_env, timeout=60).stdout)
+    each = [
+        json.loads(run_cli(["cost", j, "--json"], orch_env, timeout=60).stdout)["allocated_hours"]
+        for j in jobs
+    ]
+    print(
+        f"[budget] sweep on Slurm: budget {0.0153 * 3600:.1f} cpu-s, tasks metered "
+        f"{spent[0] * 3600:.1f} and {spent[1] * 3600:.1f}, sacct bills {each[0] * 3600:.1f} and "
+        f"{each[1] * 3600:.1f}; {refused['reason']}"
+    )
+    assert (
+        bill["allocated_hours"] == pytest.approx(sum(each), abs=2e-6) and bill["allocated_hours"] <= 0.0153
+    ), bill
