@@ -287,7 +287,7 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
     )
     victim = ""
     try:
-        assert "#SBATCH --nodes=2-3\n" in (run_dir / "sbatch.sh").read_text()
+        assert "#SBATCH --nodes=3" in (run_dir / "sbatch.sh").read_text()
         rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2)
         header = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text().splitlines()[0]
         victim = header.split("host=")[1].split()[0]
@@ -370,3 +370,76 @@ def test_without_a_spare_the_job_shrinks_and_keeps_its_global_batch(
     assert after and max(after) == STEPS, after
     far = {s: (loss, want[s]) for s, loss in after.items() if abs(loss - want[s]) > 1e-3 * abs(want[s])}
     assert not far, far
+
+
+def _poll(what: str, found: Any, timeout: float) -> Any:
+    """``found()`` once it is truthy (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def test_a_node_back_in_service_is_not_excluded_when_the_spare_is_lost_too(
+    env: dict[str, str], tmp_path: Path, slurm_cluster: dict[str, str]
+) -> None:
+    """The chaos benchmark's second node death (bench/results.md): node B dies, the spare C takes its
+    place; B comes back (its slurmd restarted, Slurm: idle); then C dies with no spare left. The
+    auto-resume's new job excludes C only and runs on the batch host and B. Before, it excluded B too
+    (the probe calls it lost: it left the allocation), which left 1 of the partition's 3 nodes: the
+    resubmission was refused and the run needed a person."""
+    assert slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") == "netns", (
+        "needs nodes in namespaces"
+    )
+    profiles = user_profile_dir(tmp_path, max_restarts=3, spare_nodes=1)
+    long_run = [*RUN_ARGS[: RUN_ARGS.index("--max-steps")], "--max-steps", "100000", "--ckpt-every", "20"]
+    job_id, run_dir = submitted(
+        env,
+        ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--auto-resume", "--",
+         TRAIN, *long_run],
+    )  # fmt: skip
+    killed: list[str] = []
+    new_job = ""
+    try:
+        rank_pid(run_dir, 1, min_step=22)
+        first = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text().splitlines()[0]
+        b = first.split("host=")[1].split()[0]
+        assert kill_node_processes(b, include_daemons=True)
+        killed.append(b)
+        restart = _poll("the spare's restart", lambda: read_restarts(run_dir), 120)[0]
+        c = restart["cause"].split("spare ")[1].split()[0]
+        revive_nodes()
+        wait_for_node_state(b, ("idle",), timeout=120)
+        killed.remove(b)
+        rank_pid(
+            run_dir, 1, min_step=restart["step"] + 22
+        )  # attempt 1 trains on the spare, past a checkpoint
+        assert kill_node_processes(c, include_daemons=True)
+        killed.append(c)
+
+        def resubmitted() -> dict[str, Any] | None:
+            path = run_dir / "auto_resume.jsonl"
+            lines = path.read_text().splitlines() if path.exists() else []
+            return next((json.loads(x) for x in lines if json.loads(x)["action"] != "none"), None)
+
+        decision = _poll("the auto-resume's decision", resubmitted, 180)
+        assert decision["action"] == "resubmitted", decision
+        assert decision["exclude_nodes"] == [c], decision
+        assert f"{b} back in service" in decision["reason"], decision
+        new_job = decision["new_job_id"]
+        wait_for_job_state(new_job, "RUNNING", timeout=120)
+        nodes = job_nodes(new_job)
+        assert b in nodes and c not in nodes and len(nodes) == 2, nodes
+        after = decision["time"]
+        _poll("a step of the new job", lambda: [e for e in trains(run_dir) if e["time"] > after], 180)
+    finally:
+        scancel_quietly(job_id)
+        if new_job:
+            scancel_quietly(new_job)
+        if killed:
+            revive_nodes()
+            for node in killed:
+                wait_for_node_state(node, ("idle", "mixed"), timeout=90)

@@ -165,7 +165,7 @@ def resubmit(
 
     checkpoint = last_complete_checkpoint(run_dir)
     decision.checkpoint = str(checkpoint.path) if checkpoint else None
-    new_plan = replace(plan, exclude_nodes=tuple(decision.exclude_nodes))
+    new_plan = fewer_spares_if_needed(replace(plan, exclude_nodes=tuple(decision.exclude_nodes)), decision)
     registry = Registry.open()
     clean_submit_environment()
     submitted = submit(
@@ -177,6 +177,35 @@ def resubmit(
     )
     decision.new_job_id = submitted.job_id
     registry.set_end_reason(decision.job_id, f"{decision.reason}; {how} as job {submitted.job_id}")
+
+
+def spares_that_fit(plan: LaunchPlan, partition_nodes: list[str]) -> int:
+    """Pure: how many of the plan's spare nodes the partition still holds beside its training nodes,
+    once the excluded nodes are left out."""
+    left = [n for n in partition_nodes if n not in set(plan.exclude_nodes)]
+    return max(0, min(plan.profile.spare_nodes, len(left) - plan.nodes))
+
+
+def fewer_spares_if_needed(plan: LaunchPlan, decision: Decision) -> LaunchPlan:
+    """The plan with as many spares as the partition holds once the lost nodes are excluded: a job
+    asking for more would wait for a dead node to come back (a partition of nodes + spares nodes,
+    as the chaos benchmark's). The reason says so."""
+    from orchestrator.config.profile.records import ClusterProfile
+    from orchestrator.schedulers.slurm.environment import partition_node_cpus
+
+    if not plan.profile.spare_nodes or not plan.profile.partition:
+        return plan
+    try:
+        fit = spares_that_fit(plan, list(partition_node_cpus(plan.profile.partition)))
+    except Exception:  # noqa: BLE001 (sinfo unanswered: submit as planned; the scheduler's check decides)
+        return plan
+    if fit >= plan.profile.spare_nodes:
+        return plan
+    profile = ClusterProfile.model_validate({**plan.profile.model_dump(), "spare_nodes": fit})
+    decision.reason += (
+        f"; {fit} spare node(s) instead of {plan.profile.spare_nodes}: the partition's nodes left"
+    )
+    return replace(plan, profile=profile)
 
 
 def continue_in_new_job(run_dir: Path, job_id: str, plan: LaunchPlan, restarts: int) -> bool:

@@ -1,9 +1,8 @@
 """Spare nodes (a profile's ``spare_nodes``) and shrinking (``on_node_loss: shrink``): which nodes of
 the allocation train, which wait.
 
-The job holds up to ``nodes + spare_nodes`` nodes (``#SBATCH --nodes=N-(N+K)``: as many spares as
-are free when it can start, so a spare never delays the start; ``--no-kill`` so that a node failure
-does not end the allocation). The training step runs on ``nodes`` of them, named to ``srun``
+The job holds ``nodes + spare_nodes`` nodes (``#SBATCH --nodes``, ``--no-kill`` so that a node
+failure does not end the allocation). The training step runs on ``nodes`` of them, named to ``srun``
 (``--nodes --ntasks --nodelist``); the rest wait idle, preflighted with the others. A node that is
 lost (the batch step's probe), or named by the preflight or the hang watchdog, is left out and the
 next step runs with a spare in its place: a restart inside the allocation, with the same job id.

@@ -131,3 +131,18 @@ def test_a_node_lost_earlier_and_back_in_service_is_not_excluded_again(plan) -> 
 def test_without_slurms_word_every_lost_node_stays_excluded(plan) -> None:
     exclude, reason = ar.excluded(("n9",), ["n2", "n3"], frozenset())
     assert exclude == ["n2", "n3", "n9"] and reason == "node(s) n2, n3 lost"
+
+
+def test_a_resubmission_asks_only_for_the_spares_the_partition_still_holds(plan) -> None:
+    """A partition of nodes + spares (the chaos benchmark's 3 for 2 + 1): once a node is excluded, a
+    new job asking for the spare too would wait for the dead node to come back."""
+    from orchestrator.config.profile.records import ClusterProfile
+
+    spared = replace(
+        plan, profile=ClusterProfile.model_validate({**plan.profile.model_dump(), "spare_nodes": 1})
+    )
+    assert spared.profile.spare_nodes == 1 and spared.profile.partition == plan.profile.partition
+    assert ar.spares_that_fit(spared, ["n1", "n2", "n3"]) == 1
+    assert ar.spares_that_fit(replace(spared, exclude_nodes=("n3",)), ["n1", "n2", "n3"]) == 0
+    assert ar.spares_that_fit(replace(spared, exclude_nodes=("n2", "n3")), ["n1", "n2", "n3"]) == 0
+    assert ar.spares_that_fit(replace(spared, exclude_nodes=("n3",)), ["n1", "n2", "n3", "n4", "n5"]) == 1

@@ -70,7 +70,7 @@ def test_the_sbatch_script_holds_the_spares_and_survives_a_node_failure(tmp_path
     profile = _profile("slurm_test", spare_nodes=1)
     plan = build_plan("slurm_test", profile, merge_options(profile), TRAIN, nodes=2, procs_per_node=1)  # type: ignore[arg-type]
     sbatch = render_sbatch(plan, "/runs/r", "/runs/r/submitit", sys.executable)
-    assert "#SBATCH --nodes=2-3\n" in sbatch and "#SBATCH --no-kill\n" in sbatch
+    assert "#SBATCH --nodes=3\n" in sbatch and "#SBATCH --no-kill\n" in sbatch
     plain = _profile("slurm_test")
     plan = build_plan("slurm_test", plain, merge_options(plain), TRAIN, nodes=2, procs_per_node=1)  # type: ignore[arg-type]
     sbatch = render_sbatch(plan, "/runs/r", "/runs/r/submitit", sys.executable)
