@@ -32,8 +32,8 @@
 #   GPU_TYPE=a100  GPUS_PER_NODE=2  the GRES type and count of those nodes
 #
 # Idempotent: running it again leaves running daemons alone and (re)starts what is missing, e.g. a
-# slurmd a test killed. If the generated slurm.conf changed (other NODES/MODE), the cluster is
-# stopped (jobs cancelled) and started again with the new config.
+# slurmd a test killed. If the generated slurm.conf or gres.conf changed (other NODES, MODE or
+# GPU_NODES...), the cluster is stopped (jobs cancelled) and started again with the new config.
 #
 # On success it writes $BASE/cluster.env (ORCHESTRATOR_TEST_CLUSTER_* lines, SLURM_CONF) for tests.
 set -euo pipefail
@@ -326,7 +326,7 @@ MessageTimeout=10
 InactiveLimit=0
 $ACCT_LINES
 EOF
-  # GRES GPUs without devices (GPU_NODES): slurmd reads their count from gres.conf beside this file.
+  # GRES GPUs (GPU_NODES): slurmd reads them from gres.conf beside this file ("GPUs" below).
   if [ "$GPU_NODES" -gt 0 ]; then echo "GresTypes=gpu"; fi
   for i in $(seq "$NODES"); do
     if [ "$MODE" = netns ]; then extra=""
