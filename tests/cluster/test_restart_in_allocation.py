@@ -412,7 +412,8 @@ def test_a_node_back_in_service_is_not_excluded_when_the_spare_is_lost_too(
         restart = _poll("the spare's restart", lambda: read_restarts(run_dir), 120)[0]
         c = restart["cause"].split("spare ")[1].split()[0]
         revive_nodes()
-        wait_for_node_state(b, ("idle",), timeout=120)
+        # Back in the job's allocation (mixed: --no-kill keeps it there), but out of the training.
+        wait_for_node_state(b, ("idle", "mixed"), timeout=120)
         killed.remove(b)
         rank_pid(
             run_dir, 1, min_step=restart["step"] + 22

@@ -43,9 +43,13 @@ from orchestrator.schedulers.slurm.environment import (
     batch_restarts,
     cancelled_by_user,
     clean_submit_environment,
-    nodes_in_service,
 )
-from orchestrator.schedulers.slurm.node_probe import PROBE_TIMEOUT_S, ProbeResult, probe_nodes
+from orchestrator.schedulers.slurm.node_probe import (
+    PROBE_TIMEOUT_S,
+    ProbeResult,
+    back_in_service,
+    probe_nodes,
+)
 
 
 @dataclass
@@ -308,7 +312,7 @@ def after_failed_step(
         len(previous),
         cancelled_by_user(run_dir, job_id),
         auto_resume,
-        back_in_service=nodes_in_service(earlier),
+        back_in_service=back_in_service(earlier),
     )
     if decision.action == "resubmitted":
         try:
@@ -360,7 +364,7 @@ def after_hang(
         )
     else:
         earlier = [n for n in plan.exclude_nodes if n not in lost]
-        exclude, _ = excluded(plan.exclude_nodes, lost, nodes_in_service(earlier))
+        exclude, _ = excluded(plan.exclude_nodes, lost, back_in_service(earlier))
         decision = Decision(job_id, 1, "resubmitted", reason, lost, exclude_nodes=exclude)
         try:
             resubmit(run_dir, plan, decision)

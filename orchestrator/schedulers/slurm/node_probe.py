@@ -9,7 +9,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from orchestrator.schedulers.slurm.environment import this_node
+from orchestrator.schedulers.slurm.environment import nodes_in_service, this_node
 
 #: Bound on one node probe. A live node runs ``true`` in well under a second; a dead one makes
 #: srun wait for slurmd's answer (``MessageTimeout``, 10 s by default) and retry.
@@ -90,6 +90,29 @@ def slurmd_refuses(address: tuple[str, int], timeout_s: float = 2.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def slurmd_answers(address: tuple[str, int], timeout_s: float = 2.0) -> bool:
+    """True only when something accepts a connection on the node's slurmd port."""
+    import socket
+
+    try:
+        with socket.create_connection(address, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def back_in_service(nodes: list[str]) -> frozenset[str]:
+    """Those of ``nodes`` (lost earlier) that are back: Slurm places jobs on them (``sinfo``) and
+    their slurmd answers on its port. Both, because a node that died minutes ago can still look
+    allocated and responding to ``sinfo`` until Slurm's next ping fails (``SlurmdTimeout``); where
+    the slurmd addresses cannot be told (several slurmd on one address), none is."""
+    candidates = sorted(nodes_in_service(nodes))
+    if not candidates:
+        return frozenset()
+    addresses = slurmd_addresses(candidates)
+    return frozenset(n for n in candidates if n in addresses and slurmd_answers(addresses[n]))
 
 
 def probe_nodes(nodes: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> list[ProbeResult]:
