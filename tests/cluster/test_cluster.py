@@ -111,6 +111,8 @@ def test_tcp_between_tasks_on_different_nodes(cluster, shared_dir):
         "--ntasks-per-node=1",
         "-p",
         cluster.partition,
+        "-w",
+        "n1,n2",  # the script's roles are n1's and n2's (a free n3 was chosen after another test)
         sys.executable,
         str(script),
         timeout=90,
