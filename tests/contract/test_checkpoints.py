@@ -150,3 +150,32 @@ def test_every_rank_digests_its_own_shards_and_the_marker_covers_every_file(tmp_
     assert check_checkpoint_content(final, marker) == ""
     _flip_middle_byte(final / "optimizer_0" / "__1_0.distcp")
     assert "__1_0.distcp" in check_checkpoint_content(final, marker)
+
+
+def test_rank_0_leaves_the_shards_to_the_ranks_but_checks_every_other_file(tmp_path: Path) -> None:
+    """find_resumable(..., shards=False): a flipped byte in a DCP shard is not rank 0's to find (each
+    rank checks its own: tests/rank/test_shard_plan.py), one in any other file still is; and every
+    shard file is some rank's to check, at the saved world size and at others."""
+    files = {
+        "pytorch_model_fsdp_0/__0_0.distcp": 64,
+        "pytorch_model_fsdp_0/__1_0.distcp": 64,
+        "load_plan_1.json": 8,
+    }
+    _with_digests(make_checkpoint(tmp_path, 5, files))
+    folder = tmp_path / "checkpoints" / "step_00000005"
+    _flip_middle_byte(folder / "pytorch_model_fsdp_0" / "__1_0.distcp")
+    found = checkpoints.find_resumable(tmp_path, print, shards=False)
+    assert found is not None and found[0] == folder
+    assert "__1_0.distcp" in check_checkpoint_content(folder, found[1])
+    _flip_middle_byte(folder / "load_plan_1.json")
+    assert checkpoints.find_resumable(tmp_path, print, shards=False) is None
+    assert (folder / CORRUPT_MARKER).is_file()
+
+    shards = [f"optimizer_0/__{r}_0.distcp" for r in range(4)] + [
+        "random_states_0.pkl",
+        "optimizer_0/.metadata",
+    ]
+    assert checkpoints.shard_share(shards, 1, 4) == ["optimizer_0/__1_0.distcp"]
+    halves = [checkpoints.shard_share(shards, rank, 2) for rank in (0, 1)]
+    assert halves == [["optimizer_0/__0_0.distcp", "optimizer_0/__2_0.distcp"],
+                      ["optimizer_0/__1_0.distcp", "optimizer_0/__3_0.distcp"]]  # fmt: skip
