@@ -64,11 +64,12 @@ def order_for_workers(items: list[pytest.Item]) -> None:
     other workers take the rest. Last: a SIGKILLed slurmctld restarts from its last saved state, up
     to seconds old: job ids handed out since are handed out again, and ``sacct -j ID`` can then
     answer with an earlier test's job (CI red once: a job's partition read as empty, its QOS as
-    Unknown). No cluster test after them can be misled."""
+    Unknown). No cluster test after them can be misled. Then the tests marked ``warms_cache``: the
+    first the other worker takes, they build what a cluster test needs (the Debian image) meanwhile."""
 
     def rank(item: pytest.Item) -> int:
         if not item.get_closest_marker("slurm"):
-            return 2
+            return 2 if item.get_closest_marker("warms_cache") else 3
         return 1 if item.get_closest_marker("kills_cluster") else 0
 
     items.sort(key=rank)

@@ -28,10 +28,16 @@ import pytest
 from orchestrator.contract.run_dir import preflight_dir, read_json
 from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, run_cli, sacct_state, user_profile_dir
-from tests.helpers.container_image import MARKER, build_image, forbidden_in_image, image_python
+from tests.helpers.container_image import (
+    MARKER,
+    build_image,
+    debian_image_once,
+    forbidden_in_image,
+    image_python,
+)
 from tests.helpers.debian_image import MARKER as DEBIAN_MARKER
 from tests.helpers.debian_image import PYTHON as DEBIAN_PYTHON
-from tests.helpers.debian_image import PYTHON_MINOR, build_debian_image
+from tests.helpers.debian_image import PYTHON_MINOR
 from tests.helpers.hold import held, rank_pid
 from tests.helpers.podman import podman_conf
 from tests.helpers.preconditions import require_debian_packages
@@ -218,7 +224,7 @@ def test_slurm_oci_container_two_node_full_shard_equals_outside(
 def read_only_debian_image(tmp_path: Path) -> Iterator[Path]:
     """The Debian image (built on first use, cached), seen through a read-only bind mount: a mount
     point made in it fails, as on read-only storage (a squashfs, a shared image store)."""
-    built = build_debian_image()
+    built = debian_image_once()
     assert forbidden_in_image(built) == [], "the Debian image must not contain orchestrator or submitit"
     image = tmp_path / "debian-image"
     image.mkdir()

@@ -152,3 +152,29 @@ def forbidden_in_image(rootfs: Path) -> list[str]:
             if any(name.lower().startswith(f) for f in FORBIDDEN):
                 found.append(str(Path(root, name).relative_to(rootfs)))
     return found
+
+
+def debian_image_once(timeout_s: float = 1500) -> Path:
+    """:func:`tests.helpers.debian_image.build_debian_image`, one builder at a time on this machine:
+    the suite's two workers both want it (an early test warms it on one worker while the cluster's
+    tests run on the other), and two debootstraps into one cache would both download 5 GB. The lock
+    is a file beside the cache (not in debian_image.py: its text is the cache key)."""
+    import fcntl
+    import time
+
+    from tests.helpers.debian_image import CACHE_ROOT, build_debian_image
+
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_ROOT.parent / "orchestrator-test-debian.lock", "w") as lock:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"another build of the Debian image held the lock {timeout_s:.0f} s"
+                    ) from None
+                time.sleep(1)
+        return build_debian_image()
