@@ -411,8 +411,10 @@ def test_a_node_back_in_service_is_not_excluded_when_the_spare_is_lost_too(
         killed.append(b)
         restart = _poll("the spare's restart", lambda: read_restarts(run_dir), 120)[0]
         c = restart["cause"].split("spare ")[1].split()[0]
+        # As in the benchmark: Slurm declares b down (SlurmdTimeout) and takes it out of the job's
+        # allocation before it comes back; revived at once, it would never have left it.
+        wait_for_node_state(b, ("down",), timeout=120)
         revive_nodes()
-        # Back in the job's allocation (mixed: --no-kill keeps it there), but out of the training.
         wait_for_node_state(b, ("idle", "mixed"), timeout=120)
         killed.remove(b)
         rank_pid(
