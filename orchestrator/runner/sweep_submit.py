@@ -74,9 +74,9 @@ def _checked(
     if max_parallel < 1:
         raise UserError(f"--max-parallel: expected an integer >= 1, got {max_parallel}")
     points = sweep_plans(base, grid)
-    scheduler = get_scheduler(base.profile.scheduler)
     check_submittable(points[0][1])
-    scheduler.check_array(len(points))
+    if _as_array(base):
+        get_scheduler(base.profile.scheduler).check_array(len(points))  # MaxArraySize: arrays only
     check_runs_root()
     return points
 

@@ -187,6 +187,9 @@ def test_a_sweep_budget_on_slurm_runs_what_it_covers_and_refuses_the_rest(
     Slurm would start an array's tasks itself), each with a cap of its own, and refuses the task the
     rest cannot cover at the tasks' measured cost; the sweep's bill, from ``sacct``, is its tasks'
     bills added up and within the budget."""
+    dry = run_cli(["sweep", "--profile", "slurm_test", "--budget", SWEEP_BUDGET, "--grid", "lr=0.3,0.1", "--dry-run",
+                   "--", SWEEP_TASK, "--lr", "{lr}"], orch_env, timeout=60)  # fmt: skip
+    assert dry.returncode == 0 and "#SBATCH" not in dry.stdout and "a job per task" in dry.stdout, dry.stdout
     res = run_cli(
         ["sweep", "--profile", "slurm_test", "--nodes", "1", "--procs-per-node", "1", "--max-parallel", "1",
          "--budget", SWEEP_BUDGET, "--grid", "lr=0.3,0.1,0.2", "--wait", "--",
