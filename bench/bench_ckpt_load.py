@@ -254,6 +254,11 @@ def save_probe(cfg: Path, tmp: Path, env: dict, port: int, reps: int) -> dict:
         "load_vs_stock_cold": pair("cold_load", "cold_load_before"),
         "direct_reads": rows[-1].get("direct_reads"),
         "resume_cold": pair("cold_raw_read", "cold_resume"),
+        "resume_phases_median_s": {
+            k: round(med(r["resume_phases_s"][k] for r in rows if r.get("resume_phases_s")), 3)
+            for k in ("pick", "check")
+            if any(r.get("resume_phases_s") for r in rows)
+        },
     }
 
 

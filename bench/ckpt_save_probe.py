@@ -204,9 +204,12 @@ def main() -> None:
                     assert found is not None and found[0] == folder, found
                     choice = [(str(found[0]), found[1])]
                 dist.broadcast_object_list(choice, src=0)
+                picked = time.perf_counter()
                 checked = checked_choice(acc, run_dir, choice[0])
                 assert checked is not None and Path(checked[0]) == folder, checked
+                loading = time.perf_counter()
                 checkpointing.load(acc, folder, checked[1], opt, current)
+                info["resume_phases"] = {"pick": picked - t, "check": loading - picked}
             elif kind.endswith("load"):
                 from orchestrator.rank import dcp_reader
 
@@ -232,6 +235,7 @@ def main() -> None:
                         "save_before_phases_s": {k: round(v, 4) for k, v in info["phases_before"].items()},
                         "checkpoint_bytes": info["bytes"],
                         "direct_reads": info.get("direct_reads"),
+                        "resume_phases_s": {k: round(v, 4) for k, v in info.get("resume_phases", {}).items()},
                         "raw_bytes": int(raw_total),
                     }
                 ),

@@ -118,11 +118,13 @@ def checked_choice(
     the other files, and rank 0 chooses again. Collective; the same answer on every rank."""
     from orchestrator.contract.checkpoints import find_resumable, mark_checkpoint_corrupt
     from orchestrator.contract.run_dir import COMPLETE_MARKER
+    from orchestrator.rank.shard_plan import gc_paused
 
     while found is not None:
         folder, marker = Path(found[0]), found[1]
         digests = marker.get("sha256")
-        problems = check_own_shards(accelerator, folder, digests) if isinstance(digests, dict) else []
+        with gc_paused():  # a full collection in a rank's heap costs more than the check itself
+            problems = check_own_shards(accelerator, folder, digests) if isinstance(digests, dict) else []
         if not problems:
             return found
         choice: list[tuple[str, dict] | None] = [None]
