@@ -31,8 +31,6 @@ import gc
 import io
 import json
 import os
-import struct
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -40,6 +38,7 @@ from typing import Any, NamedTuple
 import torch
 
 from orchestrator.contract.checkpoints import load_plan_name
+from orchestrator.rank.dcp_reader import record_header
 
 PLAN_VERSION = 1
 _DCP_DIRS = ("pytorch_model_fsdp_0", "optimizer_0")
@@ -74,80 +73,6 @@ def gc_paused() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------- save side
-def _u(buf: bytes, at: int, fmt: str) -> int:
-    return int(struct.unpack_from(fmt, buf, at)[0])
-
-
-def _zip64(extra: bytes, values: list[int]) -> list[int]:
-    """Replace the 0xFFFFFFFF entries of ``values`` (sizes, then offset) from a zip64 extra field."""
-    at = 0
-    while at + 4 <= len(extra):
-        tag, size = struct.unpack_from("<HH", extra, at)
-        if tag == 1:
-            field = at + 4
-            for i, value in enumerate(values):
-                if value == 0xFFFFFFFF:
-                    values[i] = _u(extra, field, "<Q")
-                    field += 8
-            return values
-        at += 4 + size
-    return values
-
-
-def _record(fd: int, offset: int, length: int) -> tuple[Any, int] | None:
-    """A ``torch.save`` record's one tensor, read from its zip directory with two ``pread``s: the
-    header (:mod:`orchestrator.rank.dcp_reader`'s ``_StoredTensor`` fields) and where the storage's
-    bytes start in the record. None for anything else (the plan is then not written)."""
-    from orchestrator.rank.dcp_reader import _HeaderUnpickler
-
-    tail_len = min(length, 8192)
-    tail = os.pread(fd, tail_len, offset + length - tail_len)
-    eocd = tail.rfind(b"PK\x05\x06")
-    if eocd < 0 or len(tail) != tail_len:
-        return None
-    cd_size, cd_off = _u(tail, eocd + 12, "<I"), _u(tail, eocd + 16, "<I")
-    if 0xFFFFFFFF in (cd_size, cd_off):
-        z64 = tail.rfind(b"PK\x06\x06", 0, eocd)
-        if z64 < 0:
-            return None
-        cd_size, cd_off = _u(tail, z64 + 40, "<Q"), _u(tail, z64 + 48, "<Q")
-    at = cd_off - (length - tail_len)
-    if at < 0 or at + cd_size > len(tail):
-        return None
-    entries: dict[str, tuple[int, int]] = {}
-    while at + 46 <= len(tail) and tail[at : at + 4] == b"PK\x01\x02":
-        method, csize, usize = _u(tail, at + 10, "<H"), _u(tail, at + 20, "<I"), _u(tail, at + 24, "<I")
-        nlen, xlen, clen = struct.unpack_from("<HHH", tail, at + 28)
-        local = _u(tail, at + 42, "<I")
-        name = tail[at + 46 : at + 46 + nlen].decode()
-        usize, csize, local = _zip64(tail[at + 46 + nlen : at + 46 + nlen + xlen], [usize, csize, local])
-        if method != 0 or usize != csize:
-            return None
-        entries[name.split("/", 1)[-1]] = (local, csize)
-        at += 46 + nlen + xlen + clen
-    head = os.pread(fd, min(length, 4096), offset)
-
-    def body(name: str) -> tuple[int, int] | None:
-        got = entries.get(name)
-        if got is None or got[0] + 30 > len(head) or head[got[0] : got[0] + 4] != b"PK\x03\x04":
-            return None
-        start = got[0] + 30 + _u(head, got[0] + 26, "<H") + _u(head, got[0] + 28, "<H")
-        return start, got[1]
-
-    pkl, order = body("data.pkl"), body("byteorder")
-    if pkl is None or order is None or pkl[0] + pkl[1] > len(head) or order[0] + order[1] > len(head):
-        return None
-    if head[order[0] : order[0] + order[1]] != sys.byteorder.encode():
-        return None
-    got = _HeaderUnpickler(io.BytesIO(head[pkl[0] : pkl[0] + pkl[1]])).load()
-    if not (isinstance(got, tuple) and len(got) == 4 and isinstance(got[0], tuple)):
-        return None
-    data = body(f"data/{got[0][1]}")
-    if data is None or data[1] != got[0][2] * got[0][0].itemsize:
-        return None
-    return got, data[0]
-
-
 def write_load_plan(folder: Path, rank: int, world_size: int) -> str | None:
     """This rank's load plan for the DCP folders of ``folder`` (after the save's barrier: rank 0's
     ``.metadata`` is written). Returns the plan's relative path, or None where there is no DCP
@@ -189,7 +114,7 @@ def _plan_items(folder: Path, rank: int) -> list[list[Any]] | None:
                     continue  # another rank's shard
                 if rel not in fds:
                     fds[rel] = os.open(folder / rel, os.O_RDONLY)
-                got = _record(fds[rel], info.offset, info.length)
+                got = record_header(fds[rel], info.offset, info.length)
                 chunk = next((c for c in chunks if tuple(c.offsets) == tuple(index.offset)), None)
                 if got is None or chunk is None:
                     return None

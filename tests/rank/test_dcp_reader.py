@@ -128,3 +128,33 @@ def test_resharded_loads_read_the_right_rows_over_gloo(tmp_path: Path) -> None:
         _load(tmp_path / "two_ranks", whole)
     assert torch.equal(whole["w"], full * 10)
     assert (counts.direct, counts.through_dcp) == (2, 0)
+
+
+def test_record_header_reads_what_torchs_zip_reader_reads(tmp_path: Path) -> None:
+    """The load plan's two-``pread`` header parse (orchestrator.rank.shard_plan at save time) gives
+    every record's dtype, shape, strides and data offset exactly as torch's own zip reader does."""
+    import os
+
+    from torch.distributed.checkpoint.filesystem import _create_file_view
+
+    from orchestrator.rank.dcp_reader import _read_header, record_header
+
+    _save(tmp_path, _source())
+    metadata = dcp.FileSystemReader(str(tmp_path)).read_metadata()
+    checked = 0
+    for info in metadata.storage_data.values():
+        path = tmp_path / info.relative_path
+        with open(path, "rb") as stream:
+            want = _read_header(_create_file_view(stream, info.offset, info.length))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = record_header(fd, info.offset, info.length)
+        finally:
+            os.close(fd)
+        assert want is not None and got is not None
+        (dtype, _key, numel), storage_offset, size, stride = got[0]
+        assert (dtype, numel * dtype.itemsize, storage_offset, size, stride, got[1]) == (
+            want.dtype, want.storage_bytes, want.storage_offset, want.size, want.stride, want.data_offset,
+        )  # fmt: skip
+        checked += 1
+    assert checked == 6
