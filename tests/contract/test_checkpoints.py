@@ -72,12 +72,22 @@ def test_checkpoint_without_digests_still_resumes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(tmp_path: Path) -> None:
-    baseline = tl.cached_run("ddp", 2, 1, 2, ("--max-steps", str(STEPS)))
+@pytest.mark.parametrize(
+    "strategy,flip",
+    [
+        pytest.param("ddp", None, id="ddp-rank0-checks"),
+        # FSDP2: rank 0 leaves the shards to the ranks; this one only rank 1 reads and checks
+        pytest.param("full_shard", "optimizer_0/__1_0.distcp", id="fsdp2-rank1-shard"),
+    ],
+)
+def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(
+    tmp_path: Path, strategy: str, flip: str | None
+) -> None:
+    baseline = tl.cached_run(strategy, 2, 1, 2, ("--max-steps", str(STEPS)))
     assert baseline.returncodes == [0], baseline.output()
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
-    first = tl.start(run_dir, "ddp", 2, 1, 2, ["--max-steps", str(STEPS), "--ckpt-every", str(EVERY)])
+    first = tl.start(run_dir, strategy, 2, 1, 2, ["--max-steps", str(STEPS), "--ckpt-every", str(EVERY)])
     try:
         first.poll_until(
             lambda: (ckpts / f"step_{2 * EVERY:08d}" / "COMPLETE.json").exists(), 150, "the second checkpoint"
@@ -89,10 +99,10 @@ def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(t
     newest, previous = complete[0], complete[1]
     marker = json.loads((newest / "COMPLETE.json").read_text())
     assert set(marker["sha256"]) == set(marker["files"]), "the marker carries a digest of every file"
-    biggest = max(marker["files"], key=lambda rel: marker["files"][rel])
+    biggest = flip or max(marker["files"], key=lambda rel: marker["files"][rel])
     _flip_middle_byte(newest / biggest)
 
-    second = tl.run(run_dir, "ddp", 2, 1, 2, ["--max-steps", str(STEPS)])
+    second = tl.run(run_dir, strategy, 2, 1, 2, ["--max-steps", str(STEPS)])
     assert second.returncodes == [0], second.output()
     out = second.output()
     assert f"skipping checkpoint {newest}" in out and "content does not match" in out, out
