@@ -441,9 +441,16 @@ def test_a_node_back_in_service_is_not_excluded_when_the_spare_is_lost_too(
         after = decision["time"]
         _poll("a step of the new job", lambda: [e for e in trains(run_dir) if e["time"] > after], 180)
     finally:
-        scancel_quietly(job_id)
-        if new_job:
-            scancel_quietly(new_job)
+        # `orchestrator cancel`, not scancel: a plain scancel's TERM can reach node 0 before squeue says
+        # CANCELLED, and node 0 then requeues the job like a preemption (the suite once had this
+        # test's job train 14 more minutes beside the next tests).
+        for job in (job_id, new_job):
+            if job:
+                run_cli(["cancel", job], env, timeout=60)
+        for job in (job_id, new_job):
+            if job:
+                scancel_quietly(job)
+                wait_for_job_state(job, ("CANCELLED", "COMPLETED", "FAILED", "NODE_FAIL"), timeout=120)
         if killed:
             revive_nodes()
             for node in killed:
