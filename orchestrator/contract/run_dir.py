@@ -74,7 +74,8 @@ task's parameters), ``<sweep_dir>/sbatch.sh`` (the job array's script, Slurm) an
 ``<sweep_dir>/task_<i>/`` per grid point, laid out as above. A local sweep (no job arrays) also has
 ``<sweep_dir>/sweep.log``, the output of the process that starts its tasks K at a time,
 ``<sweep_dir>/local_pids.json`` (that process's pid) and ``<sweep_dir>/cancel_requested.json`` once the sweep
-was cancelled; ``<sweep_dir>/notify/`` (its end, notified once).
+was cancelled; ``<sweep_dir>/notify/`` (its end, notified once); ``<sweep_dir>/budget_refused.json``, the
+tasks a sweep's ``--budget`` refused and why.
 
 Attempts are numbered across every job that used the run directory: a submission starts at
 :func:`next_attempt`, and a Slurm requeue of the same job adds one (:func:`attempt_number`); a
