@@ -254,10 +254,17 @@ def test_the_login_hosts_dashboard_is_forwarded_here_and_stopped_with_ctrl_c(
     port = free_port()
     out = laptop.tmp / f"ui-{port}.out"
     env = {**laptop.env, "ORCHESTRATOR_LOGIN": "cluster"}
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env,
-                                cwd=laptop.project, stdout=sink, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    # SIGINT at its default in the child, as a terminal gives it: a suite run as a background job of a
+    # non-interactive shell (a CI runner) has it ignored, the child inherits that, and the Ctrl-C did
+    # nothing (CONTRIBUTING's trap; tests/cli/test_wait.py does the same).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with open(out, "wb") as sink:
+            proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port)], env=env,
+                                    cwd=laptop.project, stdout=sink, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         poll(lambda: b"serving" in out.read_bytes() or proc.poll() is not None, 60, "the forwarded dashboard")
         line = out.read_text().splitlines()[0]
