@@ -199,12 +199,17 @@ def _read_into(fd: int, offset: int, target: torch.Tensor, path: str) -> None:
     """``target``'s bytes from ``fd`` at ``offset``; a short read is an error (a torn file)."""
     if target.numel() == 0:
         return
-    view = target.view(-1).view(torch.uint8).numpy().data.cast("B")
+    read_exactly(fd, target.view(-1).view(torch.uint8).numpy().data.cast("B"), offset, path)
+
+
+def read_exactly(fd: int, view: memoryview, offset: int, name: str) -> None:
+    """Fill ``view`` from ``fd`` at ``offset`` (``preadv``, no copy); a short read is an error (a torn
+    file, ``name`` in the message)."""
     done = 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)
         if got <= 0:
-            raise OSError(f"{path}: {len(view) - done} bytes missing at offset {offset + done}")
+            raise OSError(f"{name}: {len(view) - done} bytes missing at offset {offset + done}")
         done += got
 
 

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import torch
 
 from orchestrator.contract.checkpoints import load_plan_name
-from orchestrator.rank.dcp_reader import record_header
+from orchestrator.rank.dcp_reader import read_exactly, record_header
 
 PLAN_VERSION = 1
 _DCP_DIRS = ("pytorch_model_fsdp_0", "optimizer_0")
@@ -314,18 +314,11 @@ def _read_files(folder: Path, reads: Reads) -> None:
         try:
             for item, target in sorted(by_file[rel], key=lambda r: r[0].offset):
                 if target.numel():
-                    _readinto(fd, target.view(-1).view(torch.uint8).numpy().data.cast("B"), item.offset, rel)
+                    read_exactly(
+                        fd, target.view(-1).view(torch.uint8).numpy().data.cast("B"), item.offset, rel
+                    )
         finally:
             os.close(fd)
-
-
-def _readinto(fd: int, view: memoryview, offset: int, rel: str) -> None:
-    done = 0
-    while done < len(view):
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got <= 0:
-            raise OSError(f"{rel}: {len(view) - done} bytes missing at offset {offset + done}")
-        done += got
 
 
 def _agree(ok: bool, accelerator: Any) -> bool:
