@@ -324,6 +324,12 @@ SlurmdTimeout=20
 SlurmctldTimeout=10
 MessageTimeout=10
 InactiveLimit=0
+# Preemption by partition priority, as clusters with a scavenger partition have it: a job of a
+# partition with a higher PriorityTier preempts the jobs of lower ones whose PreemptMode allows it.
+# The default partition's jobs are never preempted (PreemptMode=OFF on it); a test that preempts
+# creates its own partitions with the PreemptMode and GraceTime it means.
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 $ACCT_LINES
 EOF
   # GRES GPUs (GPU_NODES): slurmd reads them from gres.conf beside this file ("GPUs" below).
@@ -335,7 +341,7 @@ EOF
     echo "NodeName=n$i NodeAddr=$(node_addr "$i") $extra CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1" \
          "CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$NODE_MEM_MB State=UNKNOWN"
   done
-  echo "PartitionName=$PARTITION Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
+  echo "PartitionName=$PARTITION Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF"
 } >"$BASE/etc/slurm.conf.new"
 # GPUs: gres.conf gives the GPU nodes' GRES. Trap: Slurm 22.05's slurmd drops a GPU without File=
 # ("Removing file-less GPU gpu:a100 from final GRES list", debug log), and the node is then INVALID

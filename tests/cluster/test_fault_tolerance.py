@@ -141,6 +141,13 @@ def node_logs(run_dir: Path) -> str:
     return "\n".join(parts)
 
 
+def submitit_logs(run_dir: Path, job_id: str) -> str:
+    """What node 0's submitit process wrote, every attempt of the job (its requeue decision is there)."""
+    return "".join(
+        p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob(f"{job_id}_0_log.*"))
+    )
+
+
 def diag(job_id: str, run_dir: Path) -> Callable[[], str]:
     def show() -> str:
         state = slurm("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T %M %R", check=False).stdout.strip()
@@ -247,6 +254,7 @@ def reference(request: pytest.FixtureRequest, ft_env: dict[str, str]) -> Backgro
         "test_sigkill_on_one_node_fails_then_resume_completes_exactly",
         "test_node_death_with_auto_resume_continues_without_that_node",
         "test_batch_host_death_requeues_the_job_which_resumes",
+        "test_a_real_preemption_comes_back_and_a_plain_scancel_stays_cancelled",
     ):
         yield None
         return
@@ -426,6 +434,76 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(
     assert [a.attempt for a in recorded] == attempts, recorded
     started = [Path(a.started_from_checkpoint).name if a.started_from_checkpoint else None for a in recorded]
     assert started[:3] == [None, Path(first["checkpoint"]).name, Path(second["checkpoint"]).name], started
+    assert_same_result(run_dir, reference_dir(reference))
+
+
+# ------------------------------------------------------------------ 2. a real preemption; a plain scancel
+#: Partitions of the same nodes as the cluster's own: a job of the second (higher PriorityTier)
+#: preempts those of the first (PreemptMode=CANCEL with a grace time: Slurm sends SIGTERM and, after
+#: the grace, would cancel the job; nothing but the job itself brings it back). start_cluster.sh
+#: configures preemption by partition priority.
+SCAVENGER, URGENT = "scavenger", "urgent"
+
+
+def test_a_real_preemption_comes_back_and_a_plain_scancel_stays_cancelled(
+    ft_env: dict[str, str], reference: Background, tmp_path: Path
+) -> None:
+    """Slurm preempts the job for real: it saves at the step it stopped, requeues itself and resumes
+    exactly. Then the user's plain ``scancel`` (no ``orchestrator cancel``, so no marker) reaches
+    training as the same SIGTERM, and the job stays cancelled: node 0 does not requeue it. Then
+    ``orchestrator resume`` finishes it, equal to the uninterrupted run."""
+    partition = os.environ.get("ORCHESTRATOR_TEST_CLUSTER_PARTITION", "debug")
+    nodes = slurm("sinfo", "-h", "-p", partition, "-o", "%N").stdout.strip()
+    slurm("scontrol", "create", f"PartitionName={SCAVENGER}", f"Nodes={nodes}", "PriorityTier=1",
+          "PreemptMode=CANCEL", "GraceTime=120", "MaxTime=INFINITE", "State=UP")  # fmt: skip
+    slurm("scontrol", "create", f"PartitionName={URGENT}", f"Nodes={nodes}", "PriorityTier=10",
+          "PreemptMode=OFF", "MaxTime=INFINITE", "State=UP")  # fmt: skip
+    profiles = user_profile_dir(tmp_path, partition=SCAVENGER, exclusive=True)
+    job_id, run_dir = submit(ft_env, [*TWO_NODES_FSDP, "--profiles-dir", str(profiles)], RUN_ARGS)
+    show = diag(job_id, run_dir)
+    urgent = ""
+    try:
+        rank0 = rank_pid(run_dir, 0, min_step=5)
+        node = job_nodes(job_id)[0]
+        t_preempted = time.time()
+        # Rank 0 is held until Slurm's SIGTERM is pending in it: the run cannot end first.
+        with held(rank0, [signal.SIGTERM]):
+            urgent = slurm("sbatch", "--parsable", "-p", URGENT, "-w", node, "-N", "1", "--exclusive",
+                           "-o", "/dev/null", "--wrap", "true").stdout.strip()  # fmt: skip
+        first = poll(lambda: resumes(run_dir), 240, "the resume after the preemption", diagnostics=show)[0]
+        after = poll(lambda: segments(run_dir)[1]["train"], 120, "a step after the resume", diagnostics=show)
+        record("real_preemption_round_trip_s", round(after[0]["time"] - t_preempted, 1))
+        assert first["step"] == max(e["step"] for e in segments(run_dir)[0]["train"]), (
+            "preempted: training must checkpoint the step it stopped at"
+        )
+        assert sacct_state(urgent, timeout=60) == "COMPLETED", "the preempting job ran"
+        assert f"requeueing job {job_id}" in submitit_logs(run_dir, job_id), node_logs(run_dir)
+
+        # The user's plain scancel, while rank 0 is held from the third step after the resume.
+        rank0 = rank_pid(run_dir, 0, min_step=first["step"] + 3, timeout=120)
+        with held(rank0, [signal.SIGTERM]):
+            slurm("scancel", job_id)
+        poll(
+            lambda: "not requeued: Slurm's accounting says CANCELLED" in submitit_logs(run_dir, job_id),
+            120,
+            "node 0's word that the cancelled job is not requeued",
+            diagnostics=show,
+        )
+        assert sacct_state(job_id, timeout=90).startswith("CANCELLED")
+        poll(lambda: not slurm("squeue", "-h", "-j", job_id, check=False).stdout.strip(), 90, "the job gone")
+        assert slurm_restarts(job_id) == 1, "a plain scancel must not requeue the job"
+        assert not (run_dir / "logs" / "attempt_2").exists(), node_logs(run_dir)
+
+        res = run_cli(["resume", job_id, "--wait", "--poll", "1"], ft_env, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr + node_logs(run_dir)
+    finally:
+        if not (run_dir / "final.json").exists():
+            scancel_quietly(job_id)
+        if urgent:
+            scancel_quietly(urgent)
+        for name in (SCAVENGER, URGENT):
+            slurm("scontrol", "delete", f"PartitionName={name}", check=False)
+    assert len(resumes(run_dir)) == 2, resumes(run_dir)
     assert_same_result(run_dir, reference_dir(reference))
 
 

@@ -12,9 +12,12 @@ from pathlib import Path
 
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import cancel_requested
+from orchestrator.schedulers.slurm.cancel_verdict import SlurmView, cancel_verdict, parse_view
 
 SINFO_TIMEOUT_S = 15.0
 SCANCEL_TIMEOUT_S = 30.0
+#: How long a job that Slurm is ending waits for accounting to record why (it lags slurmctld).
+ACCOUNTING_CATCH_UP_S = 10.0
 #: How long non-zero nodes wait for node 0 to publish its address.
 MAIN_IP_WAIT_S = 120.0
 #: Variables an allocation sets that a job submitted from inside it must not inherit.
@@ -106,19 +109,38 @@ def clean_submit_environment() -> None:
 
 
 def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
-    """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says CANCELLED (a
-    plain ``scancel`` also sends SIGTERM, which training handles like a preemption)."""
-    import subprocess
+    """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says the job was
+    cancelled (a plain ``scancel`` also sends SIGTERM, which training handles like a preemption:
+    :mod:`orchestrator.schedulers.slurm.cancel_verdict` tells them apart). Bounded: accounting is
+    waited for at most :data:`ACCOUNTING_CATCH_UP_S`."""
+    import time
 
     if cancel_requested(run_dir):
         return "cancelled by user (orchestrator cancel)"
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return "Slurm reports the job CANCELLED" if out.startswith("CANCELLED") else None
+    deadline = time.monotonic() + ACCOUNTING_CATCH_UP_S
+    while True:
+        verdict = cancel_verdict(slurm_view(job_id), patient=time.monotonic() < deadline)
+        if verdict.settled:
+            return verdict.cancelled
+        time.sleep(0.5)
+
+
+def slurm_view(job_id: str) -> SlurmView:
+    """``scontrol show job -o`` and ``sacct``'s State of ``job_id`` (each bounded; a command that
+    cannot answer leaves its part empty, sacct's None: no accounting)."""
+    import subprocess
+
+    def ask(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    shown = ask(["scontrol", "show", "job", "-o", job_id])
+    line = shown.stdout if shown is not None and shown.returncode == 0 else ""
+    acct = ask(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    state = acct.stdout.strip().splitlines()[-1:] if acct is not None and acct.returncode == 0 else None
+    return parse_view(line, None if state is None else (state[0] if state else ""))
 
 
 def interface_address(name: str) -> str:
