@@ -32,6 +32,10 @@ DERIVED_STEPS = 20.0
 DERIVED_FLOOR_S = 300.0
 #: How often the supervisor reads the heartbeats.
 POLL_S = 1.0
+#: A rank named a straggler is named again at most this often, with how often it was flagged
+#: meanwhile: on a loaded machine ranks take turns being slow, and the chaos benchmark's log got
+#: a straggler line every 3-10 s.
+STRAGGLER_REPEAT_S = 300.0
 
 
 @dataclass
@@ -64,7 +68,9 @@ class Watchdog:
         self.hang_timeout = hang_timeout
         self.say = say
         self.flagged: set[int] = set()
-        """Ranks logged as stragglers (each once, until it recovers)."""
+        """Ranks flagged as stragglers at the last look."""
+        self._said: dict[int, float] = {}
+        self._unsaid: dict[int, int] = {}
         self._key: tuple[Any, ...] | None = None
         self._changed = time.monotonic()
         self._next_poll = 0.0
@@ -94,7 +100,7 @@ class Watchdog:
         key = tuple(sorted((r, h.get("step"), h.get("phase")) for r, h in heartbeats.items()))
         if key != self._key:
             self._key, self._changed = key, now
-            self._note_stragglers(heartbeats)
+            self.note_stragglers(heartbeats, now)
             return None
         timeout, why = self.allowance(heartbeats)
         stalled = now - self._changed
@@ -102,16 +108,25 @@ class Watchdog:
             return None
         return Hang(timeout, stalled, why, heartbeats)
 
-    def _note_stragglers(self, heartbeats: dict[int, dict[str, Any]]) -> None:
+    def note_stragglers(self, heartbeats: dict[int, dict[str, Any]], now: float) -> None:
+        """Say each rank newly flagged as a straggler; the same rank again only after
+        :data:`STRAGGLER_REPEAT_S`, with how many times it was flagged in between."""
         found = stragglers(heartbeats)
         flagged = set(found.flagged) if found else set()
         if found and self.say is not None:
             for rank in sorted(flagged - self.flagged):
+                last = self._said.get(rank)
+                if last is not None and now - last < STRAGGLER_REPEAT_S:
+                    self._unsaid[rank] = self._unsaid.get(rank, 0) + 1
+                    continue
                 rec = heartbeats[rank]
+                also = self._unsaid.pop(rank, 0)
+                self._said[rank] = now
                 self.say(
                     f"straggler: rank {rank} on {rec.get('host')} (node {rec.get('node')}) took "
                     f"{rec.get('recent')} s per step outside collectives, median of the others "
                     f"{found.median_local_s:.4f} s"
+                    + (f" (flagged {also} more time(s) since it was last named)" if also else "")
                 )
         self.flagged = flagged
 

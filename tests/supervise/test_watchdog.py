@@ -11,7 +11,7 @@ import pytest
 from orchestrator.contract.heartbeat import RECENT_STEPS, Heartbeat, read_heartbeats, stragglers
 from orchestrator.contract.run_dir import attempt_dir, heartbeat_file
 from orchestrator.supervise.stacks import find_culprit
-from orchestrator.supervise.watchdog import Watchdog
+from orchestrator.supervise.watchdog import STRAGGLER_REPEAT_S, Watchdog
 
 
 def beats(run_dir: Path, rank: int, steps: int) -> Heartbeat:
@@ -109,6 +109,23 @@ def test_stragglers_flag_a_rank_slow_in_every_recent_step() -> None:
     again = stragglers(records)
     assert again is not None and again.flagged == [] and again.slowest_rank == 1
     assert stragglers({0: {"recent": fast}}) is None
+
+
+def test_a_rank_that_keeps_turning_straggler_is_named_once_per_interval(tmp_path: Path) -> None:
+    """On a loaded machine ranks take turns being slow: each is named once, then again only after
+    STRAGGLER_REPEAT_S, with the times it was flagged meanwhile (the chaos run's log had a line every
+    few seconds)."""
+    said: list[str] = []
+    dog = Watchdog(tmp_path, 0, 30.0, say=said.append)
+    fast, slow = [0.01] * RECENT_STEPS, [0.05] * RECENT_STEPS
+    turns = [{0: {"recent": slow, "host": "n1"}, 1: {"recent": fast, "host": "n2"}},
+             {0: {"recent": fast, "host": "n1"}, 1: {"recent": slow, "host": "n2"}}]  # fmt: skip
+    for i in range(10):  # ten flips within a minute
+        dog.note_stragglers(turns[i % 2], now=float(i * 5))
+    assert [line.split(" on ")[0] for line in said] == ["straggler: rank 0", "straggler: rank 1"]
+    dog.note_stragglers(turns[0], now=STRAGGLER_REPEAT_S + 1.0)
+    assert len(said) == 3 and said[-1].startswith("straggler: rank 0")
+    assert said[-1].endswith("(flagged 4 more time(s) since it was last named)")
 
 
 def test_find_culprit_in_order_of_certainty() -> None:
