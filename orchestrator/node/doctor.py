@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from orchestrator.node.preflight import gpu_problems, image_problems
+from orchestrator.node.preflight import agree, gpu_problems, image_problems
 from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE, PACKAGES, REPORT_MARKER, WAITED_FOR_OTHERS
 
 #: Bytes all-reduced per try, and tries (the best counts: a busy host's noise is not the network's).
@@ -53,16 +53,24 @@ def package_versions() -> dict[str, dict[str, str]]:
 
 
 def gpus_seen(expected: int, torch_ok: bool) -> dict[str, Any]:
-    """The GPUs torch sees (their names), and on GPU profiles nvidia-smi's ECC errors."""
+    """The GPUs torch sees (their names), torch's version and whether it is a CPU-only build (built
+    for neither CUDA nor ROCm: it sees no GPU whatever the node has), and on GPU profiles
+    nvidia-smi's ECC errors."""
     info: dict[str, Any] = {"count": 0, "names": [], "problems": []}
     if torch_ok:
         import torch
 
-        count = torch.cuda.device_count()
-        info["count"] = count
-        info["names"] = [torch.cuda.get_device_name(i) for i in range(count)]
+        info["torch"] = str(torch.__version__)
+        version = getattr(torch, "version", None)
+        info["cpu_only"] = getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None
+        try:
+            count = torch.cuda.device_count()
+            info["names"] = [torch.cuda.get_device_name(i) for i in range(count)]
+            info["count"] = count
+        except Exception as exc:  # noqa: BLE001 - a broken driver raises anything; judged on the host
+            info["problems"].append(f"torch.cuda: {type(exc).__name__}: {exc}".splitlines()[0][:300])
     if expected > 0:
-        info["problems"] = [p for p in gpu_problems(expected) if "visible" not in p]
+        info["problems"] += [p for p in gpu_problems(expected) if "visible" not in p]
     return info
 
 
@@ -158,39 +166,6 @@ def ports_taken(start: int, end: int) -> dict[str, Any]:
     return {"range": [start, end], "taken": sorted(taken), "ephemeral": ephemeral}
 
 
-def agree(rank: int, nodes: int, main: str, port: int, ready: bool) -> bool:
-    """Every node says whether it can join the all-reduce; node 0 answers go (all can) or no-go."""
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    if rank == 0:
-        server = socket.create_server(("", port), reuse_port=False)
-        server.settimeout(JOIN_TIMEOUT_S)
-        peers: list[tuple[socket.socket, bool]] = []
-        try:
-            while len(peers) < nodes - 1 and time.monotonic() < deadline:
-                conn, _ = server.accept()
-                conn.settimeout(JOIN_TIMEOUT_S)
-                peers.append((conn, conn.recv(1) == b"1"))
-        except OSError:
-            pass
-        go = ready and len(peers) == nodes - 1 and all(ok for _, ok in peers)
-        for conn, _ in peers:
-            try:
-                conn.sendall(b"1" if go else b"0")
-            finally:
-                conn.close()
-        server.close()
-        return go
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((main, port), timeout=5) as conn:
-                conn.settimeout(JOIN_TIMEOUT_S)
-                conn.sendall(b"1" if ready else b"0")
-                return conn.recv(1) == b"1"
-        except OSError:
-            time.sleep(0.2)  # node 0 is not listening yet: retried until the deadline
-    return False
-
-
 def allreduce(rank: int, nodes: int, main: str, port: int, gpu: bool) -> dict[str, Any]:
     """Bus bandwidth of an all-reduce over every node (gloo on CPUs, NCCL on GPUs), the best try."""
     import torch
@@ -267,7 +242,7 @@ def main(argv: list[str]) -> int:
         )
         try:
             main_ip = socket.gethostbyname(node.hostnames[0])
-            if agree(rank, nodes, main_ip, port, why == WAITED_FOR_OTHERS):
+            if agree(rank, nodes, main_ip, port, why == WAITED_FOR_OTHERS, JOIN_TIMEOUT_S):
                 report["allreduce"] = allreduce(rank, nodes, main_ip, port + 1, gpu)
             else:
                 report["allreduce"] = {"error": why}

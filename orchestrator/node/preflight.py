@@ -3,9 +3,11 @@
 ``python -m orchestrator.node.preflight ATTEMPT``, with ``ORCHESTRATOR_RUN_DIR`` set (the batch
 script exports it). It writes ``preflight/attempt_<A>/node_<N>.json`` first with its local checks
 (so a node that then hangs in the network check is still told from one that never started), then
-again after each transfer it timed. It always joins the network check, even after a local problem:
-its peers would otherwise wait for it until the timeout. Exit 0 unless it crashed; the verdict is
-the supervisor's, from the files.
+again after each transfer it timed. It joins the network check after a local problem it can still
+measure through (a full disk): its peers would otherwise wait for it until the timeout. A node that
+cannot join (torch does not import, or a GPU profile's torch sees no CUDA device: NCCL needs one)
+says so first, over a plain socket (:func:`agree`), and every node then skips the network check at
+once; its problem names it. Exit 0 unless it crashed; the verdict is the supervisor's, from the files.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.env import RUN_DIR_ENV
 from orchestrator.supervise.preflight import PAYLOAD_BYTES, PINGS, TRANSFERS
+
+#: How much longer than the profile's ``preflight.timeout_s`` the nodes wait for each other's go/no-go:
+#: the supervisor's bound on the step (which started before these processes) then always ends a node
+#: that never reaches node 0, and its timeout names it, as it did before there was a go/no-go.
+AGREE_PAST_TIMEOUT_S = 30.0
 
 
 def local_problems(run_dir: Path, folder: Path, node_rank: int, min_free_mb: int, gpus: int) -> list[str]:
@@ -97,6 +105,81 @@ def gpu_problems(expected: int) -> list[str]:
     return problems
 
 
+def torch_problems(expected: int) -> tuple[list[str], bool]:
+    """torch on this node: it imports and, on a GPU profile (``expected`` > 0), sees the profile's
+    GPUs. nvidia-smi seeing them is not enough: a CPU-only torch (a ``+cpu`` wheel in the nodes'
+    environment) or a CUDA build without a usable driver sees none, and ``torch.cuda.set_device``
+    then raised out of this check where it should have named the node. Second: whether this node
+    can join the network check (torch imports and, for NCCL, sees a CUDA device)."""
+    try:
+        import torch
+    except BaseException as exc:  # noqa: BLE001 - a broken install raises anything
+        said = f"{type(exc).__name__}: {exc}".strip().splitlines()[-1][:300]
+        return [f"torch does not import: {said}"], False
+    if expected <= 0:
+        return [], True
+    why: list[str] = []  # torch's own words on why (a CUDA build warns that it found no driver)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            count = torch.cuda.device_count()
+        except Exception as exc:  # noqa: BLE001 - a broken driver raises anything
+            count = 0
+            why.append(f"{type(exc).__name__}: {exc}")
+    why += [str(w.message) for w in caught]
+    if count >= expected:
+        return [], True
+    version = getattr(torch, "version", None)
+    cpu_only = getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None
+    build = "a CPU-only build" if cpu_only else "a CUDA build"
+    seen = "no CUDA device" if count == 0 else f"only {count} CUDA device(s)"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not cpu_only and visible is not None:
+        seen += f" (CUDA_VISIBLE_DEVICES={visible!r})"
+    said = next((w.strip().splitlines()[0][:200] for w in why if w.strip()), "")
+    return [
+        f"torch {torch.__version__} ({build}) sees {seen} but the profile asks for {expected} GPUs "
+        "per node (gpus_per_node)" + (f": {said}" if said else "")
+    ], count > 0
+
+
+def agree(rank: int, nodes: int, main: str, port: int, ready: bool, timeout_s: float) -> bool:
+    """Every node says whether it can join a check over every node; node 0 answers go (all can) or
+    no-go. A plain socket, no torch: a node that cannot join then costs the others no rendezvous
+    timeout. Shared with the doctor (:mod:`orchestrator.node.doctor`)."""
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        server = socket.create_server(("", port), reuse_port=False)
+        server.settimeout(timeout_s)
+        peers: list[tuple[socket.socket, bool]] = []
+        try:
+            while len(peers) < nodes - 1 and time.monotonic() < deadline:
+                conn, _ = server.accept()
+                conn.settimeout(timeout_s)
+                peers.append((conn, conn.recv(1) == b"1"))
+        except OSError:
+            pass
+        go = ready and len(peers) == nodes - 1 and all(ok for _, ok in peers)
+        for conn, _ in peers:
+            try:
+                conn.sendall(b"1" if go else b"0")
+            except OSError:
+                pass  # that peer is gone: it learns nothing, and joins nothing
+            finally:
+                conn.close()
+        server.close()
+        return go
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((main, port), timeout=5) as conn:
+                conn.settimeout(timeout_s)
+                conn.sendall(b"1" if ready else b"0")
+                return conn.recv(1) == b"1"
+        except OSError:
+            time.sleep(0.2)  # node 0 is not listening yet: retried until the deadline
+    return False
+
+
 def measure_pair(dist: Any, torch: Any, me: int, peer: int, device: str) -> dict[str, float]:
     """Point-to-point figures between node 0 and one other node; both run this. The other node times
     the tiny round trips; each side times the transfer it receives, from the "go" it sends (so a
@@ -154,35 +237,54 @@ def main(argv: list[str]) -> int:
     folder = preflight_dir(run_dir, attempt)
     path = folder / f"node_{node.node_rank}.json"
     started = time.monotonic()
+    gpus = plan.profile.gpus_per_node
+    problems = local_problems(run_dir, folder, node.node_rank, limits.min_free_mb, gpus) + image_problems(
+        image_to_check(plan.profile.container)
+    )
+    # torch only where it is used: the network check, or a GPU profile's CUDA devices.
+    can_join = True
+    if gpus > 0 or node.num_nodes >= 2:
+        said, can_join = torch_problems(gpus)
+        problems += said
     report: dict[str, Any] = {
         "node": node.node_rank,
         "host": socket.gethostname(),
-        "problems": local_problems(
-            run_dir, folder, node.node_rank, limits.min_free_mb, plan.profile.gpus_per_node
-        )
-        + image_problems(image_to_check(plan.profile.container)),
+        "problems": problems,
         "peers": {},
     }
     report["local_s"] = round(time.monotonic() - started, 3)
     write_json_atomic(path, report)
     if node.num_nodes < 2:
         return 0
+    start, end = plan.profile.port_range.start, plan.profile.port_range.end
+    size = end - start + 1
+    # Not training's port: half the range away, so training never meets this step's closing sockets.
+    # The go/no-go takes that port, the process group the next one.
+    offset = (port_for_job(node.job_id, start, end) - start + size // 2) % size
+    main_ip = node.main_ip(plan, folder)
+    try:
+        wait_s = limits.timeout_s + AGREE_PAST_TIMEOUT_S
+        go = agree(node.node_rank, node.num_nodes, main_ip, start + offset, can_join, wait_s)
+    except OSError as exc:  # node 0's port is taken
+        problems.append(f"preflight port {start + offset} (port_range) not free: {exc.strerror or exc}")
+        go = False
+    if not go:
+        report["network"] = "not run: " + (
+            "this node cannot join" if not can_join else "another node cannot join"
+        )
+        report["total_s"] = round(time.monotonic() - started, 3)
+        write_json_atomic(path, report)
+        return 0
     import torch
     import torch.distributed as dist
 
-    gpu = plan.profile.gpus_per_node > 0
+    gpu = gpus > 0
     device = "cuda:0" if gpu else "cpu"
     if gpu:
-        torch.cuda.set_device(0)
-    start, end = plan.profile.port_range.start, plan.profile.port_range.end
-    # Not training's port: half the range away, so training never meets this step's closing sockets.
-    port = start + (port_for_job(node.job_id, start, end) - start + (end - start + 1) // 2) % (
-        end - start + 1
-    )
-    main_ip = node.main_ip(plan, folder)
+        torch.cuda.set_device(0)  # every node said it sees one (torch_problems)
     dist.init_process_group(
         "nccl" if gpu else "gloo",
-        init_method=f"tcp://{main_ip}:{port}",
+        init_method=f"tcp://{main_ip}:{start + (offset + 1) % size}",
         rank=node.node_rank,
         world_size=node.num_nodes,
         timeout=timedelta(seconds=limits.timeout_s),

@@ -295,15 +295,22 @@ def _gpu_row(name: str, report: dict[str, Any], want: Expected) -> Row:
     if want.gpus_per_node <= 0:
         return Row("GPUs", name, True, f"{count or 0} seen (CPU profile: gloo)")
     problems = list(gpus.get("problems") or [])
+    cpu_only = bool(gpus.get("cpu_only"))
     if not isinstance(count, int) or count < want.gpus_per_node:
-        problems.insert(0, f"{count or 0} GPU(s) seen, gpus_per_node is {want.gpus_per_node}")
+        by = f" by torch {gpus['torch']}" if gpus.get("torch") else ""
+        build = " (a CPU-only build)" if cpu_only else ""
+        problems.insert(0, f"{count or 0} GPU(s) seen{by}{build}, gpus_per_node is {want.gpus_per_node}")
     if problems:
         return Row(
             "GPUs",
             name,
             False,
             "; ".join(problems),
-            "run on nodes with the profile's GPUs (partition, gres), load the CUDA driver in setup, or "
+            f"install a CUDA build of torch into {report.get('python')} on the nodes (a CPU-only build sees "
+            "no GPU), or, where they have none, run on nodes with the profile's GPUs (partition, gres) or "
+            "set gpus_per_node to 0"
+            if cpu_only
+            else "run on nodes with the profile's GPUs (partition, gres), load the CUDA driver in setup, or "
             "set gpus_per_node to what the nodes have (0 for CPU nodes)",
         )
     return Row("GPUs", name, True, f"{count} seen: {', '.join(gpus.get('names') or [])}")

@@ -127,6 +127,8 @@ def test_a_gpu_profile_on_gres_nodes_without_gpus_fails_each_node_s_gpu_row(
     """Slurm places the doctor's step on the nodes whose GRES has the profile's GPUs (its ``--gres``);
     torch sees none there: the GPU row fails on each of them with its fix, exit 1, and the all-reduce
     (NCCL's on a GPU profile) is not attempted."""
+    import torch
+
     nodes, kind, count = gres_truth()
     profiles = user_profile_dir(tmp_path, "slurm_test", gpus_per_node=count, gpu_type=kind)
     code, report, seconds = doctor(["slurm_test", "--nodes", "2", "--profiles-dir", str(profiles)], orch_env)
@@ -136,8 +138,12 @@ def test_a_gpu_profile_on_gres_nodes_without_gpus_fails_each_node_s_gpu_row(
     gpu_rows = {n: r for (c, n), r in got.items() if c == "GPUs"}
     assert set(gpu_rows) == set(nodes[:2]), report["rows"]
     for row in gpu_rows.values():
-        assert row["value"].startswith(f"0 GPU(s) seen, gpus_per_node is {count}"), row
+        # The nodes run this interpreter's torch: a CPU-only build is said, with a fix both ways.
+        build = " (a CPU-only build)" if torch.version.cuda is None else ""
+        assert row["value"].startswith(f"0 GPU(s) seen by torch {torch.__version__}{build}, "), row
+        assert f"gpus_per_node is {count}" in row["value"], row
         assert "run on nodes with the profile's GPUs" in row["fix"], row
+        assert ("install a CUDA build of torch" in row["fix"]) is bool(build), row
     allreduce = got[("all-reduce", "all")]
     assert allreduce["value"].endswith(": not run: torch sees no GPU here"), allreduce
     assert {c for c, _ in got} <= {"GPUs", "ulimit -l", "all-reduce"}, got

@@ -12,6 +12,9 @@ unknown"). Two jobs, one test (suite time):
    drained until the job runs, so the job gets the first node and the victim.
 
 The profile turns the preflight on (the shipped slurm_test profile has it off for the suite's time).
+
+A GPU profile on the nodes with GRES GPUs (they have none; their torch sees none) fails in the
+preflight, each node named for its torch, without a traceback and without waiting out the timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pytest
 
 from orchestrator.contract.run_dir import attempt_dir, preflight_dir, read_json
 from tests.helpers.cli import REPO, job_and_run_dir, poll, run_cli, sacct_state, user_profile_dir
+from tests.helpers.gres import gres_truth
 from tests.helpers.preconditions import require
 from tests.helpers.slurm_cluster import job_nodes, slurm
 
@@ -155,3 +159,49 @@ def test_slow_link_is_named_and_auto_resume_completes_without_it(
         subprocess.run(["tc", "qdisc", "del", "dev", host_side, "root"], capture_output=True, timeout=30)
         if drained:
             slurm("scontrol", "update", f"nodename={spare}", "state=resume", check=False)
+
+
+def test_a_gpu_profile_whose_torch_sees_no_gpu_fails_in_the_preflight_naming_each_node(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """A GPU profile on the nodes with GRES GPUs (Slurm gives the job their GPUs; the nodes have none,
+    and their torch is this interpreter's): each node's preflight says its torch sees no CUDA device,
+    the go/no-go skips NCCL at once, the job FAILS naming both nodes, and no traceback is printed
+    (``torch.cuda.set_device`` used to raise in each node's preflight)."""
+    import torch
+
+    gres_nodes, kind, count = gres_truth()
+    env = dict(os.environ)
+    env["ORCHESTRATOR_HOME"] = str(tmp_path / "home")
+    env["ORCHESTRATOR_RUNS"] = str(tmp_path / "runs")
+    env["ORCHESTRATOR_PROFILES"] = str(
+        user_profile_dir(tmp_path, gpus_per_node=count, gpu_type=kind, preflight=PREFLIGHT)
+    )
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    res = run_cli(
+        ["submit", "--profile", "slurm_test", "--strategy", "ddp", "--nodes", "2", "--", TRAIN, *ARGS],
+        env,
+        timeout=90,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    assert sacct_state(job_id, timeout=PREFLIGHT["timeout_s"] + 60) == "FAILED"
+    verdict = read_json(preflight_dir(run_dir, 0) / "preflight.json")
+    assert verdict is not None, list(run_dir.rglob("*"))
+    print(f"[preflight] GPU profile, torch without CUDA: {verdict['seconds']} s; {verdict['reason']}")
+    assert set(verdict["nodes"]) <= set(gres_nodes) and verdict["bad_nodes"] == verdict["nodes"], verdict
+    build = "a CPU-only build" if torch.version.cuda is None else "a CUDA build"
+    for node in verdict["nodes"]:
+        assert f"node {node}: torch {torch.__version__} ({build}) sees no CUDA device" in verdict["reason"]
+    assert f"the profile asks for {count} GPUs per node (gpus_per_node)" in verdict["reason"], verdict
+    assert not verdict["timed_out"] and verdict["seconds"] < PREFLIGHT["timeout_s"] / 2, verdict
+    assert not (attempt_dir(run_dir, 0) / "heartbeat").exists()  # training never started
+    logs = [p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".out", ".err", ".log")]
+    assert logs and not [p for p in logs if "Traceback" in p.read_text(errors="replace")], logs
+
+    def failed_row() -> dict[str, Any] | None:
+        rows = json.loads(run_cli(["status", job_id, "--json"], env).stdout)["jobs"]
+        return next((j for j in rows if j["state"] == "FAILED"), None)
+
+    row = poll(failed_row, 60, "status to say FAILED")
+    assert row is not None and "sees no CUDA device" in row["reason"], row

@@ -1,10 +1,13 @@
 """A node's part of ``orchestrator doctor`` (:mod:`orchestrator.node.doctor`), on this machine: what
 it measures here, and the go/no-go plus the all-reduce between two real processes over gloo on
-loopback (a node that cannot import torch must cost the others no rendezvous timeout)."""
+loopback (a node that cannot import torch must cost the others no rendezvous timeout). Two simulated
+nodes of a GPU profile on this machine's torch, which sees no GPU: the report says so, the all-reduce
+is not run (``torch.cuda.set_device`` never reached), and no traceback."""
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 import subprocess
@@ -20,15 +23,24 @@ from orchestrator.node.doctor import (
     ports_taken,
     run_dir_check,
 )
-from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE
+from orchestrator.supervise.doctor import (
+    HOST_FILE,
+    NODE_FILE,
+    REPORT_MARKER,
+    WAITED_FOR_OTHERS,
+    Expected,
+    NodeResult,
+    diagnose,
+)
 from tests.helpers.cli import REPO
 from tests.helpers.net import free_port
 
 PAIR = """
 import json, sys
-from orchestrator.node.doctor import agree, allreduce
+from orchestrator.node.doctor import JOIN_TIMEOUT_S, allreduce
+from orchestrator.node.preflight import agree
 rank, port, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-out = {"go": agree(rank, 2, "127.0.0.1", port, ready)}
+out = {"go": agree(rank, 2, "127.0.0.1", port, ready, JOIN_TIMEOUT_S)}
 if out["go"]:
     out["allreduce"] = allreduce(rank, 2, "127.0.0.1", port + 1, False)
 print(json.dumps(out), flush=True)
@@ -136,3 +148,64 @@ def test_an_image_that_is_not_there_or_no_runtime_is_not_started(tmp_path: Path)
     argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
     assert image_start(argv, ["container image x not found on this node"]) is None
     assert image_start(None, []) is None and not marker.exists()
+
+
+def test_a_gpu_profile_on_a_torch_that_sees_no_gpu_says_so_and_runs_no_all_reduce(tmp_path: Path) -> None:
+    import torch
+
+    port = free_port()
+    spec = {
+        "scheduler": "local",
+        "folder": str(tmp_path / "doctor"),
+        "token": "t",
+        "gpus": 2,
+        "image": None,
+        "image_start": None,
+        "port_range": [port, port + 1],
+    }
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "CUDA_VISIBLE_DEVICES": "",  # a CUDA build on a GPU machine sees none either
+        "SUBMITIT_EXECUTOR": "local",
+        "SUBMITIT_LOCAL_JOB_ID": "1",
+        "SUBMITIT_LOCAL_NTASKS": "2",
+        "SUBMITIT_LOCAL_JOB_NUM_NODES": "2",
+        "SUBMITIT_LOCAL_LOCALID": "0",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.node.doctor", json.dumps(spec)],
+            cwd=REPO,
+            env={**env, "SUBMITIT_LOCAL_NODEID": str(rank), "SUBMITIT_LOCAL_GLOBALID": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=JOIN_TIMEOUT_S + 60)
+        assert proc.returncode == 0 and "Traceback" not in out, out
+        line = next(line for line in out.splitlines() if line.startswith(REPORT_MARKER))
+        results.append(NodeResult(json.loads(line.split(" ", 1)[1]), file_seen=True))
+    for result in results:
+        assert result.report is not None
+        gpus = result.report["gpus"]
+        assert gpus["count"] == 0 and gpus["torch"] == torch.__version__, gpus
+        assert gpus["cpu_only"] is (torch.version.cuda is None and torch.version.hip is None), gpus
+        assert result.report["allreduce"] == {"error": "not run: torch sees no GPU here"}, result.report
+    want = Expected(["n1", "n2"], 2, sys.executable, "0", str(tmp_path), False, 1000.0)
+    rows = {(r.check, r.node): r for r in diagnose(want, results).rows}
+    build = " (a CPU-only build)" if torch.version.cuda is None else ""
+    for node in ("n1", "n2"):
+        row = rows[("GPUs", node)]
+        assert not row.ok and row.value.startswith(
+            f"0 GPU(s) seen by torch {torch.__version__}{build}, gpus_per_node is 2"
+        ), row
+        if build:
+            assert "install a CUDA build of torch" in row.fix, row
+    allreduce = rows[("all-reduce", "all")]
+    assert not allreduce.ok and allreduce.value == "n1: not run: torch sees no GPU here", allreduce
+    assert WAITED_FOR_OTHERS not in allreduce.value

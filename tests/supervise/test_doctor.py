@@ -282,3 +282,20 @@ def test_a_gpu_profile_s_all_reduce_names_the_node_without_a_gpu() -> None:
     waited = {"allreduce": {"error": WAITED_FOR_OTHERS}, "gpus": gpus, "memlock_kib": -1}
     got = failures(diagnose(expected(gpus_per_node=8), results(n1=waited, n2=no_gpu)).rows)
     assert got[("all-reduce", ALL_NODES)].value == "n2: not run: torch sees no GPU here"
+
+
+def test_a_cpu_only_torch_on_a_gpu_profile_names_the_build_and_its_fix() -> None:
+    cpu_torch = {"count": 0, "names": [], "problems": [], "torch": "2.13.0+cpu", "cpu_only": True}
+    cuda_torch = {"count": 0, "names": [], "problems": [], "torch": "2.13.0+cu128", "cpu_only": False}
+    got = failures(
+        diagnose(expected(gpus_per_node=8), results(n1={"gpus": cpu_torch}, n2={"gpus": cuda_torch})).rows
+    )
+    assert (
+        got[("GPUs", "n1")].value
+        == "0 GPU(s) seen by torch 2.13.0+cpu (a CPU-only build), gpus_per_node is 8"
+    )
+    assert got[("GPUs", "n1")].fix.startswith(
+        "install a CUDA build of torch into /venv/bin/python3 on the nodes"
+    )
+    assert got[("GPUs", "n2")].value == "0 GPU(s) seen by torch 2.13.0+cu128, gpus_per_node is 8"
+    assert "load the CUDA driver" in got[("GPUs", "n2")].fix
