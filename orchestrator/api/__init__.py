@@ -221,8 +221,12 @@ def init_profile(
     probe_node: bool = True,
     print_only: bool = False,
     force: bool = False,
+    gpu_type: str | None = None,
+    out: TextIO | None = None,
 ) -> tuple[str, Path | None]:
-    """``profiles init``: a Slurm profile written from what the cluster says; its text and file."""
+    """``profiles init``: a Slurm profile written from what the cluster says; its text and file.
+    ``gpu_type``: which of the partition's GPU types to draft (default: the one on most nodes);
+    ``out`` (default nowhere) gets what was chosen when the partition has several."""
     from orchestrator.runner.profile_init import init_profile as init
 
     with door.door("init_profile"):
@@ -230,11 +234,14 @@ def init_profile(
         for label, value in (("partition", partition), ("account", account), ("qos", qos)):
             if value is not None:
                 inputs.text(label, value, f"a Slurm {label} name")
+        if gpu_type is not None:
+            inputs.text("gpu_type", gpu_type, "a GPU type of the partition's GRES (a100, h100)")
         inputs.path_text("python", python, optional=True)
         inputs.path_text("profiles_dir", profiles_dir, optional=True)
+        inputs.stream("out", out)
     folder = None if profiles_dir is None else str(profiles_dir)
-    answers = {"partition": partition, "account": account, "qos": qos, "python": python}
-    return init(name, answers, [str(line) for line in setup], folder, probe_node, print_only, force)
+    answers = {"partition": partition, "account": account, "qos": qos, "python": python, "gpu_type": gpu_type}
+    return init(name, answers, [str(line) for line in setup], folder, probe_node, print_only, force, out)
 
 
 def render_files(plan: LaunchPlan, node_rank: int | None = None, python: str | None = None) -> dict[str, str]:

@@ -47,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--account", default=None, help="the account to charge (default: your default account)")
     init.add_argument("--qos", default=None, help="the QOS (default: your association's default QOS)")
     init.add_argument(
+        "--gpu-type",
+        default=None,
+        metavar="TYPE",
+        help="the GPU type to draft where the partition has several (default: the one on most of its "
+        "nodes; the types found are said on stderr and in the file)",
+    )
+    init.add_argument(
         "--setup",
         action="append",
         default=None,
@@ -154,6 +161,8 @@ def init_profile(args: argparse.Namespace) -> int:
         probe_node=not args.no_node_probe,
         print_only=args.print,
         force=args.force,
+        gpu_type=args.gpu_type,
+        out=sys.stderr,
     )
     print(text, end="")
     if path is not None:

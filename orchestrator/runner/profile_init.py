@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TextIO
 
 from orchestrator.contract.errors import UserError
 from orchestrator.schedulers.slurm.discover import ask_cluster
-from orchestrator.schedulers.slurm.profile_draft import Answers, draft
+from orchestrator.schedulers.slurm.profile_draft import Answers, draft, gpu_note
 
 
 def target_folder(profiles_dir: str | None) -> Path:
@@ -49,14 +50,24 @@ def init_profile(
     probe_node: bool = True,
     print_only: bool = False,
     force: bool = False,
+    out: TextIO | None = None,
 ) -> tuple[str, Path | None]:
     """The drafted profile's text, and where it was written (None with ``print_only``). ``given``:
-    the user's ``partition``, ``account``, ``qos`` and ``python`` (None: ask the cluster)."""
+    the user's ``partition``, ``account``, ``qos``, ``python`` and ``gpu_type`` (None: ask the
+    cluster). ``out`` gets one line when the partition's GPUs left a choice (several types)."""
     answers = Answers(
-        given.get("partition"), given.get("account"), given.get("qos"), setup, given.get("python")
+        given.get("partition"),
+        given.get("account"),
+        given.get("qos"),
+        setup,
+        given.get("python"),
+        given.get("gpu_type"),
     )
     facts = ask_cluster(partition=answers.partition, probe_node=probe_node)
-    text = draft(name, facts, answers)
+    text = draft(name, facts, answers)  # a --gpu-type the partition lacks: refused, nothing written
+    note = gpu_note(facts, answers)
+    if note and out is not None:
+        print(f"profiles init: {note}", file=out, flush=True)
     if print_only:
         return text, None
     return text, write(name, text, target_folder(profiles_dir), force=force)

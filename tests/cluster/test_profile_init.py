@@ -4,7 +4,9 @@ partition with its own limits, an account and a QOS in slurmdbd, and GRES GPUs o
 profile it writes equals the cluster's configuration (the truth read from slurm.conf, gres.conf and
 what the test created, not from the code under test), validates, and a job submits with it
 unchanged: a CPU job runs where it says; a GPU job is given the nodes' GRES by Slurm (the batch
-script's ``--gres`` as written), and then stopped by the preflight, which finds no GPU there."""
+script's ``--gres`` as written), and then stopped by the preflight, which finds no GPU there. On the
+partition that mixes a node without GRES and GRES nodes, ``--gpu-type`` drafts the GRES nodes' GPUs,
+and a type the partition lacks is refused naming its types."""
 
 from __future__ import annotations
 
@@ -197,3 +199,35 @@ def test_profiles_init_on_gres_nodes_writes_their_gpus_and_slurm_gives_them(
     rows = json.loads(run_cli(["status", job_id, "--json"], orch_env, timeout=60).stdout)["jobs"]
     for node in nodes[:2]:
         assert f"node {node}: nvidia-smi failed" in rows[0]["reason"], rows
+
+
+def test_gpu_type_drafts_the_gres_nodes_of_a_partition_where_some_have_none(
+    shaped: list[str], orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``long`` mixes a node without GRES and GRES nodes: a CPU profile by default, said on stderr
+    with the partition's GPU types; ``--gpu-type`` drafts those nodes' GPUs; a type it lacks is one
+    line naming the partition and its types, and nothing is written."""
+    gres_nodes, kind, count = gres_truth()
+    with_gpus = [n for n in shaped if n in gres_nodes]
+    require(bool(with_gpus), f"a GRES node in {PARTITION} ({shaped}; GRES on {gres_nodes})")
+    profiles = tmp_path / "profiles"
+    base = ["profiles", "init", "mix", "--partition", PARTITION, "--no-node-probe", "--setup", "true",
+            "--profiles-dir", str(profiles)]  # fmt: skip
+    types = f"{kind} on {len(with_gpus)} node(s), {count} GPUs each"
+    cpu = run_cli(base, orch_env, timeout=180)
+    assert cpu.returncode == 0 and "gpus_per_node" not in yaml.safe_load((profiles / "mix.yaml").read_text())
+    assert f"GPU types of partition {PARTITION} (its nodes' GRES): {types}" in cpu.stderr, cpu.stderr
+    assert "so the draft is a CPU profile" in cpu.stderr, cpu.stderr
+    gpu = run_cli([*base, "--gpu-type", kind.upper(), "--force"], orch_env, timeout=180)
+    assert gpu.returncode == 0, gpu.stderr
+    data = yaml.safe_load((profiles / "mix.yaml").read_text())
+    assert (data["gpus_per_node"], data["gpu_type"], data["nodes"]["max"]) == (count, kind, len(with_gpus)), (
+        data
+    )
+    assert run_cli(["profiles", "validate", str(profiles / "mix.yaml")], orch_env, timeout=60).returncode == 0
+    refused = run_cli([*base[:2], "other", *base[3:], "--gpu-type", "nope"], orch_env, timeout=180)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"--gpu-type nope: partition {PARTITION} has no such GPU type; it has its GPU types: {types}" in (
+        refused.stderr
+    )
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (profiles / "other.yaml").exists()

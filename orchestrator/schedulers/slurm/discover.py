@@ -47,17 +47,23 @@ class Node:
 
     def gpus(self) -> tuple[int, str | None]:
         """(count, type) of the node's GPUs from its GRES (``gpu:a100:8``, ``gpu:4(S:0-1)``)."""
-        count, kind = 0, None
+        kinds = self.gpu_kinds()
+        return sum(n for _, n in kinds), next((k for k, _ in kinds if k), None)
+
+    def gpu_kinds(self) -> list[tuple[str | None, int]]:
+        """Each GPU entry of the node's GRES, in its order: (type as the cluster spells it, or None
+        for ``gpu:N``; count). ``gpu:a100:2,gpu:v100:2`` is two entries: a job asking for
+        ``gpu:a100:N`` gets only the first two GPUs."""
+        out: list[tuple[str | None, int]] = []
         for item in self.gres.split(","):
             parts = item.split("(")[0].split(":")
             if parts[0] != "gpu" or len(parts) < 2:
                 continue
             if len(parts) == 2 and parts[1].isdigit():
-                count += int(parts[1])
+                out.append((None, int(parts[1])))
             elif len(parts) >= 3 and parts[2].isdigit():
-                count += int(parts[2])
-                kind = kind or parts[1]
-        return count, kind
+                out.append((parts[1], int(parts[2])))
+        return out
 
 
 @dataclass
