@@ -158,18 +158,23 @@ class ResumableLoop:
 
     # ------------------------------------------------------------------ resume
     def _restore(self) -> None:
-        choice = None
+        """As train/ resumes: rank 0 picks the newest complete checkpoint without reading its shard
+        files, every rank hashes the shards it will read, all at once (``checked_choice``: a shard that
+        does not match the marker's digest marks the checkpoint corrupt and an older one is chosen),
+        then every rank loads the same one."""
+        from orchestrator.rank.checkpoint_io import checked_choice, load_state
+
+        found: tuple[str, dict[str, Any]] | None = None
         if self.accelerator.is_main_process:
-            found = find_resumable(self.run_dir, self._warn)
-            choice = str(found[0]) if found else None
-        choice = broadcast_from_main(choice)
+            newest = find_resumable(self.run_dir, self._warn, shards=False)
+            found = (str(newest[0]), newest[1]) if newest else None
+        checked = checked_choice(self.accelerator, self.run_dir, broadcast_from_main(found), self._warn)
+        choice = checked[0] if checked else None
         if choice is not None:
             from orchestrator.rank.workarounds import init_fsdp1_optimizer_state
 
             for optimizer in getattr(self.accelerator, "_optimizers", []):
                 init_fsdp1_optimizer_state(self.accelerator, optimizer)
-            from orchestrator.rank.checkpoint_io import load_state
-
             load_state(self.accelerator, Path(choice))
             self.resumed_from = Path(choice)
             self.last_saved_step = self.state.step
