@@ -214,3 +214,23 @@ def expectations_from_env(env: dict[str, str] | None = None, look_at_parent: boo
                     "on CPU use a MULTI_GPU or FSDP config with ACCELERATE_USE_CPU=1"
                 )
     return exp
+
+
+def training_alone_hint() -> str:
+    """Why each process trains alone; a GPU config whose torch sees no GPU says so ("set
+    ACCELERATE_USE_CPU=1" alone is the wrong advice on a GPU cluster)."""
+    import socket
+
+    import torch
+
+    if not _truthy(os.environ.get("ACCELERATE_USE_CPU")) and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        return (
+            f" Each process is training alone: the config is a GPU one, but torch {torch.__version__} ({build})"
+            f" on {socket.gethostname()} sees no CUDA device. On GPU nodes install a CUDA build of torch; on"
+            " CPU nodes use a profile with gpus_per_node: 0 (by hand: ACCELERATE_USE_CPU=1)."
+        )
+    return (
+        " Each process is training alone: a GPU-style (MULTI_GPU/FSDP) config on a CPU machine needs "
+        "ACCELERATE_USE_CPU=1, and a MULTI_CPU config or `--cpu` starts only one process."
+    )

@@ -32,6 +32,7 @@ from orchestrator.rank.expectations import (
     _strategy_from_accelerate_env,
     _truthy,
     expectations_from_env,
+    training_alone_hint,
 )
 
 if TYPE_CHECKING:
@@ -62,12 +63,7 @@ def check_launch(accelerator: Accelerator, exp: Expectation) -> list[str]:
     world = accelerator.num_processes
     dtype = accelerator.distributed_type.value
     if exp.world_size is not None and world != exp.world_size:
-        hint = ""
-        if world == 1 and exp.world_size > 1:
-            hint = (
-                " Each process is training alone: a GPU-style (MULTI_GPU/FSDP) config on a CPU machine needs "
-                "ACCELERATE_USE_CPU=1, and a MULTI_CPU config or `--cpu` starts only one process."
-            )
+        hint = training_alone_hint() if world == 1 and exp.world_size > 1 else ""
         problems.append(f"expected world size {exp.world_size}, found {world}.{hint}")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
     if exp.procs_per_node is not None and world > 1 and local_world != exp.procs_per_node:

@@ -126,9 +126,11 @@ def test_gpu_config_without_accelerate_use_cpu_is_detected(tmp_path):
     launch = tl.run(
         tmp_path / "run", "ddp", 2, 1, 2, ["--max-steps", "3"], timeout=90, env={"ACCELERATE_USE_CPU": None}
     )
-    _assert_selfcheck_failed(
+    out = _assert_selfcheck_failed(
         launch, "expected world size 2, found 1", "ACCELERATE_USE_CPU=1", started=started
     )
+    # this machine's torch is a CPU-only build: the hint names it and what a GPU profile needs
+    assert "(a CPU-only build)" in out and "sees no CUDA device" in out and "gpus_per_node: 0" in out, out
 
 
 # ---------------------------------------------------------------------------
