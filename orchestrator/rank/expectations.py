@@ -223,7 +223,12 @@ def training_alone_hint() -> str:
 
     import torch
 
-    if not _truthy(os.environ.get("ACCELERATE_USE_CPU")) and not torch.cuda.is_available():
+    launched_as_group = (_int_env(dict(os.environ), "WORLD_SIZE") or 1) > 1  # torchrun's, for a GPU config
+    if (
+        launched_as_group
+        and not _truthy(os.environ.get("ACCELERATE_USE_CPU"))
+        and not torch.cuda.is_available()
+    ):
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         return (
             f" Each process is training alone: the config is a GPU one, but torch {torch.__version__} ({build})"
