@@ -191,8 +191,12 @@ def test_a_gpu_profile_whose_torch_sees_no_gpu_fails_in_the_preflight_naming_eac
     print(f"[preflight] GPU profile, torch without CUDA: {verdict['seconds']} s; {verdict['reason']}")
     assert set(verdict["nodes"]) <= set(gres_nodes) and verdict["bad_nodes"] == verdict["nodes"], verdict
     build = "a CPU-only build" if torch.version.cuda is None else "a CUDA build"
-    for node in verdict["nodes"]:
-        assert f"node {node}: torch {torch.__version__} ({build}) sees no CUDA device" in verdict["reason"]
+    # each node's problems follow its name (nvidia-smi's first: these nodes have none)
+    named = verdict["reason"].removeprefix("preflight failed: ").split("; node ")
+    assert len(named) == len(verdict["nodes"]), verdict["reason"]
+    for node, said in zip(verdict["nodes"], named, strict=True):
+        assert said.removeprefix("node ").startswith(f"{node}: "), verdict["reason"]
+        assert f"torch {torch.__version__} ({build}) sees no CUDA device" in said, verdict["reason"]
     assert f"the profile asks for {count} GPUs per node (gpus_per_node)" in verdict["reason"], verdict
     assert not verdict["timed_out"] and verdict["seconds"] < PREFLIGHT["timeout_s"] / 2, verdict
     assert not (attempt_dir(run_dir, 0) / "heartbeat").exists()  # training never started
