@@ -254,7 +254,7 @@ def reference(request: pytest.FixtureRequest, ft_env: dict[str, str]) -> Backgro
         "test_sigkill_on_one_node_fails_then_resume_completes_exactly",
         "test_node_death_with_auto_resume_continues_without_that_node",
         "test_batch_host_death_requeues_the_job_which_resumes",
-        "test_a_real_preemption_comes_back_and_a_plain_scancel_stays_cancelled",
+        "test_real_preemptions_come_back_once_and_a_plain_scancel_stays_cancelled",
     ):
         yield None
         return
@@ -403,6 +403,8 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(
             lambda: segments(run_dir)[2]["train"], 120, "a step after the second resume", diagnostics=show
         )
         record("scontrol_requeue_round_trip_s", round(after2[0]["time"] - t_requeue, 1))
+        # Slurm requeued the job itself: node 0 does not requeue it once more
+        assert "not requeued again: Slurm requeues the job itself" in submitit_logs(run_dir, job_id)
 
         poll(lambda: (run_dir / "final.json").exists(), 240, "final.json", diagnostics=show)
         assert sacct_state(job_id, timeout=90) == "COMPLETED"
@@ -437,73 +439,103 @@ def test_preemption_usr2_then_scontrol_requeue_resume_exactly(
     assert_same_result(run_dir, reference_dir(reference))
 
 
-# ------------------------------------------------------------------ 2. a real preemption; a plain scancel
+# ------------------------------------------------------------------ 2. real preemptions; a plain scancel
 #: Partitions of the same nodes as the cluster's own: a job of the second (higher PriorityTier)
-#: preempts those of the first (PreemptMode=CANCEL with a grace time: Slurm sends SIGTERM and, after
-#: the grace, would cancel the job; nothing but the job itself brings it back). start_cluster.sh
-#: configures preemption by partition priority.
+#: preempts those of the first. start_cluster.sh configures preemption by partition priority.
 SCAVENGER, URGENT = "scavenger", "urgent"
 
 
-def test_a_real_preemption_comes_back_and_a_plain_scancel_stays_cancelled(
+def preempt(job_id: str, run_dir: Path, min_step: int) -> str:
+    """An urgent job asks for the first node of ``job_id`` once its rank 0 reached ``min_step``; rank 0
+    is held until Slurm's SIGTERM is pending in it (the run cannot end first). The urgent job's id."""
+    rank0 = rank_pid(run_dir, 0, min_step=min_step, timeout=120)
+    node = job_nodes(job_id)[0]
+    with held(rank0, [signal.SIGTERM]):
+        return slurm("sbatch", "--parsable", "-p", URGENT, "-w", node, "-N", "1", "--exclusive",
+                     "-o", "/dev/null", "--wrap", "true").stdout.strip()  # fmt: skip
+
+
+def handovers(run_dir: Path) -> list[dict[str, Any]]:
+    return [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
+
+
+def test_real_preemptions_come_back_once_and_a_plain_scancel_stays_cancelled(
     ft_env: dict[str, str], reference: Background, tmp_path: Path
 ) -> None:
-    """Slurm preempts the job for real: it saves at the step it stopped, requeues itself and resumes
-    exactly. Then the user's plain ``scancel`` (no ``orchestrator cancel``, so no marker) reaches
-    training as the same SIGTERM, and the job stays cancelled: node 0 does not requeue it. Then
-    ``orchestrator resume`` finishes it, equal to the uninterrupted run."""
+    """Slurm preempts the job for real, twice, under ``requeue_as: new_job`` (what ``auto`` picks with
+    Slurm's default cred_expire). First ``PreemptMode=REQUEUE`` without a grace time: Slurm requeues
+    the job itself, so node 0 must not hand over to a successor (the run would come back twice). Then
+    ``PreemptMode=CANCEL`` with a grace time: nothing but the job brings it back, and node 0 continues
+    it as a new job. Each resume starts at the step the job stopped at. Then the user's plain
+    ``scancel`` (no ``orchestrator cancel``, so no marker) reaches training as the same SIGTERM, and
+    the run stays cancelled. ``orchestrator resume`` then finishes it, equal to the uninterrupted run."""
     partition = os.environ.get("ORCHESTRATOR_TEST_CLUSTER_PARTITION", "debug")
     nodes = slurm("sinfo", "-h", "-p", partition, "-o", "%N").stdout.strip()
     slurm("scontrol", "create", f"PartitionName={SCAVENGER}", f"Nodes={nodes}", "PriorityTier=1",
-          "PreemptMode=CANCEL", "GraceTime=120", "MaxTime=INFINITE", "State=UP")  # fmt: skip
+          "PreemptMode=REQUEUE", "GraceTime=0", "MaxTime=INFINITE", "State=UP")  # fmt: skip
     slurm("scontrol", "create", f"PartitionName={URGENT}", f"Nodes={nodes}", "PriorityTier=10",
           "PreemptMode=OFF", "MaxTime=INFINITE", "State=UP")  # fmt: skip
-    profiles = user_profile_dir(tmp_path, partition=SCAVENGER, exclusive=True)
+    profiles = user_profile_dir(tmp_path, partition=SCAVENGER, exclusive=True, requeue_as="new_job")
     job_id, run_dir = submit(ft_env, [*TWO_NODES_FSDP, "--profiles-dir", str(profiles)], RUN_ARGS)
     show = diag(job_id, run_dir)
-    urgent = ""
+    urgent: list[str] = []
+    successor = ""
     try:
-        rank0 = rank_pid(run_dir, 0, min_step=5)
-        node = job_nodes(job_id)[0]
+        # 1. PreemptMode=REQUEUE: Slurm requeues the job itself.
         t_preempted = time.time()
-        # Rank 0 is held until Slurm's SIGTERM is pending in it: the run cannot end first.
-        with held(rank0, [signal.SIGTERM]):
-            urgent = slurm("sbatch", "--parsable", "-p", URGENT, "-w", node, "-N", "1", "--exclusive",
-                           "-o", "/dev/null", "--wrap", "true").stdout.strip()  # fmt: skip
-        first = poll(lambda: resumes(run_dir), 240, "the resume after the preemption", diagnostics=show)[0]
+        urgent.append(preempt(job_id, run_dir, min_step=5))
+        first = poll(lambda: resumes(run_dir), 240, "the resume after Slurm's requeue", diagnostics=show)[0]
         after = poll(lambda: segments(run_dir)[1]["train"], 120, "a step after the resume", diagnostics=show)
-        record("real_preemption_round_trip_s", round(after[0]["time"] - t_preempted, 1))
+        record("preempt_mode_requeue_round_trip_s", round(after[0]["time"] - t_preempted, 1))
         assert first["step"] == max(e["step"] for e in segments(run_dir)[0]["train"]), (
             "preempted: training must checkpoint the step it stopped at"
         )
-        assert sacct_state(urgent, timeout=60) == "COMPLETED", "the preempting job ran"
-        assert f"requeueing job {job_id}" in submitit_logs(run_dir, job_id), node_logs(run_dir)
+        assert not handovers(run_dir), "Slurm requeued the job: a successor job would run the run twice"
+        assert "not requeued again: Slurm requeues the job itself" in submitit_logs(run_dir, job_id)
+        assert slurm_restarts(job_id) == 1
 
-        # The user's plain scancel, while rank 0 is held from the third step after the resume.
-        rank0 = rank_pid(run_dir, 0, min_step=first["step"] + 3, timeout=120)
+        # 2. PreemptMode=CANCEL with a grace time: the job continues as a new job.
+        slurm("scontrol", "update", f"PartitionName={SCAVENGER}", "PreemptMode=CANCEL", "GraceTime=120")
+        t_preempted = time.time()
+        urgent.append(preempt(job_id, run_dir, min_step=first["step"] + 3))
+        second = poll(lambda: resumes(run_dir)[1:], 240, "the resume in the new job", diagnostics=show)[0]
+        after = poll(lambda: segments(run_dir)[2]["train"], 120, "a step after it", diagnostics=show)
+        record("preempt_mode_cancel_round_trip_s", round(after[0]["time"] - t_preempted, 1))
+        assert second["step"] == max(e["step"] for e in segments(run_dir)[1]["train"])
+        assert len(handovers(run_dir)) == 1, read_decisions(run_dir)
+        successor = str(handovers(run_dir)[0]["new_job_id"])
+        for job in urgent:
+            assert sacct_state(job, timeout=60) == "COMPLETED", f"the preempting job {job} ran"
+
+        # 3. The user's plain scancel of the job now running, rank 0 held from the third step on.
+        rank0 = rank_pid(run_dir, 0, min_step=second["step"] + 3, timeout=120)
         with held(rank0, [signal.SIGTERM]):
-            slurm("scancel", job_id)
+            slurm("scancel", successor)
         poll(
-            lambda: "not requeued: Slurm's accounting says CANCELLED" in submitit_logs(run_dir, job_id),
+            lambda: "not requeued: Slurm's accounting says CANCELLED" in submitit_logs(run_dir, successor),
             120,
             "node 0's word that the cancelled job is not requeued",
             diagnostics=show,
         )
-        assert sacct_state(job_id, timeout=90).startswith("CANCELLED")
-        poll(lambda: not slurm("squeue", "-h", "-j", job_id, check=False).stdout.strip(), 90, "the job gone")
-        assert slurm_restarts(job_id) == 1, "a plain scancel must not requeue the job"
-        assert not (run_dir / "logs" / "attempt_2").exists(), node_logs(run_dir)
+        assert sacct_state(successor, timeout=90).startswith("CANCELLED")
+        poll(
+            lambda: not slurm("squeue", "-h", "-j", successor, check=False).stdout.strip(), 90, "the job gone"
+        )
+        assert len(handovers(run_dir)) == 1 and slurm_restarts(successor) == 0, read_decisions(run_dir)
+        assert not (run_dir / "logs" / "attempt_3").exists(), node_logs(run_dir)
 
-        res = run_cli(["resume", job_id, "--wait", "--poll", "1"], ft_env, timeout=300)
+        res = run_cli(["resume", successor, "--wait", "--poll", "1"], ft_env, timeout=300)
         assert res.returncode == 0, res.stdout + res.stderr + node_logs(run_dir)
     finally:
         if not (run_dir / "final.json").exists():
-            scancel_quietly(job_id)
-        if urgent:
-            scancel_quietly(urgent)
+            for job in (job_id, successor):
+                if job:
+                    scancel_quietly(job)
+        for job in urgent:
+            scancel_quietly(job)
         for name in (SCAVENGER, URGENT):
             slurm("scontrol", "delete", f"PartitionName={name}", check=False)
-    assert len(resumes(run_dir)) == 2, resumes(run_dir)
+    assert len(resumes(run_dir)) == 3, resumes(run_dir)
     assert_same_result(run_dir, reference_dir(reference))
 
 

@@ -38,11 +38,13 @@ from orchestrator.contract.run_dir import (
     read_current_plan_json,
     requeue_recorded_since,
 )
+from orchestrator.schedulers.slurm.cancel_verdict import requeued_by_slurm
 from orchestrator.schedulers.slurm.environment import (
     allocation_nodes,
     batch_restarts,
     cancelled_by_user,
     clean_submit_environment,
+    slurm_view,
 )
 from orchestrator.schedulers.slurm.node_probe import (
     PROBE_TIMEOUT_S,
@@ -424,6 +426,10 @@ def act_on_requeue(
     stopped = budget_stop(run_dir, attempt) if attempt is not None else None
     if stopped is not None:
         print(f"[orchestrator node] not requeued: {stopped.get('reason')}", file=sys.stderr, flush=True)
+        return False
+    by_slurm = requeued_by_slurm(slurm_view(job_id), restarts)
+    if by_slurm is not None:
+        print(f"[orchestrator node] not requeued again: {by_slurm}", file=sys.stderr, flush=True)
         return False
 
     if requeue_mode(plan.profile.requeue_as) == "new_job":

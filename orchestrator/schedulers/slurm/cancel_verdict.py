@@ -15,6 +15,11 @@ preemption, ``PreemptMode=CANCEL`` + grace  RUNNING          None             se
 preemption, ``PreemptMode=REQUEUE``         COMPLETING       None             none         PREEMPTED
 ==========================================  ===============  ===============  ===========  ==============
 
+In the last row Slurm requeues the job itself, and its ``Restarts`` already counts it when the
+SIGTERM arrives (1 in a job whose ``SLURM_RESTART_COUNT`` is 0; ``scontrol requeue`` by an admin
+the same): node 0 must then neither requeue it again nor hand over to a successor job
+(:func:`requeued_by_slurm`), or the run would come back twice.
+
 So accounting (``sacct``) is asked first: it names the cancel. It lags slurmctld (above, a job two
 seconds into its run was still PENDING there), so a COMPLETING job whose record does not yet say
 how it ended is asked again for a while. Without accounting, a COMPLETING job that Slurm gives no
@@ -57,6 +62,8 @@ class SlurmView:
     #: sacct's State (e.g. ``CANCELLED by 0``); None when accounting cannot be asked, "" when it has
     #: no record of the job yet.
     accounting: str | None
+    #: scontrol's Restarts: how often Slurm requeued the job, this time included (None: not said).
+    restarts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,18 @@ def parse_view(scontrol_line: str, sacct_state: str | None) -> SlurmView:
         reason=_field(scontrol_line, "Reason") or "None",
         preempted=preempt_time not in ("", "None", "Unknown"),
         accounting=None if sacct_state is None else sacct_state.strip(),
+        restarts=int(restarts) if (restarts := _field(scontrol_line, "Restarts")).isdigit() else None,
+    )
+
+
+def requeued_by_slurm(view: SlurmView, own_restarts: int) -> str | None:
+    """Why node 0 must leave the requeue to Slurm: Slurm counts a requeue this attempt has not
+    started from (``own_restarts``: its ``SLURM_RESTART_COUNT``). None otherwise."""
+    if view.restarts is None or view.restarts <= own_restarts:
+        return None
+    return (
+        f"Slurm requeues the job itself (its Restarts is {view.restarts}, this attempt started at "
+        f"{own_restarts}: a preemption with PreemptMode=REQUEUE, or scontrol requeue)"
     )
 
 

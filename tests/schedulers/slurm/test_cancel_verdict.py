@@ -53,3 +53,17 @@ def test_a_completing_job_accounting_has_not_recorded_is_asked_again_then_judged
     # a job being preempted (PreemptTime set) is never taken for a cancel
     preempting = SCANCEL.replace("PreemptTime=None", "PreemptTime=2026-11-29T09:36:30")
     assert cancel_verdict(parse_view(preempting, None), patient=False).cancelled is None
+
+
+def test_a_requeue_slurm_already_counts_is_left_to_slurm() -> None:
+    """PreemptMode=REQUEUE (or an admin's scontrol requeue): Slurm's Restarts already counts the
+    requeue when the SIGTERM arrives; node 0 must not requeue again nor hand over to a successor."""
+    from orchestrator.schedulers.slurm.cancel_verdict import requeued_by_slurm
+
+    view = parse_view(REQUEUE_MODE, "PREEMPTED")
+    assert view.restarts == 1
+    why = requeued_by_slurm(view, own_restarts=0)
+    assert why is not None and "Restarts is 1, this attempt started at 0" in why
+    assert requeued_by_slurm(view, own_restarts=1) is None  # the attempt Slurm's requeue started
+    assert requeued_by_slurm(parse_view(GRACE, "RUNNING"), own_restarts=0) is None  # no Restarts said
+    assert requeued_by_slurm(parse_view(SCANCEL.replace("JobId=7", "JobId=7 Restarts=0"), None), 0) is None
