@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.node.preflight import agree, gpu_problems, image_problems
+from orchestrator.rank.expectations import cpu_only_build
 from orchestrator.supervise.doctor import HOST_FILE, NODE_FILE, PACKAGES, REPORT_MARKER, WAITED_FOR_OTHERS
 
 #: Bytes all-reduced per try, and tries (the best counts: a busy host's noise is not the network's).
@@ -61,8 +62,7 @@ def gpus_seen(expected: int, torch_ok: bool) -> dict[str, Any]:
         import torch
 
         info["torch"] = str(torch.__version__)
-        version = getattr(torch, "version", None)
-        info["cpu_only"] = getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None
+        info["cpu_only"] = cpu_only_build(torch)
         try:
             count = torch.cuda.device_count()
             info["names"] = [torch.cuda.get_device_name(i) for i in range(count)]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.env import RUN_DIR_ENV
+from orchestrator.rank.expectations import cpu_only_build
 from orchestrator.supervise.preflight import PAYLOAD_BYTES, PINGS, TRANSFERS
 
 #: How much longer than the profile's ``preflight.timeout_s`` the nodes wait for each other's go/no-go:
@@ -129,8 +130,7 @@ def torch_problems(expected: int) -> tuple[list[str], bool]:
     why += [str(w.message) for w in caught]
     if count >= expected:
         return [], True
-    version = getattr(torch, "version", None)
-    cpu_only = getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None
+    cpu_only = cpu_only_build(torch)
     build = "a CPU-only build" if cpu_only else "a CUDA build"
     seen = "no CUDA device" if count == 0 else f"only {count} CUDA device(s)"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

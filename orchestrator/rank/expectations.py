@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.strategies import STRATEGIES as STRATEGY_TABLE
 from orchestrator.config.strategies import STRATEGY_NAMES
@@ -216,6 +217,13 @@ def expectations_from_env(env: dict[str, str] | None = None, look_at_parent: boo
     return exp
 
 
+def cpu_only_build(torch: Any) -> bool:
+    """Whether ``torch`` is built for neither CUDA nor ROCm: it sees no GPU whatever the node has.
+    Shared by the self-check, the preflight and the doctor."""
+    version = getattr(torch, "version", None)
+    return getattr(version, "cuda", None) is None and getattr(version, "hip", None) is None
+
+
 def training_alone_hint() -> str:
     """Why each process trains alone; a GPU config whose torch sees no GPU says so ("set
     ACCELERATE_USE_CPU=1" alone is the wrong advice on a GPU cluster)."""
@@ -229,7 +237,7 @@ def training_alone_hint() -> str:
         and not _truthy(os.environ.get("ACCELERATE_USE_CPU"))
         and not torch.cuda.is_available()
     ):
-        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        build = "a CPU-only build" if cpu_only_build(torch) else f"built for CUDA {torch.version.cuda}"
         return (
             f" Each process is training alone: the config is a GPU one, but torch {torch.__version__} ({build})"
             f" on {socket.gethostname()} sees no CUDA device. On GPU nodes install a CUDA build of torch; on"
