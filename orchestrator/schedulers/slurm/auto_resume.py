@@ -38,7 +38,7 @@ from orchestrator.contract.run_dir import (
     read_current_plan_json,
     requeue_recorded_since,
 )
-from orchestrator.schedulers.slurm.cancel_verdict import requeued_by_slurm
+from orchestrator.schedulers.slurm.cancel_verdict import SlurmView, requeued_by_slurm
 from orchestrator.schedulers.slurm.environment import (
     allocation_nodes,
     batch_restarts,
@@ -214,16 +214,19 @@ def fewer_spares_if_needed(plan: LaunchPlan, decision: Decision) -> LaunchPlan:
     return replace(plan, profile=profile)
 
 
-def continue_in_new_job(run_dir: Path, job_id: str, plan: LaunchPlan, restarts: int) -> bool:
+def continue_in_new_job(
+    run_dir: Path, job_id: str, plan: LaunchPlan, restarts: int, asked: SlurmView | None = None
+) -> bool:
     """``requeue_as: new_job``: training checkpointed on a stop signal; instead of ``scontrol
     requeue`` (which Slurm holds for cred_expire + 1 s, 121 s by default), submit a successor into the
     same run, depending on this job (``afterany``), so it starts as soon as this one has ended.
 
     Bounded by ``max_requeues`` together with this job's own requeues and the run's earlier
-    resubmissions (auto-resume's too); recorded in ``auto_resume.jsonl``. True when handed over."""
+    resubmissions (auto-resume's too); recorded in ``auto_resume.jsonl``. True when handed over.
+    ``asked``: Slurm's view of the job just taken (:func:`cancelled_by_user`)."""
     previous = [d for d in read_decisions(run_dir) if d.get("action") == "resubmitted"]
     used = len(previous) + restarts
-    cancelled = cancelled_by_user(run_dir, job_id)
+    cancelled = cancelled_by_user(run_dir, job_id, asked)
     if cancelled:
         decision = Decision(job_id, EXIT_REQUEUE, "none", f"not requeued: {cancelled}")
     elif used >= plan.max_requeues:
@@ -427,14 +430,15 @@ def act_on_requeue(
     if stopped is not None:
         print(f"[orchestrator node] not requeued: {stopped.get('reason')}", file=sys.stderr, flush=True)
         return False
-    by_slurm = requeued_by_slurm(slurm_view(job_id), restarts)
+    view = slurm_view(job_id)
+    by_slurm = requeued_by_slurm(view, restarts)
     if by_slurm is not None:
         print(f"[orchestrator node] not requeued again: {by_slurm}", file=sys.stderr, flush=True)
         return False
 
     if requeue_mode(plan.profile.requeue_as) == "new_job":
-        return continue_in_new_job(run_dir, job_id, plan, restarts)
-    decision = decide_requeue(restarts, plan.max_requeues, cancelled_by_user(run_dir, job_id))
+        return continue_in_new_job(run_dir, job_id, plan, restarts, view)
+    decision = decide_requeue(restarts, plan.max_requeues, cancelled_by_user(run_dir, job_id, view))
     if not decision.requeue:
         print(f"[orchestrator node] {decision.reason}", file=sys.stderr, flush=True)
         return False

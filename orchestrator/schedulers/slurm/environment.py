@@ -108,21 +108,24 @@ def clean_submit_environment() -> None:
             del os.environ[name]
 
 
-def cancelled_by_user(run_dir: Path, job_id: str) -> str | None:
+def cancelled_by_user(run_dir: Path, job_id: str, asked: SlurmView | None = None) -> str | None:
     """Why not to requeue: ``orchestrator cancel`` left its marker, or Slurm says the job was
     cancelled (a plain ``scancel`` also sends SIGTERM, which training handles like a preemption:
     :mod:`orchestrator.schedulers.slurm.cancel_verdict` tells them apart). Bounded: accounting is
-    waited for at most :data:`ACCOUNTING_CATCH_UP_S`."""
+    waited for at most :data:`ACCOUNTING_CATCH_UP_S`. ``asked``: a view of the job just taken (the
+    first look then asks Slurm nothing more)."""
     import time
 
     if cancel_requested(run_dir):
         return "cancelled by user (orchestrator cancel)"
     deadline = time.monotonic() + ACCOUNTING_CATCH_UP_S
+    view = asked or slurm_view(job_id)
     while True:
-        verdict = cancel_verdict(slurm_view(job_id), patient=time.monotonic() < deadline)
+        verdict = cancel_verdict(view, patient=time.monotonic() < deadline)
         if verdict.settled:
             return verdict.cancelled
         time.sleep(0.5)
+        view = slurm_view(job_id)
 
 
 def slurm_view(job_id: str) -> SlurmView:
