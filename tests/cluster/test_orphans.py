@@ -156,7 +156,14 @@ def test_kill_9_of_a_node_entry_takes_its_ranks_and_resume_names_what_lives(
     _all_gone(ranks, entries)
     print(f"[orphans] node entry killed: every rank gone after {time.monotonic() - killed_at:.1f} s")
     assert living_pids([stray]) == [stray]  # rank 0's own child, orphaned out of Slurm's sight
-    row = status_row(orch_env, job_id)
+
+    # The batch step ends the job a moment after the ranks are gone (it decides on a restart first):
+    # until Slurm reports the end, status says RUNNING with no reason.
+    def ended_in_slurm() -> dict | None:
+        row = status_row(orch_env, job_id)
+        return row if row.get("reason") else None
+
+    row = poll(ended_in_slurm, 60, "Slurm's end of the job in status")
     assert not row["terminal"] and f"pid {stray}" in (row.get("reason") or ""), row
     assert _refused_naming(orch_env, job_id, [stray]) == [stray]
     kill_tree(stray)
