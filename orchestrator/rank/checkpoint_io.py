@@ -109,14 +109,27 @@ def check_own_shards(accelerator: Any, folder: Path, digests: dict[str, str]) ->
     return [p for part in gathered for p in (part or [])]
 
 
+def _older_folders(run_dir: Path, skipped: Path) -> list[Path]:
+    """The run's checkpoint folders older than ``skipped``, newest first: those rank 0's
+    ``find_resumable`` has not looked at yet (it returned ``skipped`` and reported the newer ones it
+    passed over). All of them when ``skipped`` is not one of the run's."""
+    from orchestrator.contract.run_dir import checkpoint_folders
+
+    folders = [folder for _, folder in checkpoint_folders(run_dir)]
+    names = [folder.name for folder in folders]
+    return folders[names.index(skipped.name) + 1 :] if skipped.name in names else folders
+
+
 def checked_choice(
     accelerator: Any, run_dir: Path, found: tuple[str, dict] | None, warn: Any = print
 ) -> tuple[str, dict] | None:
     """The checkpoint to resume from, its shard files checked: ``found`` is rank 0's
     ``find_resumable(run_dir, warn, shards=False)`` as every rank received it. A checkpoint whose
-    shards do not match its digests is marked corrupt and skipped, as ``find_resumable`` does with
-    the other files, and rank 0 chooses again. Collective; the same answer on every rank."""
-    from orchestrator.contract.checkpoints import find_resumable, mark_checkpoint_corrupt
+    shards do not match its digests is marked corrupt and skipped with one warning, as
+    ``find_resumable`` does with the other files, and rank 0 chooses again among the older ones
+    (``newest_complete``): the newer ones were skipped, and reported, already, so each skipped
+    checkpoint is reported once. Collective; the same answer on every rank."""
+    from orchestrator.contract.checkpoints import mark_checkpoint_corrupt, newest_complete
     from orchestrator.contract.run_dir import COMPLETE_MARKER
     from orchestrator.rank.shard_plan import gc_paused
 
@@ -132,7 +145,7 @@ def checked_choice(
             why = "; ".join(problems)
             mark_checkpoint_corrupt(folder, why)
             warn(f"warning: skipping checkpoint {folder}: content does not match {COMPLETE_MARKER}: {why}")
-            again = find_resumable(run_dir, warn, shards=False)
+            again = newest_complete(_older_folders(run_dir, folder), warn, shards=False)
             choice = [(str(again[0]), again[1]) if again else None]
         if accelerator.num_processes > 1:
             import torch.distributed as dist

@@ -106,6 +106,7 @@ def test_corrupt_newest_checkpoint_resumes_from_previous_with_equal_final_loss(
     assert second.returncodes == [0], second.output()
     out = second.output()
     assert f"skipping checkpoint {newest}" in out and "content does not match" in out, out
+    assert out.count(f"skipping checkpoint {newest}") == 1, out  # once, not again when choosing again
     loaded = tl.read_json(run_dir / "loaded.json")
     resumed_at = int(previous.name.removeprefix("step_"))
     assert loaded["step"] == resumed_at and loaded["checkpoint"].endswith(previous.name)

@@ -82,6 +82,7 @@ def test_a_flipped_byte_in_rank_1s_shard_is_found_by_rank_1_and_the_loop_resumes
         f"warning: skipping checkpoint {newest}: content does not match COMPLETE.json: "
         "file optimizer_0/__1_0.distcp: sha256 " in log
     ), log
+    assert log.count(f"skipping checkpoint {newest}") == 1, log  # once, by rank 0, not again on re-choice
     assert f"resumed from {previous}: step {2 * EVERY}" in log, log
     assert (newest / CORRUPT_MARKER).is_file()
     assert "optimizer_0/__1_0.distcp" in json.loads((newest / CORRUPT_MARKER).read_text())["reason"]

@@ -91,6 +91,7 @@ def test_a_flipped_byte_in_a_shard_only_rank_1_reads_is_refused(
         assert r["fast"]["model"] and r["fast"]["optimizer"] and r["equal"], r
     assert (newest / CORRUPT_MARKER).is_file()
     assert f"skipping checkpoint {newest}" in stdout and "pytorch_model_fsdp_0/__1_0.distcp" in stdout, stdout
+    assert stdout.count(f"skipping checkpoint {newest}") == 1, stdout  # reported once, not again on re-choice
     # and with no older checkpoint left, nothing is loaded
     shutil.rmtree(out / "run" / "checkpoints" / "step_00000003")
     (newest / CORRUPT_MARKER).unlink()
