@@ -418,6 +418,7 @@ REPEATED_NAMES: dict[str, str] = {
     "strategies": "cli/strategies prints config/strategies' table",
     "handles": "remote/'s RemoteJob and RemoteSweep are the laptop's twins of api/'s Job and Sweep",
     "hf": "orchestrator.hf is the public name of rank/hf",
+    "in_place": "contract/in_place names a restart in place's files; schedulers/slurm/in_place is the batch step's side",
     "loop": "orchestrator.loop is the public name of rank/loop",
     "preflight": "supervise/ runs the preflight from the batch step; node/ is each node's part of it",
     "doctor": "cli/ prints what api/ and runner/ run; supervise/ decides, node/ is each node's part",

@@ -45,3 +45,7 @@ OVERWRITE_CHECKPOINTS_ENV = "ORCHESTRATOR_OVERWRITE_CHECKPOINTS"
 #: The image's Python, torch and accelerate (and warnings), as a containerised node task found them
 #: before submitit ran: the node entry writes them into its node log, which ``orchestrator logs`` shows.
 CONTAINER_REPORT_ENV = "ORCHESTRATOR_CONTAINER_REPORT"
+#: "1" in a Slurm step the batch step may restart in place: a node whose ranks failed keeps its
+#: launcher (torch imported, the rendezvous port held) and waits for the batch step's word
+#: (``run_dir.next_attempt_file``) instead of ending its task.
+RESTART_IN_PLACE_ENV = "ORCHESTRATOR_RESTART_IN_PLACE"

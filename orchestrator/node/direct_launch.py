@@ -70,12 +70,15 @@ def not_direct_reason(args: Any, env: dict[str, str]) -> str | None:
     return None
 
 
-def rank_environments(args: Any, held_port: int | None = None) -> list[dict[str, str]]:
+def rank_environments(
+    args: Any, held_port: int | None = None, restart_count: int = 0
+) -> list[dict[str, str]]:
     """One environment per local rank: Accelerate's launch environment plus torchrun's worker variables.
 
     Runs in the launcher with ``os.environ`` already the ranks' base environment. ``held_port``: the
     rendezvous port this launcher holds itself (handed over by the node): Accelerate's check that
-    the port is free must not count that one as taken."""
+    the port is free must not count that one as taken. ``restart_count``: how often this launcher
+    started its ranks again in place before (torchrun's ``TORCHELASTIC_RESTART_COUNT``)."""
     import accelerate.utils.launch as accelerate_launch
 
     in_use = accelerate_launch.is_port_in_use
@@ -117,7 +120,7 @@ def rank_environments(args: Any, held_port: int | None = None) -> list[dict[str,
                 "ROLE_WORLD_SIZE": str(world),
                 "MASTER_ADDR": addr,
                 "MASTER_PORT": port,
-                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_RESTART_COUNT": str(restart_count),
                 "TORCHELASTIC_MAX_RESTARTS": "0",
                 "TORCHELASTIC_RUN_ID": "none",
                 "TORCHELASTIC_USE_AGENT_STORE": "False",
@@ -165,10 +168,18 @@ def run_ranks(
 ) -> int:
     """Fork the ranks, relay their output, end them all when one fails; the node's exit code.
     ``store_listener``: node 0's rendezvous store socket (:mod:`orchestrator.node.launch_store`), served
-    here once the ranks are forked."""
+    by a process of its own for as long as these ranks live; the socket stays open here, so ranks
+    started again in place (a later call) connect to it as early as these did."""
     for sig in PARENT_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _parent_signal)
+    store = None
+    if store_listener is not None:
+        from orchestrator.node import launch_store
+
+        store = launch_store.start(store_listener, envs[0], say)
+        if store is None:
+            return 1
     ranks: dict[int, _Rank] = {}
     sel = selectors.DefaultSelector()
     launcher = os.getpid()
@@ -186,6 +197,8 @@ def run_ranks(
                 os.close(other.fd)
             if store_listener is not None:
                 store_listener.close()  # the launcher's; a rank is the store's client
+            if store is not None:
+                os.close(store.ready_fd)
             _rank_main(script, script_args, env, write_fd)
         os.close(write_fd)
         rank = _Rank(local, int(env["RANK"]), pid, read_fd, _rank_log(log_dir, env["RANK"]))
@@ -193,30 +206,15 @@ def run_ranks(
         sel.register(read_fd, selectors.EVENT_READ, rank)
     if log_dir:
         _record_pids(Path(log_dir), ranks.values())
-    store = _serve_store(store_listener, envs[0], ranks) if store_listener is not None else None
     say(
         f"started {len(envs)} rank(s) by fork: pids {' '.join(str(r.pid) for r in ranks.values())} "
         f"(ranks {envs[0]['RANK']}..{envs[-1]['RANK']} of {envs[0]['WORLD_SIZE']})"
     )
     code = _supervise(ranks, sel)
     sel.close()
-    del store  # served until every rank is done
+    if store is not None:  # served until every rank is done; a fresh one for ranks started again
+        store.stop()
     return code
-
-
-def _serve_store(listener: socket.socket, env: dict[str, str], ranks: dict[int, _Rank]) -> Any:
-    """The rendezvous store, after the fork; if it cannot be served, the ranks (its clients) would
-    wait for it until their timeout: they are stopped now and the error says why."""
-    from orchestrator.node import launch_store
-
-    try:
-        return launch_store.serve(listener, env)
-    except Exception as exc:
-        say(f"cannot serve the rendezvous store on port {env.get('MASTER_PORT')}: {exc}")
-        for rank in ranks.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rank.pid, signal.SIGKILL)
-        raise
 
 
 def _record_pids(log_dir: Path, ranks: Any) -> None:

@@ -42,6 +42,7 @@ from orchestrator.contract.env import (
     STRATEGY_ENV,
 )
 from orchestrator.contract.errors import RunFailure
+from orchestrator.contract.in_place import node_kept_file
 from orchestrator.contract.run_dir import (
     EXIT_REQUEUE,
     TENSORBOARD_DIR,
@@ -56,10 +57,13 @@ from orchestrator.contract.run_dir import (
     read_plan_json,
 )
 from orchestrator.contract.run_name import run_name
+from orchestrator.node import restart_in_place as in_place
 from orchestrator.node.budget_watch import BudgetWatch
 from orchestrator.node.hang_watch import NodeHangWatch
+from orchestrator.node.launch_store import rendezvous_port
 from orchestrator.node.launcher import (
     FORWARDED_SIGNALS,
+    Generation,
     PrewarmedLauncher,
     SignalRelay,
     kill_tree,
@@ -182,6 +186,13 @@ def run_node(
         finally:
             relay.restore()
             prewarmed.discard()  # no-op once handed off
+        if prewarmed.kept is not None and (code in (0, EXIT_REQUEUE) or relay.received):
+            prewarmed.release()  # ended by a stop, or done: nothing to start again in place
+        if prewarmed.kept is not None:  # before the exit file: the batch step reads both
+            node_kept_file(path, node.node_rank).write_text("")
+            print(
+                "[orchestrator node] launcher kept: waiting for the batch step's word", file=log, flush=True
+            )
         # Through a temp file and a rename: node 0 and the peers poll for it, and a file caught
         # between its creation and its write read as empty, which a reader took for exit 1 (a
         # completed local job ended FAILED, "non-zero exit on node 1", under load).
@@ -215,8 +226,12 @@ def _launch_and_wait(
     from orchestrator.contract.requeue import wait_for_requeue_record
 
     host = socket.gethostname()
-    main_ip = node.main_ip(plan, path)
-    port, listener = _rendezvous_port(plan, node, path)
+    if prewarmed.kept is not None and prewarmed.rendezvous is not None:
+        (main_ip, port), listener = prewarmed.rendezvous, None  # the kept launcher holds its socket
+    else:
+        main_ip = node.main_ip(plan, path)
+        port, listener = rendezvous_port(plan, node, path)
+    prewarmed.rendezvous = (main_ip, port)
     runtime = NodeRuntime(machine_rank=node.node_rank, main_process_ip=main_ip, main_process_port=port)
     config_path = node_config_file(path, node.node_rank)
     deepspeed_path = None
@@ -261,7 +276,7 @@ def _launch_and_wait(
     env = training_environment(plan, node, run_dir, attempt)
     started = time.monotonic()
     launched_at = time.time()
-    launcher = prewarmed.hand_off(argv, env, log_path, node_log_bin, listener)
+    launcher = prewarmed.hand_off(argv, env, log_path, node_log_bin, listener, keep=in_place.requested())
     node_pid_file(path, node.node_rank).write_text(str(launcher.pid))
     relay.launcher = launcher
     budget = BudgetWatch(plan, run_dir, attempt, node, relay, stop, log)
@@ -271,6 +286,8 @@ def _launch_and_wait(
     finally:
         kill_tree(launcher.pid)
         budget.meter()
+    if isinstance(launcher, Generation):
+        prewarmed.keep(launcher)
     elapsed = time.monotonic() - started
     pre_timeout = stop in relay.received
     if code != 0 and wait_for_requeue_record(run_dir, launched_at, pre_timeout):
@@ -303,53 +320,6 @@ def _launch_and_wait(
         flush=True,
     )
     return code
-
-
-#: In the attempt's folder: the port node 0 of a job on a shared host chose (:func:`_rendezvous_port`).
-RENDEZVOUS_PORT_FILE = "rendezvous_port"
-#: How long the other nodes wait for node 0 to choose it.
-RENDEZVOUS_PORT_WAIT_S = 60.0
-
-
-def _rendezvous_port(plan: LaunchPlan, node: NodeEnvironment, path: Path) -> tuple[int, Any]:
-    """The rendezvous port, and on node 0 of a job on a shared host the socket that holds it.
-
-    A node that is a whole machine of the job's own uses the port derived from the job id. Simulated
-    nodes share one machine with other jobs, whose ids come from other registries (every
-    ``ORCHESTRATOR_HOME`` numbers from ``local-1``): there node 0 takes a port nobody holds, keeps it
-    bound and listening until its launcher's store owns it (the socket is handed over), and writes it
-    where the other nodes read it. Measured before: two registries' ``local-1`` both chose port 29614
-    and the second failed at once."""
-    from orchestrator.config.render import port_for_job
-    from orchestrator.contract.run_dir import write_json_atomic
-
-    start, end = plan.profile.port_range.start, plan.profile.port_range.end
-    derived = port_for_job(node.job_id, start, end)
-    if not node.shares_host:
-        return derived, None
-    record = path / RENDEZVOUS_PORT_FILE
-    if node.is_first_node:
-        from orchestrator.node.launch_store import hold_free_port
-
-        try:
-            listener = hold_free_port(derived, start, end)
-        except OSError as exc:
-            raise RunFailure(f"rendezvous: {exc}") from None
-        port = int(listener.getsockname()[1])
-        write_json_atomic(record, {"port": port})
-        return port, listener
-    deadline = time.monotonic() + RENDEZVOUS_PORT_WAIT_S
-    while True:
-        from orchestrator.contract.run_dir import read_json
-
-        data = read_json(record) or {}
-        if isinstance(data.get("port"), int):
-            return int(data["port"]), None
-        if time.monotonic() > deadline:
-            raise RunFailure(
-                f"node 0 chose no rendezvous port within {RENDEZVOUS_PORT_WAIT_S:.0f} s ({record})"
-            )
-        time.sleep(0.1)
 
 
 #: How often a running node looks for a failed peer (local jobs; see NodeEnvironment.failed_peer).
@@ -461,8 +431,16 @@ class NodeTask:
                 plan = dataclasses.replace(plan, nodes=node.shrunk_to)
             node.begin(run_dir, attempt)
             code = run_node(plan, run_dir, node, attempt, prewarmed)
+            while prewarmed.kept is not None:  # a restart in place (orchestrator.node.restart_in_place)
+                following = in_place.wait_for_next_attempt(
+                    attempt_dir(run_dir, attempt), NOTED_SIGNALS, sys.stderr
+                )
+                if following is None:
+                    break
+                attempt = following
+                code = run_node(plan, run_dir, node, attempt, prewarmed)
         finally:
-            prewarmed.discard()
+            prewarmed.release()
         handed_over = node.finish(plan, run_dir, attempt, code)
         if code not in (0, EXIT_REQUEUE) or (code == EXIT_REQUEUE and node.is_first_node and not handed_over):
             # A raised error makes the task exit non-zero, so the scheduler says FAILED. Nodes other
@@ -471,7 +449,12 @@ class NodeTask:
         return code
 
 
+#: Stop signals the node task received outside a launch (a kept launcher's wait ends on one).
+NOTED_SIGNALS: list[int] = []
+
+
 def _note_signal(signum: int, frame: FrameType | None) -> None:
+    NOTED_SIGNALS.append(signum)
     print(
         f"[orchestrator node] {signal.Signals(signum).name} ignored: training is not running",
         file=sys.stderr,

@@ -10,17 +10,31 @@ made the ``process_group`` phase of a 2-node start-up 0.02 s in some runs and 0.
 torchrun avoids it by having its agent host the store (``TORCHELASTIC_USE_AGENT_STORE``). The direct
 launcher does the same: node 0's launcher binds and listens on ``MASTER_PORT`` as soon as it knows
 the launch (:func:`listen_early`), ~1-2 s before its ranks are forked, so an early client's connect
-is queued by the kernel instead of refused. Once its ranks are forked (never before: the server's
-thread must not be in the parent at ``fork``), it serves the store on that socket (:func:`serve`),
-for as long as the launcher lives, which is as long as the ranks do. Every rank, rank 0 included, is
-a client.
+is queued by the kernel instead of refused. A child of the launcher serves the store on that socket
+(:func:`start`, :func:`serve`) for as long as the ranks live: the server's threads never live in the
+launcher, which forks the ranks (again, for a restart in place: each start gets a fresh store, and
+the socket, kept open by the launcher, queues the new ranks' connects meanwhile). Every rank, rank 0
+included, is a client.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
-from typing import Any
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.contract import run_alive
+from orchestrator.contract.errors import RunFailure
+from orchestrator.rank.run_script import leave
+
+if TYPE_CHECKING:
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.schedulers.base import NodeEnvironment
 
 #: torchrun's switch: set, ``env://`` makes every rank a client of the store at MASTER_ADDR:PORT.
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
@@ -99,3 +113,95 @@ def serve(listener: socket.socket, env: dict[str, str]) -> Any:
         with contextlib.suppress(OSError):
             socket.socket(fileno=fd).close()
         raise
+
+
+class StoreProcess:
+    """The rendezvous store served by a child of the launcher: the store's threads never live in the
+    launcher, which stays a process that may fork ranks again (a restart in place), and each start
+    of the ranks gets a store without the keys of the last (c10d's rendezvous keys are not per start:
+    torchrun's agent makes a new store for every restart too)."""
+
+    def __init__(self, pid: int, ready_fd: int) -> None:
+        self.pid, self.ready_fd = pid, ready_fd
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(self.ready_fd)
+
+
+def start(listener: socket.socket, env: dict[str, str], say: Callable[[str], None]) -> StoreProcess | None:
+    """Fork the store's process and wait until it serves (milliseconds: torch is imported). If it
+    cannot, no rank is started (its clients would wait out their timeout) and the error says why."""
+    read_fd, write_fd = os.pipe()
+    launcher = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the store's process; never returns
+        code = 1
+        try:
+            os.close(read_fd)
+            run_alive.die_with_parent(launcher)
+            store = serve(socket.socket(fileno=os.dup(listener.fileno())), env)
+            os.write(write_fd, b"1")
+            while store is not None:
+                signal.pause()  # the launcher's own no-op handlers came with the fork
+        except BaseException as exc:  # noqa: BLE001 (said in the node log; the launcher sees the end)
+            os.write(write_fd, f"0{exc!r}".encode())
+        leave(code)
+    os.close(write_fd)
+    answer = os.read(read_fd, 4096)
+    if answer[:1] == b"1":
+        return StoreProcess(pid, read_fd)
+    say(
+        f"cannot serve the rendezvous store on port {env.get('MASTER_PORT')}: {answer[1:].decode() or 'it died'}"
+    )
+    StoreProcess(pid, read_fd).stop()
+    return None
+
+
+#: In the attempt's folder: the port node 0 of a job on a shared host chose (:func:`rendezvous_port`).
+RENDEZVOUS_PORT_FILE = "rendezvous_port"
+#: How long the other nodes wait for node 0 to choose it.
+RENDEZVOUS_PORT_WAIT_S = 60.0
+
+
+def rendezvous_port(plan: LaunchPlan, node: NodeEnvironment, path: Path) -> tuple[int, Any]:
+    """The rendezvous port, and on node 0 of a job on a shared host the socket that holds it.
+
+    A node that is a whole machine of the job's own uses the port derived from the job id. Simulated
+    nodes share one machine with other jobs, whose ids come from other registries (every
+    ``ORCHESTRATOR_HOME`` numbers from ``local-1``): there node 0 takes a port nobody holds, keeps it
+    bound and listening until its launcher's store owns it (the socket is handed over), and writes it
+    where the other nodes read it. Measured before: two registries' ``local-1`` both chose port 29614
+    and the second failed at once."""
+    from orchestrator.config.render import port_for_job
+    from orchestrator.contract.run_dir import write_json_atomic
+
+    start, end = plan.profile.port_range.start, plan.profile.port_range.end
+    derived = port_for_job(node.job_id, start, end)
+    if not node.shares_host:
+        return derived, None
+    record = path / RENDEZVOUS_PORT_FILE
+    if node.is_first_node:
+        try:
+            listener = hold_free_port(derived, start, end)
+        except OSError as exc:
+            raise RunFailure(f"rendezvous: {exc}") from None
+        port = int(listener.getsockname()[1])
+        write_json_atomic(record, {"port": port})
+        return port, listener
+    deadline = time.monotonic() + RENDEZVOUS_PORT_WAIT_S
+    while True:
+        from orchestrator.contract.run_dir import read_json
+
+        data = read_json(record) or {}
+        if isinstance(data.get("port"), int):
+            return int(data["port"]), None
+        if time.monotonic() > deadline:
+            raise RunFailure(
+                f"node 0 chose no rendezvous port within {RENDEZVOUS_PORT_WAIT_S:.0f} s ({record})"
+            )
+        time.sleep(0.1)

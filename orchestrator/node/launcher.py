@@ -33,6 +33,11 @@ class PrewarmedLauncher:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.channel: socket.socket | None = None
+        self.kept: Generation | None = None
+        """The launcher handed off with ``keep`` whose last start of the ranks failed and that waits
+        for the next (a restart in place); None once it ended or was never kept."""
+        self.rendezvous: tuple[str, int] | None = None
+        """The kept launcher's rendezvous address and port: its store's socket stays bound to it."""
         import importlib.util
 
         if importlib.util.find_spec("accelerate") is None:
@@ -59,14 +64,22 @@ class PrewarmedLauncher:
         log_path: Path,
         node_log_bin: IO[bytes],
         listener: socket.socket | None = None,
-    ) -> subprocess.Popen[bytes]:
+        keep: bool = False,
+    ) -> Any:
         """Run ``argv`` (``accelerate launch ...``) in the prewarmed interpreter, or start it now.
 
         ``listener``: the rendezvous port's socket, bound by the node since it chose the port; the
         prewarmed launcher gets the socket itself (over its channel), so the port is never free
-        between the choice and the store. Closed here in every case."""
+        between the choice and the store. Closed here in every case. ``keep``: the launcher outlives
+        a failed start of its ranks (a :class:`Generation` is returned, waited on like the process)
+        and takes the next request of a restart in place; a launcher already kept gets this one."""
         from orchestrator.node.launcher_shim import PARENT_ENV
 
+        if self.kept is not None:
+            kept, self.kept = self.kept, None
+            if listener is not None:
+                listener.close()
+            return kept.next(argv, env, log_path)
         proc, self.proc = self.proc, None
         channel, self.channel = self.channel, None
         fresh_env = {**env, PARENT_ENV: str(os.getpid())}
@@ -76,24 +89,53 @@ class PrewarmedLauncher:
                     _discard(proc)
                 return _start(argv, fresh_env, node_log_bin, listener)
             assert proc.stdin is not None
+            keep = keep and channel is not None
             request = json.dumps(
-                {"argv": argv[1:], "env": env, "log": str(log_path), "listener": listener is not None}
+                {
+                    "argv": argv[1:],
+                    "env": env,
+                    "log": str(log_path),
+                    "listener": listener is not None,
+                    "keep": keep,
+                }
             )
             try:
                 if listener is not None:
                     assert channel is not None
                     socket.send_fds(channel, [b"L"], [listener.fileno()])
                 proc.stdin.write(request.encode() + b"\n")
-                proc.stdin.close()
+                if not keep:
+                    proc.stdin.close()
+                else:
+                    proc.stdin.flush()
             except (BrokenPipeError, ConnectionError):  # it died while importing: the ordinary way
                 _discard(proc)
                 return _start(argv, fresh_env, node_log_bin, listener)
+            if keep:
+                assert channel is not None
+                kept_channel = channel
+                channel = None  # kept open for the launcher's reports
+                return Generation(proc, kept_channel)
             return proc
         finally:
             if listener is not None:
                 listener.close()
             if channel is not None:
                 channel.close()
+
+    def keep(self, generation: Generation) -> bool:
+        """After ``generation`` ended: keep its launcher for the next request when it reported a failed
+        start (it waits for one); False when the launcher itself ended (nothing to keep)."""
+        if generation.reported:
+            self.kept = generation
+        return generation.reported
+
+    def release(self) -> None:
+        """At the node task's end: a kept launcher is told there is no next request (EOF) and ends."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.end()
+        self.discard()
 
     def discard(self) -> None:
         """Not launching after all: stop the prewarmed interpreter."""
@@ -103,6 +145,79 @@ class PrewarmedLauncher:
         channel, self.channel = self.channel, None
         if channel is not None:
             channel.close()
+
+
+class Generation:
+    """One start of the ranks in a launcher kept for restarts in place, waited on as the launcher's
+    ``Popen`` is (``pid``, ``wait``, ``poll``, ``kill``, ``returncode``): it ends when the launcher
+    reports the start's exit code on its channel, or when the launcher itself exits."""
+
+    #: How long ``wait()`` without a timeout waits for a killed start's report before ending the launcher.
+    REPORT_WAIT_S = 60.0
+
+    def __init__(self, proc: subprocess.Popen[bytes], channel: socket.socket) -> None:
+        self.proc, self.channel = proc, channel
+        self.pid = proc.pid
+        self.returncode: int | None = None
+        self.reported = False
+        self._buffer = b""
+
+    def next(self, argv: list[str], env: dict[str, str], log_path: Path) -> Generation:
+        """Hand the kept launcher its next request; the new start's handle."""
+        assert self.proc.stdin is not None
+        request = json.dumps({"argv": argv[1:], "env": env, "log": str(log_path)})
+        try:
+            self.proc.stdin.write(request.encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ConnectionError, ValueError):
+            pass  # it ended: the new handle reads its exit
+        return Generation(self.proc, self.channel)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import select
+
+        if self.returncode is not None:
+            return self.returncode
+        bounded = timeout if timeout is not None else self.REPORT_WAIT_S
+        deadline = time.monotonic() + bounded
+        while True:
+            ready = select.select([self.channel], [], [], max(0.0, min(0.1, deadline - time.monotonic())))[0]
+            data = self.channel.recv(64) if ready else b""
+            self._buffer += data
+            if b"\n" in self._buffer:
+                self.returncode, self.reported = int(self._buffer.split(b"\n", 1)[0] or 1), True
+                return self.returncode
+            if (ready and not data) or self.proc.poll() is not None:  # the launcher itself ended
+                self.returncode = self.proc.wait()
+                return self.returncode
+            if time.monotonic() >= deadline:
+                if timeout is None:  # a killed start never reported: the launcher goes too
+                    self.proc.kill()
+                    self.returncode = self.proc.wait()
+                    return self.returncode
+                raise subprocess.TimeoutExpired(["launcher"], bounded)
+
+    def kill(self) -> None:
+        """End this start's ranks (and its store); the launcher lives on and reports their end."""
+        kill_tree(self.pid)
+
+    def end(self) -> None:
+        """No next request: the launcher exits with the last start's code."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.channel.close()
 
 
 def _start(

@@ -26,10 +26,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 from orchestrator.contract import run_alive
-from orchestrator.contract.env import RUN_DIR_ENV
+from orchestrator.contract.env import ATTEMPT_ENV, RUN_DIR_ENV
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -71,28 +72,62 @@ def main() -> int:
     if not line.strip():
         return 0
     request = json.loads(line)
+    channel = socket.socket(fileno=int(channel_fd)) if channel_fd.isdigit() else None
     listener = None
-    if request.get("listener") and channel_fd.isdigit():
-        with socket.socket(fileno=int(channel_fd)) as channel:
-            _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+    if request.get("listener") and channel is not None:
+        _, fds, _, _ = socket.recv_fds(channel, 1, 1)
         if fds:
             listener = socket.socket(fileno=fds[0])
     if request["env"].get(RUN_DIR_ENV):
         run_alive.hold(request["env"][RUN_DIR_ENV])
+    requests = None
+    if request.get("keep") and channel is not None:
+        # The node's next requests come on the same pipe, once this launch has reported its end;
+        # nothing beyond the first line is buffered in sys.stdin (the node waits for the report).
+        requests = open(os.dup(0), encoding="utf-8")  # noqa: SIM115 (the launcher's lifetime)
+    elif channel is not None:
+        channel.close()
+        channel = None
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    _take(request)
+    ask = _next_request(channel, requests) if channel is not None and requests is not None else None
+    code = _direct_launch(request["argv"], listener, ask)
+    if code is not None:
+        return code
+    _accelerate(request["argv"])
+    return 0
+
+
+def _take(request: dict[str, Any]) -> None:
+    """This launch's node log as stdout and stderr, its environment as this process's."""
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log, 1)
     os.dup2(log, 2)
+    os.close(log)
     os.environ.clear()
     os.environ.update(request["env"])
-    code = _direct_launch(request["argv"], listener)
-    if code is not None:
-        return code
-    _accelerate(request["argv"])
-    return 0
+
+
+def _next_request(channel: socket.socket, requests: IO[str]) -> Callable[[int], dict[str, Any] | None]:
+    """A launcher kept for restarts in place: report a failed launch's exit code to the node, then
+    wait for its next request (the ranks again, as a new attempt) or the end (EOF, an empty line)."""
+
+    def ask(code: int) -> dict[str, Any] | None:
+        try:
+            channel.sendall(f"{code}\n".encode())
+        except OSError:
+            return None
+        line = requests.readline()
+        if not line.strip():
+            return None
+        request: dict[str, Any] = json.loads(line)
+        _take(request)
+        return request
+
+    return ask
 
 
 def _accelerate(argv: list[str]) -> None:
@@ -120,28 +155,25 @@ def _cuda_checks_through_nvml() -> Iterator[bool]:
             os.environ.pop(NVML_CHECK, None)
 
 
-def _direct_launch(argv: list[str], held: socket.socket | None = None) -> int | None:
+def _direct_launch(
+    argv: list[str],
+    held: socket.socket | None = None,
+    ask: Callable[[int], dict[str, Any] | None] | None = None,
+) -> int | None:
     """``accelerate launch`` of DDP/FSDP with its ranks forked here (orchestrator.node.direct_launch); None
     where the launch must go through torchrun (then nothing was started). ``held``: the rendezvous
     port's socket, bound by the node entry since it chose the port (closed here where torchrun's agent
-    binds the port itself)."""
+    binds the port itself). ``ask``: a launcher kept for restarts in place reports a failed start of
+    the ranks and gets the next (the same launch as a new attempt), forked from the same imports
+    and served by a fresh store on the same socket."""
     if argv[:1] != ["launch"]:
         if held is not None:
             held.close()
         return None
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-
     from orchestrator.node import direct_launch, launch_store
 
-    with _cuda_checks_through_nvml() as added:
-        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
-        reason = direct_launch.not_direct_reason(args, dict(os.environ))
-        held_port = int(held.getsockname()[1]) if held is not None else None
-        # before torch._dynamo sets variables
-        envs = [] if reason else direct_launch.rank_environments(args, held_port)
-    if added:  # the ranks' environment is the node's, without it
-        for env in envs:
-            env.pop(NVML_CHECK, None)
+    held_port = int(held.getsockname()[1]) if held is not None else None
+    args, envs, reason = _rank_plan(argv, held_port)
     if reason and held is not None:
         held.close()
     listener = None if reason else launch_store.listen_early(envs, held)  # before the ~1 s of preimport
@@ -151,9 +183,50 @@ def _direct_launch(argv: list[str], held: socket.socket | None = None) -> int | 
             listener.close()  # torchrun's agent binds the port itself
         direct_launch.say(f"ranks started by torchrun ({reason})")
         return None
-    return direct_launch.run_ranks(
+    code = direct_launch.run_ranks(
         args.training_script, list(args.training_script_args), envs, args.log_dir, listener
     )
+    agent_store = envs[0].get(launch_store.USE_AGENT_STORE, "False")
+    restarts = 0
+    while code != 0 and ask is not None:
+        request = ask(code)
+        if request is None:
+            break
+        restarts += 1
+        port = int(listener.getsockname()[1]) if listener is not None else None
+        args, envs, reason = _rank_plan(request["argv"], port, restarts)
+        if reason:
+            direct_launch.say(f"not started again in place: {reason}")
+            return 1
+        for env in envs:
+            env[launch_store.USE_AGENT_STORE] = agent_store
+        direct_launch.say(
+            f"starting the ranks again in place (restart {restarts}, attempt {os.environ.get(ATTEMPT_ENV)})"
+        )
+        code = direct_launch.run_ranks(
+            args.training_script, list(args.training_script_args), envs, args.log_dir, listener
+        )
+    return code
+
+
+def _rank_plan(
+    argv: list[str], held_port: int | None, restarts: int = 0
+) -> tuple[Any, list[dict[str, str]], str | None]:
+    """The validated ``accelerate launch`` arguments, the ranks' environments, and why they cannot be
+    forked here (None: they can)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    from orchestrator.node import direct_launch
+
+    with _cuda_checks_through_nvml() as added:
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+        reason = direct_launch.not_direct_reason(args, dict(os.environ))
+        # before torch._dynamo sets variables
+        envs = [] if reason else direct_launch.rank_environments(args, held_port, restarts)
+    if added:  # the ranks' environment is the node's, without it
+        for env in envs:
+            env.pop(NVML_CHECK, None)
+    return args, envs, reason
 
 
 def leave(code: int) -> None:

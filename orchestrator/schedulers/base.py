@@ -240,6 +240,27 @@ class Scheduler(ABC):
         """This node's place in the job, read from the scheduler's environment."""
 
 
+def failed_node(attempt_path: Path, num_nodes: int, me: int) -> tuple[int, int] | None:
+    """``(node, exit code)`` of another node whose exit file (``node_<N>.exit``) in this attempt says
+    it failed (neither 0 nor a requeue), or None."""
+    from orchestrator.contract.run_dir import EXIT_REQUEUE, node_exit_file
+
+    for node in range(num_nodes):
+        if node == me:
+            continue
+        try:
+            text = node_exit_file(attempt_path, node).read_text().strip()
+        except OSError:
+            continue
+        try:
+            code = int(text or 1)
+        except ValueError:
+            code = 1
+        if code not in (0, EXIT_REQUEUE):
+            return node, code
+    return None
+
+
 class NodeEnvironment(ABC):
     """One node's view of its job. The only reader of the scheduler's environment variables."""
 

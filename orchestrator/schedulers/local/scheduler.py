@@ -36,7 +36,14 @@ from orchestrator.contract.run_dir import (
     write_cancel_marker,
     write_json_atomic,
 )
-from orchestrator.schedulers.base import NodeEnvironment, Request, Scheduled, Scheduler, node_task
+from orchestrator.schedulers.base import (
+    NodeEnvironment,
+    Request,
+    Scheduled,
+    Scheduler,
+    failed_node,
+    node_task,
+)
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
@@ -100,20 +107,7 @@ class LocalNodeEnvironment(NodeEnvironment):
         """What the Slurm step's kill-on-bad-exit does: a simulated node whose training exited
         non-zero (not a requeue) ends the others. Without it node 0's torchrun sat in its 300 s exit
         barrier after node 1 had crashed, and the job read RUNNING for five and a half minutes."""
-        for node in range(self.num_nodes):
-            if node == self.node_rank:
-                continue
-            try:
-                text = node_exit_file(attempt_path, node).read_text().strip()
-            except OSError:
-                continue
-            try:
-                code = int(text or 1)
-            except ValueError:
-                code = 1
-            if code not in (0, EXIT_REQUEUE):
-                return node, code
-        return None
+        return failed_node(attempt_path, self.num_nodes, self.node_rank)
 
     def begin(self, run_dir: Path, attempt: int) -> None:
         """Node 0 owns a local run's notifications (no batch step here): its attempt's events now."""

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.env import RUN_DIR_ENV
+from orchestrator.contract.env import RESTART_IN_PLACE_ENV, RUN_DIR_ENV
+from orchestrator.schedulers.slurm import in_place
 from orchestrator.schedulers.slurm.environment import (
     STEP_ATTEMPT_ENV,
     allocation_nodes,
@@ -125,6 +126,8 @@ class StepEnd:
     hang_reason: str | None = None
     bad_node: str | None = None
     probes: list[Any] | None = None
+    watch: StepWatch | None = None
+    """srun, still running: every node kept its launcher and waits for the word (``in_place``)."""
 
 
 #: The step's placement on a job with spare nodes (one element), for the hang investigation.
@@ -199,24 +202,44 @@ def supervise(
         return 1
     budget = max_restarts_of(run_dir)
     restarted = 0
+    kept: StepWatch | None = None
     while True:
         step_argv = argv
-        if placement is not None:
+        if placement is not None and kept is None:
             step_argv = placement.step_argv(argv)
             spares = ", ".join(placement.spares()) or "none left"
             say(f"training on {', '.join(placement.training())}; spare: {spares}")
-        end = run_step(step_argv, run_dir, job_id, attempt, notifier, grace_s, hang_timeout, probe_timeout)
+        end = run_step(
+            step_argv,
+            run_dir,
+            job_id,
+            attempt,
+            notifier,
+            grace_s,
+            hang_timeout,
+            probe_timeout,
+            kept,
+            budget > 0,
+        )
         if end.status == 0:
             break
         cause, refusal = restart_decision(run_dir, job_id, end, placement)
+        if cause is not None and restarted >= budget:
+            cause, refusal = None, f"{restarted} restart(s) reached max_restarts ({cause})"
         if cause is None:
             say(f"not restarted in the allocation: {refusal}")
-            break
-        if restarted >= budget:
-            say(f"not restarted in the allocation: {restarted} restart(s) reached max_restarts ({cause})")
+            if end.watch is not None:
+                in_place.tell_nodes(run_dir, attempt, None, refusal)
+                end = StepEnd(in_place.until_srun_ends(end.watch, notifier))
             break
         restarted += 1
-        attempt = restart_in_allocation(run_dir, job_id, attempt, cause, restarted, budget)
+        failed = attempt
+        attempt = restart_in_allocation(
+            run_dir, job_id, attempt, cause, restarted, budget, end.watch is not None
+        )
+        kept = end.watch
+        if kept is not None:
+            in_place.tell_nodes(run_dir, failed, attempt)
         notifier.attempt = attempt
         notifier.attempt_events()
     if end.hang is not None:
@@ -296,9 +319,11 @@ def _shrink(run_dir: Path, placement: Placement, lost: list[str]) -> tuple[str |
     )
 
 
-def restart_in_allocation(run_dir: Path, job_id: str, failed: int, cause: str, n: int, budget: int) -> int:
+def restart_in_allocation(
+    run_dir: Path, job_id: str, failed: int, cause: str, n: int, budget: int, kept: bool = False
+) -> int:
     """Record the restart (``restarts.jsonl``, the registry's attempt) and return the new attempt's
-    number: the one after every attempt logged."""
+    number: the one after every attempt logged. ``kept``: in place, by the nodes' kept launchers."""
     from orchestrator.contract.restarts import append_restart
     from orchestrator.contract.run_dir import last_complete_checkpoint, next_attempt
 
@@ -314,10 +339,12 @@ def restart_in_allocation(run_dir: Path, job_id: str, failed: int, cause: str, n
             "cause": cause,
             "step": step,
             "time": time.time(),
+            "in_place": kept,
         },
     )
     record_attempt(run_dir, job_id, attempt, "restarted")
-    say(f"restart {n}/{budget} in the allocation (attempt {attempt}, from step {step}): {cause}")
+    how = "in place, by the launchers the nodes kept" if kept else "a new step"
+    say(f"restart {n}/{budget} in the allocation (attempt {attempt}, from step {step}; {how}): {cause}")
     return attempt
 
 
@@ -330,20 +357,31 @@ def run_step(
     grace_s: float,
     hang_timeout: float | None,
     probe_timeout: float,
+    kept: StepWatch | None = None,
+    restarts: bool = False,
 ) -> StepEnd:
     """One srun of the training step as ``attempt``, watched: it ends by itself, or the watchdog
     finds a hang (stacks collected, the step ended), or a task failed and a probe finds a lost node
-    (the step ended at once instead of waiting for Slurm to declare the node down)."""
+    (the step ended at once instead of waiting for Slurm to declare the node down), or every node
+    kept its launcher after its ranks failed (``StepEnd.watch``: srun goes on; the nodes wait).
+    ``kept``: that srun, whose nodes start ``attempt``'s ranks in place; ``restarts``: a new srun's
+    nodes may keep their launchers (``RESTART_IN_PLACE_ENV``)."""
     from orchestrator.schedulers.slurm import auto_resume as ar
     from orchestrator.supervise.watchdog import Watchdog
 
     watchdog: Watchdog | None = Watchdog(run_dir, attempt, hang_timeout, say)
     shrunk = PLACEMENT[0].step_env() if PLACEMENT else {}
-    watch = StepWatch(argv, {**os.environ, STEP_ATTEMPT_ENV: str(attempt), **shrunk})
+    mark = {RESTART_IN_PLACE_ENV: "1"} if restarts else {}
+    watch = kept or StepWatch(argv, {**os.environ, STEP_ATTEMPT_ENV: str(attempt), **shrunk, **mark})
+    nodes = PLACEMENT[0].nodes if PLACEMENT else in_place.planned_nodes(run_dir)
     probes: list[ar.ProbeResult] | None = None
     status: int | None = None
     while status is None:
-        status = watch.wait(0.5)
+        status = watch.wait(0.1 if restarts else 0.5)
+        if status is None and restarts and watch.first_failure_at is None:
+            code = in_place.ended_in_place(run_dir, attempt, nodes)
+            if code is not None:
+                return StepEnd(code, watch=watch)
         if status is None and watchdog is not None and watch.first_failure_at is None:
             try:
                 hang = watchdog.check()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.contract.errors import RunFailure
 from orchestrator.contract.run_dir import MAIN_IP_FILE
-from orchestrator.schedulers.base import NodeEnvironment
+from orchestrator.schedulers.base import NodeEnvironment, failed_node
 from orchestrator.schedulers.slurm.environment import (
     MAIN_IP_WAIT_S,
     batch_job_id,
@@ -70,6 +70,15 @@ class SlurmNodeEnvironment(NodeEnvironment):
         raise RunFailure(
             f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
         )
+
+    def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
+        """In a step restarted in place (``RESTART_IN_PLACE_ENV``) a node whose ranks failed keeps its
+        task, so srun's kill-on-bad-exit never ends the others: each looks at the attempt's exit files."""
+        from orchestrator.contract.env import RESTART_IN_PLACE_ENV
+
+        if os.environ.get(RESTART_IN_PLACE_ENV) != "1":
+            return None
+        return failed_node(attempt_path, self.num_nodes, self.node_rank)
 
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
         """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing

@@ -1,0 +1,69 @@
+"""A node's side of a restart in place: the node task and its launcher outlive a failed start of the
+ranks, and start them again when the batch step says so.
+
+A restart inside the allocation used to be a new step of the job: every node started a new task, whose
+interpreter imported the plan, accelerate and torch again before it could fork a rank (4.3 s of a
+5.4 s restart on a quiet machine; 12 s of imports at a load average of 11, bench/results.md). In a
+step the batch step marks (:data:`RESTART_IN_PLACE_ENV`), a node whose ranks failed keeps its
+launcher, writes ``node_<N>.kept`` and then its exit file, and waits here for the batch step's word
+in the attempt's folder (``next_attempt.json``): the number of the next attempt, whose ranks the kept
+launcher forks from the imports it already holds; or none, and the task ends as it always did.
+torchrun's agent does the same for its workers (it respawns them, it is not started again).
+
+The batch step keeps every decision: it restarts in place only when every node kept its launcher
+(a node that lost its launcher, a lost node, a hang or a spare's swap go the old way, a new step).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.env import RESTART_IN_PLACE_ENV
+from orchestrator.contract.in_place import next_attempt_file
+from orchestrator.contract.run_dir import read_json
+
+#: How long a node with a kept launcher waits for the batch step's word. The batch step answers
+#: within a second or two (it asks Slurm whether the job was cancelled, reads the attempt's logs); a
+#: batch step that never answers has died, and with it the step.
+NEXT_ATTEMPT_WAIT_S = 120.0
+#: How often the word is looked for.
+NEXT_ATTEMPT_POLL_S = 0.05
+
+
+def requested(environ: Any = None) -> bool:
+    """Whether this step's nodes keep their launchers after a failed start (the batch step's mark)."""
+    return (os.environ if environ is None else environ).get(RESTART_IN_PLACE_ENV) == "1"
+
+
+def wait_for_next_attempt(
+    attempt_path: Path, stop_signals: Sequence[int], log: Any, wait_s: float = NEXT_ATTEMPT_WAIT_S
+) -> int | None:
+    """The attempt the batch step restarts the ranks as, or None (end the task): its word says so,
+    a stop signal came (``stop_signals`` grew), or no word came within ``wait_s``."""
+    record = next_attempt_file(attempt_path)
+    seen = len(stop_signals)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and len(stop_signals) == seen:
+        data = read_json(record)
+        if isinstance(data, dict):
+            attempt = data.get("attempt")
+            if isinstance(attempt, int):
+                return attempt
+            print(
+                f"[orchestrator node] not restarted in place: {data.get('why', 'the batch step said so')}",
+                file=log,
+                flush=True,
+            )
+            return None
+        time.sleep(NEXT_ATTEMPT_POLL_S)
+    why = (
+        "a stop signal came"
+        if len(stop_signals) != seen
+        else f"no word from the batch step within {wait_s:.0f} s"
+    )
+    print(f"[orchestrator node] not restarted in place: {why}", file=log, flush=True)
+    return None

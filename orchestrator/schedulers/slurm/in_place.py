@@ -1,0 +1,63 @@
+"""The batch step's side of a restart in place (the nodes' side: ``orchestrator.node.restart_in_place``).
+
+In a step marked with ``RESTART_IN_PLACE_ENV`` a node whose ranks failed does not end its task: it
+writes ``node_<N>.kept`` and its exit file, and waits. Once every node of the step has done so, the
+attempt has ended as surely as if srun had returned (every rank is gone; the logs are complete), and
+the batch step decides as it always did; its word goes into the attempt's folder: the next attempt
+(the nodes fork its ranks from the launchers they kept) or none (the tasks end, srun returns, and
+the step ends the old way). A node that could not keep its launcher (DeepSpeed goes through
+torchrun; a launcher that died) ends its task instead, srun's kill-on-bad-exit ends the others and
+the batch step restarts with a new step, as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.in_place import next_attempt_file, node_kept_file
+from orchestrator.contract.run_dir import (
+    attempt_dir,
+    node_exit_file,
+    read_current_plan_json,
+    write_json_atomic,
+)
+
+
+def ended_in_place(run_dir: Path, attempt: int, nodes: int) -> int | None:
+    """The attempt's first non-zero node exit code once every node of the step kept its launcher and
+    wrote its exit file; None while one has not (or one ended its task: no restart in place)."""
+    path = attempt_dir(run_dir, attempt)
+    codes = []
+    for node in range(nodes):
+        if not node_kept_file(path, node).exists():
+            return None
+        try:
+            codes.append(int(node_exit_file(path, node).read_text().strip() or 1))
+        except (OSError, ValueError):
+            return None
+    return next((code for code in codes if code != 0), 1)
+
+
+def tell_nodes(run_dir: Path, attempt: int, following: int | None, why: str = "") -> None:
+    """The word to the nodes waiting after ``attempt``: start the ranks again as ``following``, or end."""
+    record: dict[str, object] = {"attempt": following}
+    if following is None:
+        record["why"] = why
+    write_json_atomic(next_attempt_file(attempt_dir(run_dir, attempt)), record)
+
+
+def planned_nodes(run_dir: Path) -> int:
+    """The step's node count as planned (a step without spare nodes runs on every node it holds)."""
+    nodes = read_current_plan_json(run_dir).get("nodes")
+    return nodes if isinstance(nodes, int) and nodes > 0 else 1
+
+
+def until_srun_ends(watch: Any, notifier: Any) -> int:
+    """srun's status once the nodes told to end have ended their tasks."""
+    status = None
+    while status is None:
+        status = watch.wait(0.5)
+        notifier.poll()
+    watch.finish()
+    return 128 - status if status < 0 else status
