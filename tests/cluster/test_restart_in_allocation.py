@@ -142,6 +142,15 @@ def test_a_killed_rank_trains_again_in_the_same_job(
     assert restart["step"] >= CKPT_EVERY and restart["step"] % CKPT_EVERY == 0, restart
     start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
     assert start["step"] == restart["step"], (start, restart)
+    # In place: the nodes' launchers (their pids) outlived the failed ranks and forked attempt 1's,
+    # all in the job's one training step (a restart as a new step would be step 1).
+    assert restart["in_place"] is True, restart
+    launchers = [
+        [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
+    ]
+    assert launchers[0] == launchers[1], launchers
+    steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+    assert f"{job_id}.0" in steps and f"{job_id}.1" not in steps, steps
     assert sacct_state(job_id) == "COMPLETED"
     assert slurm_requeues(job_id) == 0
     assert [a.attempt for a in Registry.open(Path(env["ORCHESTRATOR_HOME"])).attempts(job_id)] == [0, 1]

@@ -126,8 +126,7 @@ class StepEnd:
     hang_reason: str | None = None
     bad_node: str | None = None
     probes: list[Any] | None = None
-    watch: StepWatch | None = None
-    """srun, still running: every node kept its launcher and waits for the word (``in_place``)."""
+    watch: StepWatch | None = None  # srun, still running: every node kept its launcher and waits
 
 
 #: The step's placement on a job with spare nodes (one element), for the hang investigation.
@@ -363,9 +362,8 @@ def run_step(
     """One srun of the training step as ``attempt``, watched: it ends by itself, or the watchdog
     finds a hang (stacks collected, the step ended), or a task failed and a probe finds a lost node
     (the step ended at once instead of waiting for Slurm to declare the node down), or every node
-    kept its launcher after its ranks failed (``StepEnd.watch``: srun goes on; the nodes wait).
-    ``kept``: that srun, whose nodes start ``attempt``'s ranks in place; ``restarts``: a new srun's
-    nodes may keep their launchers (``RESTART_IN_PLACE_ENV``)."""
+    kept its launcher (``StepEnd.watch``; ``kept``: that srun, whose nodes start ``attempt`` in place;
+    ``restarts``: a new srun's nodes may keep theirs, :mod:`.in_place`)."""
     from orchestrator.schedulers.slurm import auto_resume as ar
     from orchestrator.supervise.watchdog import Watchdog
 
@@ -376,12 +374,15 @@ def run_step(
     nodes = PLACEMENT[0].nodes if PLACEMENT else in_place.planned_nodes(run_dir)
     probes: list[ar.ProbeResult] | None = None
     status: int | None = None
+    kept_at: float | None = None
     while status is None:
         status = watch.wait(0.1 if restarts else 0.5)
         if status is None and restarts and watch.first_failure_at is None:
-            code = in_place.ended_in_place(run_dir, attempt, nodes)
+            code, reported = in_place.ended_in_place(run_dir, attempt, nodes)
             if code is not None:
                 return StepEnd(code, watch=watch)
+            if reported and kept_at is None:  # a node that never reports may be lost: probed below
+                kept_at, failed_line = time.monotonic(), "a node's ranks failed; it kept its launcher"
         if status is None and watchdog is not None and watch.first_failure_at is None:
             try:
                 hang = watchdog.check()
@@ -393,13 +394,13 @@ def run_step(
                 watch.finish()
                 return StepEnd(1, hang, reason, bad_node)
         notifier.poll()
-        if status is not None or probes is not None or watch.first_failure_at is None:
+        failed_at = watch.first_failure_at or kept_at
+        if status is not None or probes is not None or failed_at is None:
             continue
-        if time.monotonic() - watch.first_failure_at < grace_s:
+        if time.monotonic() - failed_at < grace_s:
             continue
-        say(
-            f"a task failed ({watch.failed_line}) and srun is still waiting after {grace_s:.0f} s: probing the nodes"
-        )
+        line = watch.failed_line if watch.first_failure_at else failed_line
+        say(f"a task failed ({line}) and srun is still waiting after {grace_s:.0f} s: probing the nodes")
         probes = ar.probe_nodes(allocation_nodes(), probe_timeout)
         for p in probes:
             say(f"probe {p.node}: {'alive' if p.alive else 'LOST'} ({p.detail})")

@@ -24,19 +24,21 @@ from orchestrator.contract.run_dir import (
 )
 
 
-def ended_in_place(run_dir: Path, attempt: int, nodes: int) -> int | None:
-    """The attempt's first non-zero node exit code once every node of the step kept its launcher and
-    wrote its exit file; None while one has not (or one ended its task: no restart in place)."""
+def ended_in_place(run_dir: Path, attempt: int, nodes: int) -> tuple[int | None, bool]:
+    """(The attempt's first non-zero node exit code once every node of the step kept its launcher and
+    wrote its exit file, else None; whether any node did). A node that never does while others
+    wait may be lost: the batch step probes the nodes then, as for a failed task."""
     path = attempt_dir(run_dir, attempt)
     codes = []
     for node in range(nodes):
-        if not node_kept_file(path, node).exists():
-            return None
         try:
-            codes.append(int(node_exit_file(path, node).read_text().strip() or 1))
+            if node_kept_file(path, node).exists():
+                codes.append(int(node_exit_file(path, node).read_text().strip() or 1))
         except (OSError, ValueError):
-            return None
-    return next((code for code in codes if code != 0), 1)
+            pass
+    if len(codes) < nodes:
+        return None, bool(codes)
+    return next((code for code in codes if code != 0), 1), True
 
 
 def tell_nodes(run_dir: Path, attempt: int, following: int | None, why: str = "") -> None:
