@@ -47,5 +47,6 @@ OVERWRITE_CHECKPOINTS_ENV = "ORCHESTRATOR_OVERWRITE_CHECKPOINTS"
 CONTAINER_REPORT_ENV = "ORCHESTRATOR_CONTAINER_REPORT"
 #: "1" in a Slurm step the batch step may restart in place: a node whose ranks failed keeps its
 #: launcher (torch imported, the rendezvous port held) and waits for the batch step's word
-#: (``run_dir.next_attempt_file``) instead of ending its task.
+#: (``contract.in_place.next_attempt_file``) instead of ending its task. A profile's ``env`` setting
+#: it to "0" turns restarts in place off (every restart a new step, as before).
 RESTART_IN_PLACE_ENV = "ORCHESTRATOR_RESTART_IN_PLACE"

@@ -205,6 +205,11 @@ def test_max_restarts_is_honoured_then_the_death_is_the_reason(env: dict[str, st
     assert "SIGABRT" in restarts[0]["cause"], restarts
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["attempt_0", "attempt_1"]
     assert "1 restart(s) reached max_restarts" in batch_log(run_dir)
+    # The restart was in place; then the nodes, waiting with their launchers kept, were told to end.
+    assert restarts[0]["in_place"] is True, restarts
+    for node in (0, 1):
+        log = (run_dir / "logs" / "attempt_1" / f"node_{node}.log").read_text()
+        assert "not restarted in place: 1 restart(s) reached max_restarts" in log, log[-2000:]
     row = status_of(env, job_id)
     assert row["restarts"] == 1 and "SIGABRT" in (row["reason"] or ""), row
 
@@ -248,8 +253,13 @@ def test_an_unchanged_trainer_script_restarts_from_its_checkpoint(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     """examples/trainer_cnn.py, an HF Trainer script with no line of ours: its checkpoint-N folders are
-    what the restarted attempt resumes from (orchestrator.hf's resume), and it trains to its end."""
-    profiles = user_profile_dir(tmp_path, max_restarts=3)
+    what the restarted attempt resumes from (orchestrator.hf's resume), and it trains to its end.
+    The profile turns restarts in place off: the restart is a new step, as before they existed."""
+    import yaml
+
+    base_env = yaml.safe_load((REPO / "cluster_profiles" / "slurm_test.yaml").read_text())["env"]
+    in_place_off = {**base_env, "ORCHESTRATOR_RESTART_IN_PLACE": "0"}
+    profiles = user_profile_dir(tmp_path, max_restarts=3, env=in_place_off)
     out = tmp_path / "out"
     steps = 120
     job_id, run_dir = submitted(
@@ -263,11 +273,14 @@ def test_an_unchanged_trainer_script_restarts_from_its_checkpoint(
     assert start["hook"] == "trainer" and start["step"] == restart["step"] >= 10, (start, restart)
     assert start["checkpoint"] == str(out / f"checkpoint-{start['step']}"), start
     assert (out / f"checkpoint-{steps}" / "COMPLETE.json").exists()
+    assert restart["in_place"] is False, restart
+    assert f"{job_id}.1" in slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
 
 
 def test_a_deepspeed_job_restarts_through_torchrun(env: dict[str, str], tmp_path: Path) -> None:
     """DeepSpeed launches its ranks through torchrun: the batch step reads torchrun's root cause and
-    restarts the step; every step is trained once after the restart's checkpoint."""
+    restarts the step; every step is trained once after the restart's checkpoint. torchrun's agent
+    is not a launcher a node can keep: the restart is a new step."""
     profiles = user_profile_dir(tmp_path, max_restarts=3)
     job_id, run_dir = submitted(
         env,
@@ -279,6 +292,7 @@ def test_a_deepspeed_job_restarts_through_torchrun(env: dict[str, str], tmp_path
     logged = {e["step"] for e in trains(run_dir)}
     assert logged == set(range(1, STEPS + 1)), sorted(set(range(1, STEPS + 1)) - logged)
     assert "ranks started by torchrun" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
+    assert restart["in_place"] is False, restart
 
 
 def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(

@@ -202,24 +202,15 @@ def supervise(
     budget = max_restarts_of(run_dir)
     restarted = 0
     kept: StepWatch | None = None
+    may_keep = budget > 0 and os.environ.get(RESTART_IN_PLACE_ENV) != "0"  # a profile's env may say 0
     while True:
         step_argv = argv
         if placement is not None and kept is None:
             step_argv = placement.step_argv(argv)
             spares = ", ".join(placement.spares()) or "none left"
             say(f"training on {', '.join(placement.training())}; spare: {spares}")
-        end = run_step(
-            step_argv,
-            run_dir,
-            job_id,
-            attempt,
-            notifier,
-            grace_s,
-            hang_timeout,
-            probe_timeout,
-            kept,
-            budget > 0,
-        )
+        args = (step_argv, run_dir, job_id, attempt, notifier, grace_s, hang_timeout, probe_timeout)
+        end = run_step(*args, kept, may_keep)
         if end.status == 0:
             break
         cause, refusal = restart_decision(run_dir, job_id, end, placement)

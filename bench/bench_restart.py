@@ -1,0 +1,165 @@
+"""A killed rank's restart inside the allocation, side by side: in place, as a new step, torchrun.
+
+``train/`` (tiny preset, synthetic data, 2 nodes x 1 process, DDP, a checkpoint every
+``--ckpt-every`` steps) runs in three configurations at once on one test cluster, each on a
+partition of its own (2 nodes):
+
+* ``in_place``: ``orchestrator submit`` with ``max_restarts: 100``: the nodes keep their launchers
+  and fork the new ranks from the imports they hold (``orchestrator.node.restart_in_place``);
+* ``new_step``: the same with the profile's ``env: {ORCHESTRATOR_RESTART_IN_PLACE: "0"}``: every
+  restart a new srun step whose node tasks import everything again (the product before this);
+* ``torchrun``: ``sbatch`` + ``srun torchrun --max-restarts`` (bench_chaos's script), whose agent
+  respawns its workers.
+
+Each round kills rank 1 of every configuration at the same moment (SIGKILL, as the OOM killer
+does), once each has trained past its first checkpoint of the attempt, and takes the time from the
+kill to the first step it trains after it (``metrics.jsonl``). All meet the same load at the same
+time; the ratios are per round, the medians over ``--rounds``. Run it through the cluster wrapper::
+
+    NODES=6 bash tests/cluster/run_with_cluster.sh .venv/bin/python bench/bench_restart.py --rounds 7
+
+Writes ``bench/results_restart.json`` and prints the rows for ``bench/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_chaos
+from bench_chaos import ChaosProduct, Launched, train_events
+from bench_goodput import REPO, run
+
+CONFIGS = ("in_place", "new_step", "torchrun")
+NODES_PER_CONFIG = 2
+
+
+def train_args(ckpt_every: int) -> list[str]:
+    return [
+        *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64"),
+        *("--max-steps", "1000000", "--ckpt-every", str(ckpt_every), "--log-every", "1"),
+    ]
+
+
+def make_configs(tmp: Path, args: list[str]) -> dict[str, Any]:
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out: dict[str, Any] = {}
+    for i, name in enumerate(CONFIGS):
+        first = i * NODES_PER_CONFIG + 1
+        partition = f"restart_{name}"
+        run(
+            *("scontrol", "create", f"PartitionName={partition}"),
+            *(f"Nodes=n[{first}-{first + NODES_PER_CONFIG - 1}]", "MaxTime=INFINITE", "State=UP"),
+        )
+        cfg: Any
+        if name == "torchrun":
+            cfg = Launched(name, tmp, args, torchrun, str(REPO), partition)
+        else:
+            over: dict[str, Any] = {"max_restarts": 100, "spare_nodes": 0}
+            if name == "new_step":
+                over["env"] = {"ORCHESTRATOR_RESTART_IN_PLACE": "0"}
+            cfg = ChaosProduct(name, tmp, over, args, partition)
+        out[name] = cfg
+    return out
+
+
+def trained_after(cfg: Any, since: float) -> list[dict[str, Any]]:
+    return [e for e in train_events(cfg.run_dir) if e.get("event") == "train" and e["time"] > since]
+
+
+def wait_until(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise SystemExit(f"bench_restart: timed out waiting for {what}")
+
+
+def rank1(cfg: Any, not_pid: int) -> int | None:
+    """Rank 1's pid once it is a new process that trains (its heartbeat or /proc says so)."""
+    pid = cfg.rank_pids().get(1, (0, ""))[0]
+    return pid if pid and pid != not_pid else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--ckpt-every", type=int, default=20)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results_restart.json"))
+    opts = ap.parse_args()
+    args = train_args(opts.ckpt_every)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_restart_"))
+    configs = make_configs(tmp, args)
+    # bench_chaos's script lets torchrun restart 3 times: here one per round and two to spare.
+    bench_chaos.SCRIPT = bench_chaos.SCRIPT.replace("--max-restarts=3", f"--max-restarts={opts.rounds + 2}")
+    for cfg in configs.values():
+        cfg.submit()
+    rows: list[dict[str, Any]] = []
+    killed = {name: 0 for name in configs}
+    try:
+        for r in range(opts.rounds):
+            pids = {}
+            for name, cfg in configs.items():
+                pids[name] = wait_until(
+                    f"{name}: rank 1 training", lambda c=cfg, n=name: rank1(c, killed[n]), 600
+                )
+            for name, cfg in configs.items():  # every configuration past a checkpoint of this attempt
+                wait_until(
+                    f"{name}: {opts.ckpt_every + 2} steps",
+                    lambda c=cfg: _steps_since_start(c) > opts.ckpt_every + 1,
+                    600,
+                )
+            at = time.time()
+            for name in configs:
+                os.kill(pids[name], signal.SIGKILL)
+                killed[name] = pids[name]
+            row: dict[str, Any] = {"round": r + 1, "load": os.getloadavg()[0]}
+            for name, cfg in configs.items():
+                first = wait_until(
+                    f"{name}: a step after the kill", lambda c=cfg, t=at: trained_after(c, t), 600
+                )
+                row[name] = round(first[0]["time"] - at, 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        for cfg in configs.values():
+            cfg.stop()
+    summary = {
+        name: {"median_s": statistics.median(r[name] for r in rows), "all_s": [r[name] for r in rows]}
+        for name in configs
+    }
+    ratios = {
+        f"{other}/in_place": statistics.median(r[other] / r["in_place"] for r in rows)
+        for other in configs
+        if other != "in_place"
+    }
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": rows,
+        "summary": summary,
+        "ratios": ratios,
+    }
+    Path(opts.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
+    return 0
+
+
+def _steps_since_start(cfg: Any) -> int:
+    """Steps trained by the newest attempt (since its last ``startup`` event)."""
+    events = train_events(cfg.run_dir)
+    starts = [i for i, e in enumerate(events) if e.get("event") == "startup"]
+    return sum(1 for e in events[(starts[-1] if starts else 0) :] if e.get("event") == "train")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
