@@ -433,7 +433,7 @@ class NodeTask:
             code = run_node(plan, run_dir, node, attempt, prewarmed)
             while prewarmed.kept is not None:  # a restart in place (orchestrator.node.restart_in_place)
                 following = in_place.wait_for_next_attempt(
-                    attempt_dir(run_dir, attempt), NOTED_SIGNALS, sys.stderr
+                    attempt_dir(run_dir, attempt), node.node_rank, NOTED_SIGNALS
                 )
                 if following is None:
                     break

@@ -24,7 +24,7 @@ from typing import Any
 
 from orchestrator.contract.env import RESTART_IN_PLACE_ENV
 from orchestrator.contract.in_place import next_attempt_file
-from orchestrator.contract.run_dir import read_json
+from orchestrator.contract.run_dir import node_log_file, read_json
 
 #: How long a node with a kept launcher waits for the batch step's word. The batch step answers
 #: within a second or two (it asks Slurm whether the job was cancelled, reads the attempt's logs); a
@@ -40,10 +40,11 @@ def requested(environ: Any = None) -> bool:
 
 
 def wait_for_next_attempt(
-    attempt_path: Path, stop_signals: Sequence[int], log: Any, wait_s: float = NEXT_ATTEMPT_WAIT_S
+    attempt_path: Path, node: int, stop_signals: Sequence[int], wait_s: float = NEXT_ATTEMPT_WAIT_S
 ) -> int | None:
     """The attempt the batch step restarts the ranks as, or None (end the task): its word says so,
-    a stop signal came (``stop_signals`` grew), or no word came within ``wait_s``."""
+    a stop signal came (``stop_signals`` grew), or no word came within ``wait_s``; why not is the
+    last line of this node's log of the attempt (``orchestrator logs`` shows it)."""
     record = next_attempt_file(attempt_path)
     seen = len(stop_signals)
     deadline = time.monotonic() + wait_s
@@ -53,11 +54,7 @@ def wait_for_next_attempt(
             attempt = data.get("attempt")
             if isinstance(attempt, int):
                 return attempt
-            print(
-                f"[orchestrator node] not restarted in place: {data.get('why', 'the batch step said so')}",
-                file=log,
-                flush=True,
-            )
+            _say(attempt_path, node, f"not restarted in place: {data.get('why') or 'the batch step said so'}")
             return None
         time.sleep(NEXT_ATTEMPT_POLL_S)
     why = (
@@ -65,5 +62,10 @@ def wait_for_next_attempt(
         if len(stop_signals) != seen
         else f"no word from the batch step within {wait_s:.0f} s"
     )
-    print(f"[orchestrator node] not restarted in place: {why}", file=log, flush=True)
+    _say(attempt_path, node, f"not restarted in place: {why}")
     return None
+
+
+def _say(attempt_path: Path, node: int, line: str) -> None:
+    with open(node_log_file(attempt_path, node), "a", encoding="utf-8") as log:
+        log.write(f"[orchestrator node] {line}\n")
