@@ -75,14 +75,15 @@ def trained_after(cfg: Any, since: float) -> list[dict[str, Any]]:
     return [e for e in train_events(cfg.run_dir) if e.get("event") == "train" and e["time"] > since]
 
 
-def wait_until(what: str, check: Any, timeout: float) -> Any:
+def wait_until(check: Any, timeout: float) -> Any:
+    """``check()``'s first truthy answer, or None after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()
         if found:
             return found
         time.sleep(0.2)
-    raise SystemExit(f"bench_restart: timed out waiting for {what}")
+    return None
 
 
 def rank1(cfg: Any, not_pid: int) -> int | None:
@@ -106,40 +107,44 @@ def main() -> int:
         cfg.submit()
     rows: list[dict[str, Any]] = []
     killed = {name: 0 for name in configs}
+    gone: dict[str, str] = {}  # configurations whose job ended by itself: out of later rounds
     try:
         for r in range(opts.rounds):
-            pids = {}
-            for name, cfg in configs.items():
-                pids[name] = wait_until(
-                    f"{name}: rank 1 training", lambda c=cfg, n=name: rank1(c, killed[n]), 600
-                )
-            for name, cfg in configs.items():  # every configuration past a checkpoint of this attempt
-                wait_until(
-                    f"{name}: {opts.ckpt_every + 2} steps",
-                    lambda c=cfg: _steps_since_start(c) > opts.ckpt_every + 1,
-                    600,
-                )
+            live = {n: c for n, c in configs.items() if n not in gone}
+            pids = {n: wait_until(lambda c=c, n=n: rank1(c, killed[n]), 300) for n, c in live.items()}
+            for name, cfg in live.items():  # every configuration past a checkpoint of this attempt
+                if not pids[name] or not wait_until(
+                    lambda c=cfg: _steps_since_start(c) > opts.ckpt_every + 1, 300
+                ):
+                    gone[name] = f"round {r + 1}: not training again within 300 s (job {cfg.current_job()})"
             at = time.time()
-            for name in configs:
-                os.kill(pids[name], signal.SIGKILL)
-                killed[name] = pids[name]
+            for name in live:
+                if name not in gone:
+                    os.kill(pids[name], signal.SIGKILL)
+                    killed[name] = pids[name]
             row: dict[str, Any] = {"round": r + 1, "load": os.getloadavg()[0]}
             for name, cfg in configs.items():
-                first = wait_until(
-                    f"{name}: a step after the kill", lambda c=cfg, t=at: trained_after(c, t), 600
-                )
-                row[name] = round(first[0]["time"] - at, 2)
+                first = None if name in gone else wait_until(lambda c=cfg, t=at: trained_after(c, t), 300)
+                row[name] = round(first[0]["time"] - at, 2) if first else None
+                if first is None and name not in gone:
+                    gone[name] = f"round {r + 1}: no step within 300 s of the kill (job {cfg.current_job()})"
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
         for cfg in configs.values():
             cfg.stop()
     summary = {
-        name: {"median_s": statistics.median(r[name] for r in rows), "all_s": [r[name] for r in rows]}
+        name: {
+            "median_s": statistics.median(t)
+            if (t := [r[name] for r in rows if r[name] is not None])
+            else None,
+            "all_s": [r[name] for r in rows],
+            "ended": gone.get(name),
+        }
         for name in configs
     }
     ratios = {
-        f"{other}/in_place": statistics.median(r[other] / r["in_place"] for r in rows)
+        f"{other}/in_place": statistics.median(q) if (q := _ratios(rows, other)) else None
         for other in configs
         if other != "in_place"
     }
@@ -152,6 +157,11 @@ def main() -> int:
     Path(opts.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
     return 0
+
+
+def _ratios(rows: list[dict[str, Any]], other: str) -> list[float]:
+    """Per round, ``other``'s time over in_place's: the same kill, the same load."""
+    return [r[other] / r["in_place"] for r in rows if r[other] is not None and r["in_place"]]
 
 
 def _steps_since_start(cfg: Any) -> int:
