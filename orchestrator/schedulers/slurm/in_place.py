@@ -26,16 +26,26 @@ from orchestrator.contract.run_dir import (
 
 def ended_in_place(run_dir: Path, attempt: int, nodes: int) -> tuple[int | None, bool]:
     """(The attempt's first non-zero node exit code once every node of the step kept its launcher and
-    wrote its exit file, else None; whether any node did). A node that never does while others
-    wait may be lost: the batch step probes the nodes then, as for a failed task."""
+    wrote its exit file, else None; whether any node kept its launcher). A node that never does
+    while others wait may be lost: the batch step probes the nodes then, as for a failed task. A
+    node that ended its task instead (its exit file without the mark, which comes first) leaves
+    nothing to restart in place: the nodes that wait are told to end now (say node 0 requeued the
+    job at a preemption while node 1's rank died), not after their wait's bound."""
     path = attempt_dir(run_dir, attempt)
-    codes = []
+    codes: list[int] = []
+    ended: list[int] = []  # nodes that ended their task
     for node in range(nodes):
         try:
-            if node_kept_file(path, node).exists():
-                codes.append(int(node_exit_file(path, node).read_text().strip() or 1))
+            kept = node_kept_file(path, node).exists()
+            code = int(node_exit_file(path, node).read_text().strip() or 1)
         except (OSError, ValueError):
-            pass
+            continue
+        if kept:
+            codes.append(code)
+        else:
+            ended.append(node)
+    if codes and ended and not next_attempt_file(path).exists():
+        tell_nodes(run_dir, attempt, None, f"node {ended[0]} ended its task")
     if len(codes) < nodes:
         return None, bool(codes)
     return next((code for code in codes if code != 0), 1), True

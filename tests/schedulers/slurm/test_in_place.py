@@ -24,10 +24,19 @@ def test_the_attempt_has_ended_in_place_only_once_every_node_kept_its_launcher(t
     assert ended_in_place(tmp_path, 3, 2) == (None, False)
     _ended(tmp_path, 1, 137)
     assert ended_in_place(tmp_path, 3, 2) == (None, True)  # node 0 not yet: the batch step probes later
-    _ended(tmp_path, 0, 143, kept=False)
-    assert ended_in_place(tmp_path, 3, 2) == (None, True)  # node 0 ends its task: srun's way, not in place
-    node_kept_file(attempt_dir(tmp_path, 3), 0).write_text("")
+    _ended(tmp_path, 0, 143)
     assert ended_in_place(tmp_path, 3, 2) == (143, True)
+    assert not next_attempt_file(attempt_dir(tmp_path, 3)).exists()  # the decision is the batch step's
+
+
+def test_a_node_that_ended_its_task_ends_the_wait_of_the_others(tmp_path: Path) -> None:
+    """Node 0 requeued the job at a preemption (exit 0, its task ended) while node 1's rank died:
+    nothing to restart in place, and node 1 is told so at once, not after its wait's bound."""
+    _ended(tmp_path, 1, 137)
+    _ended(tmp_path, 0, 0, kept=False)
+    assert ended_in_place(tmp_path, 3, 2) == (None, True)
+    word = json.loads(next_attempt_file(attempt_dir(tmp_path, 3)).read_text())
+    assert word == {"attempt": None, "why": "node 0 ended its task"}
 
 
 def test_a_kept_mark_without_its_exit_file_is_not_an_end(tmp_path: Path) -> None:
