@@ -173,13 +173,6 @@ def run_ranks(
     for sig in PARENT_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _parent_signal)
-    store = None
-    if store_listener is not None:
-        from orchestrator.node import launch_store
-
-        store = launch_store.start(store_listener, envs[0], say)
-        if store is None:
-            return 1
     ranks: dict[int, _Rank] = {}
     sel = selectors.DefaultSelector()
     launcher = os.getpid()
@@ -197,8 +190,6 @@ def run_ranks(
                 os.close(other.fd)
             if store_listener is not None:
                 store_listener.close()  # the launcher's; a rank is the store's client
-            if store is not None:
-                os.close(store.ready_fd)
             _rank_main(script, script_args, env, write_fd)
         os.close(write_fd)
         rank = _Rank(local, int(env["RANK"]), pid, read_fd, _rank_log(log_dir, env["RANK"]))
@@ -206,6 +197,15 @@ def run_ranks(
         sel.register(read_fd, selectors.EVENT_READ, rank)
     if log_dir:
         _record_pids(Path(log_dir), ranks.values())
+    # After the ranks (a stop signal before them finds no child and ends the launch: SignalRelay);
+    # their connects wait in the listening socket's queue meanwhile.
+    store = None
+    if store_listener is not None:
+        from orchestrator.node import launch_store
+
+        store = launch_store.start(store_listener, envs[0], say, [r.pid for r in ranks.values()])
+        if store is None:
+            return 1
     say(
         f"started {len(envs)} rank(s) by fork: pids {' '.join(str(r.pid) for r in ranks.values())} "
         f"(ranks {envs[0]['RANK']}..{envs[-1]['RANK']} of {envs[0]['WORLD_SIZE']})"

@@ -10,8 +10,8 @@ made the ``process_group`` phase of a 2-node start-up 0.02 s in some runs and 0.
 torchrun avoids it by having its agent host the store (``TORCHELASTIC_USE_AGENT_STORE``). The direct
 launcher does the same: node 0's launcher binds and listens on ``MASTER_PORT`` as soon as it knows
 the launch (:func:`listen_early`), ~1-2 s before its ranks are forked, so an early client's connect
-is queued by the kernel instead of refused. A child of the launcher serves the store on that socket
-(:func:`start`, :func:`serve`) for as long as the ranks live: the server's threads never live in the
+is queued by the kernel instead of refused. Once the ranks are forked, a child of the launcher serves
+the store on that socket (:func:`start`, :func:`serve`) for as long as the ranks live: the server's threads never live in the
 launcher, which forks the ranks (again, for a restart in place: each start gets a fresh store, and
 the socket, kept open by the launcher, queues the new ranks' connects meanwhile). Every rank, rank 0
 included, is a client.
@@ -133,9 +133,12 @@ class StoreProcess:
             os.close(self.ready_fd)
 
 
-def start(listener: socket.socket, env: dict[str, str], say: Callable[[str], None]) -> StoreProcess | None:
+def start(
+    listener: socket.socket, env: dict[str, str], say: Callable[[str], None], clients: list[int]
+) -> StoreProcess | None:
     """Fork the store's process and wait until it serves (milliseconds: torch is imported). If it
-    cannot, no rank is started (its clients would wait out their timeout) and the error says why."""
+    cannot, its ``clients`` (the ranks' pids) would wait for it until their timeout: they are ended
+    now, and the error says why."""
     read_fd, write_fd = os.pipe()
     launcher = os.getpid()
     pid = os.fork()
@@ -159,6 +162,11 @@ def start(listener: socket.socket, env: dict[str, str], say: Callable[[str], Non
         f"cannot serve the rendezvous store on port {env.get('MASTER_PORT')}: {answer[1:].decode() or 'it died'}"
     )
     StoreProcess(pid, read_fd).stop()
+    for client in clients:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(client, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(client, 0)
     return None
 
 
