@@ -83,12 +83,14 @@ _RANK_SHARD = re.compile(r"__(\d+)_\d+\.distcp")
 
 def rank_shard_files(folder: Path, rank: int) -> list[str]:
     """The shard files rank ``rank`` wrote under ``folder`` (relative paths): the bulk of a sharded
-    checkpoint, which that rank digests itself (``digests`` of :func:`finalize`)."""
-    return [
-        rel
-        for rel in list_files(folder)
-        if (m := _RANK_SHARD.fullmatch(rel.rsplit("/", 1)[-1])) and int(m.group(1)) == rank
-    ]
+    checkpoint, which that rank digests itself (``digests`` of :func:`finalize`). Names only: the
+    other ranks are still writing their load plans beside them (a temp file, then a rename), and a
+    ``stat`` of every file listed met one gone (FileNotFoundError in rank 0's save: a CI run)."""
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in Path(folder).rglob("__*.distcp")
+        if (m := _RANK_SHARD.fullmatch(path.name)) and int(m.group(1)) == rank
+    )
 
 
 def is_rank_shard(rel: str) -> bool:

@@ -190,3 +190,31 @@ def test_rank_0_leaves_the_shards_to_the_ranks_but_checks_every_other_file(tmp_p
     halves = [checkpoints.shard_share(shards, rank, 2) for rank in (0, 1)]
     assert halves == [["optimizer_0/__0_0.distcp", "optimizer_0/__2_0.distcp"],
                       ["optimizer_0/__1_0.distcp", "optimizer_0/__3_0.distcp"]]  # fmt: skip
+
+
+def test_a_ranks_shard_list_is_not_upset_by_the_others_writing_their_load_plans(tmp_path: Path) -> None:
+    """The ranks list their own shard files while the others still write their load plans (a temp
+    file, then a rename: write_json_atomic). Listing by ``stat`` of every file met such a temp file
+    gone: FileNotFoundError in rank 0's save, the job FAILED (a CI run)."""
+    import threading
+
+    from orchestrator.contract.checkpoints import load_plan_name, rank_shard_files
+    from orchestrator.contract.run_dir import write_json_atomic
+
+    for rank in (0, 1):
+        (tmp_path / "model_0").mkdir(exist_ok=True)
+        (tmp_path / "model_0" / f"__{rank}_0.distcp").write_bytes(b"x")
+    stop = threading.Event()
+
+    def other_rank_writes_its_plans() -> None:
+        while not stop.is_set():
+            write_json_atomic(tmp_path / load_plan_name(1), {"files": {}})
+
+    writer = threading.Thread(target=other_rank_writes_its_plans)
+    writer.start()
+    try:
+        lists = [rank_shard_files(tmp_path, 0) for _ in range(3000)]
+    finally:
+        stop.set()
+        writer.join()
+    assert all(found == ["model_0/__0_0.distcp"] for found in lists)
