@@ -115,6 +115,10 @@ def serve(listener: socket.socket, env: dict[str, str]) -> Any:
         raise
 
 
+#: The store's process name (``ps -o comm``): the node's signal relay leaves it out (it is no rank).
+STORE_PROCESS_NAME = "rdzv-store"
+
+
 class StoreProcess:
     """The rendezvous store served by a child of the launcher: the store's threads never live in the
     launcher, which stays a process that may fork ranks again (a restart in place), and each start
@@ -147,6 +151,7 @@ def start(
         try:
             os.close(read_fd)
             run_alive.die_with_parent(launcher)
+            _name_this_process(STORE_PROCESS_NAME)
             store = serve(socket.socket(fileno=os.dup(listener.fileno())), env)
             os.write(write_fd, b"1")
             while store is not None:
@@ -213,3 +218,11 @@ def rendezvous_port(plan: LaunchPlan, node: NodeEnvironment, path: Path) -> tupl
                 f"node 0 chose no rendezvous port within {RENDEZVOUS_PORT_WAIT_S:.0f} s ({record})"
             )
         time.sleep(0.1)
+
+
+def _name_this_process(name: str) -> None:
+    """``prctl(PR_SET_NAME)``: what ``ps`` and psutil's ``name()`` show (Linux; elsewhere nothing)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").prctl(15, name.encode(), 0, 0, 0)

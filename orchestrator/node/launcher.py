@@ -302,7 +302,7 @@ class SignalRelay:
             return
         try:
             launcher = psutil.Process(self.launcher.pid)
-            children = launcher.children(recursive=True)
+            children = [p for p in launcher.children(recursive=True) if not _is_store(p)]
         except psutil.NoSuchProcess:
             return
         if not children and signum in self.stop_signals:
@@ -319,6 +319,19 @@ class SignalRelay:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signum)
         self._say(f"relayed {name} to {len(targets)} process(es)")
+
+
+def _is_store(proc: Any) -> bool:
+    """Node 0's rendezvous store process (orchestrator.node.launch_store): a child of the launcher,
+    but no rank: a signal is not relayed to it, nor counted."""
+    import psutil
+
+    from orchestrator.node.launch_store import STORE_PROCESS_NAME
+
+    try:
+        return bool(proc.name() == STORE_PROCESS_NAME)
+    except psutil.Error:
+        return False
 
 
 def stop_signal(signal_name: str) -> int:
