@@ -16,6 +16,11 @@ A DDP or FSDP launch does not go to torchrun: its ranks are forked here, from th
 imports (:mod:`orchestrator.node.direct_launch`; profile ``launcher: torchrun`` turns that off).
 Its arguments are then ``--prewarmed`` and room for a rank's process title. Given other arguments
 instead (``python -m orchestrator.node.launcher_shim launch ...``), it runs them at once.
+
+Kept (``"keep": true`` in the request: a step the batch step may restart in place,
+:mod:`orchestrator.node.restart_in_place`): after a failed start of the ranks it writes the exit
+code on its channel and reads the next request line, the same launch as a new attempt, whose ranks
+it forks from the same imports; EOF ends it with the last code.
 """
 
 from __future__ import annotations
