@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_chaos
+import soak_preemption as soak
 from bench_chaos import ChaosProduct, Launched, train_events
 from bench_goodput import REPO, run
 
@@ -75,17 +76,6 @@ def trained_after(cfg: Any, since: float) -> list[dict[str, Any]]:
     return [e for e in train_events(cfg.run_dir) if e.get("event") == "train" and e["time"] > since]
 
 
-def wait_until(check: Any, timeout: float) -> Any:
-    """``check()``'s first truthy answer, or None after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    return None
-
-
 def rank1(cfg: Any, not_pid: int) -> int | None:
     """Rank 1's pid once it is a new process that trains (its heartbeat or /proc says so)."""
     pid = cfg.rank_pids().get(1, (0, ""))[0]
@@ -111,9 +101,9 @@ def main() -> int:
     try:
         for r in range(opts.rounds):
             live = {n: c for n, c in configs.items() if n not in gone}
-            pids = {n: wait_until(lambda c=c, n=n: rank1(c, killed[n]), 300) for n, c in live.items()}
+            pids = {n: soak.wait(lambda c=c, n=n: rank1(c, killed[n]), 300) for n, c in live.items()}
             for name, cfg in live.items():  # every configuration past a checkpoint of this attempt
-                if not pids[name] or not wait_until(
+                if not pids[name] or not soak.wait(
                     lambda c=cfg: _steps_since_start(c) > opts.ckpt_every + 1, 300
                 ):
                     gone[name] = f"round {r + 1}: not training again within 300 s (job {cfg.current_job()})"
@@ -124,7 +114,7 @@ def main() -> int:
                     killed[name] = pids[name]
             row: dict[str, Any] = {"round": r + 1, "load": os.getloadavg()[0]}
             for name, cfg in configs.items():
-                first = None if name in gone else wait_until(lambda c=cfg, t=at: trained_after(c, t), 300)
+                first = None if name in gone else soak.wait(lambda c=cfg, t=at: trained_after(c, t), 300)
                 row[name] = round(first[0]["time"] - at, 2) if first else None
                 if first is None and name not in gone:
                     gone[name] = f"round {r + 1}: no step within 300 s of the kill (job {cfg.current_job()})"

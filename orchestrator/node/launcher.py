@@ -123,12 +123,11 @@ class PrewarmedLauncher:
             if channel is not None:
                 channel.close()
 
-    def keep(self, generation: Generation) -> bool:
+    def keep(self, generation: Generation) -> None:
         """After ``generation`` ended: keep its launcher for the next request when it reported a failed
-        start (it waits for one); False when the launcher itself ended (nothing to keep)."""
+        start (it waits for one); not when the launcher itself ended (nothing to keep)."""
         if generation.reported:
             self.kept = generation
-        return generation.reported
 
     def release(self) -> None:
         """At the node task's end: a kept launcher is told there is no next request (EOF) and ends."""
@@ -149,7 +148,7 @@ class PrewarmedLauncher:
 
 class Generation:
     """One start of the ranks in a launcher kept for restarts in place, waited on as the launcher's
-    ``Popen`` is (``pid``, ``wait``, ``poll``, ``kill``, ``returncode``): it ends when the launcher
+    ``Popen`` is (``pid``, ``wait``, ``kill``, ``returncode``): it ends when the launcher
     reports the start's exit code on its channel, or when the launcher itself exits."""
 
     #: How long ``wait()`` without a timeout waits for a killed start's report before ending the launcher.
@@ -172,12 +171,6 @@ class Generation:
         except (BrokenPipeError, ConnectionError, ValueError):
             pass  # it ended: the new handle reads its exit
         return Generation(self.proc, self.channel)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.wait(0)
-        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         import select
