@@ -443,9 +443,12 @@ class NodeTask:
             prewarmed.release()
         handed_over = node.finish(plan, run_dir, attempt, code)
         if code not in (0, EXIT_REQUEUE) or (code == EXIT_REQUEUE and node.is_first_node and not handed_over):
-            # A raised error makes the task exit non-zero, so the scheduler says FAILED. Nodes other
-            # than node 0 return quietly on a requeue: node 0 decides it.
-            raise RunFailure(f"training exited with code {code} on node {socket.gethostname()}")
+            # The task exits 1, so the scheduler says FAILED (or, at a requeue, Slurm's requeue and
+            # the batch step take over). Nodes other than node 0 return quietly on a requeue: node 0
+            # decides it. One line, not a traceback in submitit's log: what happened is in the node's
+            # log (the ranks' own tracebacks) and in the failure report.
+            ended = "stopped for a requeue" if code == EXIT_REQUEUE else f"exited with code {code}"
+            raise SystemExit(f"[orchestrator node] training {ended} on node {socket.gethostname()}")
         return code
 
 

@@ -220,6 +220,10 @@ def test_the_local_pre_timeout_signal_ends_the_job_preempted_in_a_group_shared_r
     assert stopped is not None and stopped["reason"] == "signal", stopped
     assert (run_dir / "checkpoints" / f"step_{int(stopped['step']):08d}" / "COMPLETE.json").exists()
     assert status_row(env, job_id)["state"] == "PREEMPTED"
+    # A stop for a requeue is no crash: one line in submitit's log, no traceback.
+    (err,) = (run_dir / "submitit").glob("*_log.err")
+    assert "training stopped for a requeue on node" in err.read_text(), err.read_text()[-2000:]
+    assert "Traceback" not in err.read_text(), err.read_text()[-2000:]
     # share_with_group: the run directory, its logs and checkpoints readable by the group, never writable.
     modes = {str(p.relative_to(run_dir)): p.stat().st_mode & 0o777 for p in [run_dir, *run_dir.rglob("*")]}
     assert modes["."] == 0o750, modes
