@@ -24,7 +24,8 @@ from typing import Any
 
 from orchestrator.contract.env import RESTART_IN_PLACE_ENV
 from orchestrator.contract.in_place import next_attempt_file
-from orchestrator.contract.run_dir import node_log_file, read_json
+from orchestrator.contract.run_dir import node_log_file
+from orchestrator.contract.shared_fs import read_json_listed
 
 #: How long a node with a kept launcher waits for the batch step's word. The batch step answers
 #: within a second or two (it asks Slurm whether the job was cancelled, reads the attempt's logs); a
@@ -49,7 +50,7 @@ def wait_for_next_attempt(
     seen = len(stop_signals)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and len(stop_signals) == seen:
-        data = read_json(record)
+        data = read_json_listed(record)  # the batch step writes it on another host
         if isinstance(data, dict):
             attempt = data.get("attempt")
             if isinstance(attempt, int):

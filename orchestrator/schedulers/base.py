@@ -244,16 +244,17 @@ def failed_node(attempt_path: Path, num_nodes: int, me: int) -> tuple[int, int] 
     """``(node, exit code)`` of another node whose exit file (``node_<N>.exit``) in this attempt says
     it failed (neither 0 nor a requeue), or None."""
     from orchestrator.contract.run_dir import EXIT_REQUEUE, node_exit_file
+    from orchestrator.contract.shared_fs import listed, read_text_listed
 
+    names = listed(attempt_path)  # written on the other nodes' hosts (orchestrator.contract.shared_fs)
     for node in range(num_nodes):
         if node == me:
             continue
-        try:
-            text = node_exit_file(attempt_path, node).read_text().strip()
-        except OSError:
+        text = read_text_listed(node_exit_file(attempt_path, node), names)
+        if text is None:
             continue
         try:
-            code = int(text or 1)
+            code = int(text.strip() or 1)
         except ValueError:
             code = 1
         if code not in (0, EXIT_REQUEUE):

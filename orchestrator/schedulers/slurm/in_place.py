@@ -22,6 +22,7 @@ from orchestrator.contract.run_dir import (
     read_current_plan_json,
     write_json_atomic,
 )
+from orchestrator.contract.shared_fs import listed, read_text_listed
 
 
 def ended_in_place(run_dir: Path, attempt: int, nodes: int) -> tuple[int | None, bool]:
@@ -32,19 +33,23 @@ def ended_in_place(run_dir: Path, attempt: int, nodes: int) -> tuple[int | None,
     nothing to restart in place: the nodes that wait are told to end now (say node 0 requeued the
     job at a preemption while node 1's rank died), not after their wait's bound."""
     path = attempt_dir(run_dir, attempt)
+    names = listed(path)  # the nodes write these on their hosts (orchestrator.contract.shared_fs)
     codes: list[int] = []
     ended: list[int] = []  # nodes that ended their task
     for node in range(nodes):
+        text = read_text_listed(node_exit_file(path, node), names)
         try:
-            kept = node_kept_file(path, node).exists()
-            code = int(node_exit_file(path, node).read_text().strip() or 1)
-        except (OSError, ValueError):
+            code = int(text.strip() or 1) if text is not None else None
+        except ValueError:
+            code = None
+        if code is None:
             continue
+        kept = node_kept_file(path, node).name in names  # written before the exit file
         if kept:
             codes.append(code)
         else:
             ended.append(node)
-    if codes and ended and not next_attempt_file(path).exists():
+    if codes and ended and next_attempt_file(path).name not in names:
         tell_nodes(run_dir, attempt, None, f"node {ended[0]} ended its task")
     if len(codes) < nodes:
         return None, bool(codes)

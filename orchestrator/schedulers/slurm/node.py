@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.contract.errors import RunFailure
 from orchestrator.contract.run_dir import MAIN_IP_FILE
+from orchestrator.contract.shared_fs import read_text_listed
 from orchestrator.schedulers.base import NodeEnvironment, failed_node
 from orchestrator.schedulers.slurm.environment import (
     MAIN_IP_WAIT_S,
@@ -64,8 +65,9 @@ class SlurmNodeEnvironment(NodeEnvironment):
             return ip
         deadline = time.monotonic() + MAIN_IP_WAIT_S
         while time.monotonic() < deadline:
-            if published.exists():
-                return published.read_text().strip()
+            text = read_text_listed(published)  # written on node 0's host (orchestrator.contract.shared_fs)
+            if text:
+                return text.strip()
             time.sleep(0.2)
         raise RunFailure(
             f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
