@@ -276,7 +276,9 @@ def _launch_and_wait(
     env = training_environment(plan, node, run_dir, attempt)
     started = time.monotonic()
     launched_at = time.time()
-    launcher = prewarmed.hand_off(argv, env, log_path, node_log_bin, listener, keep=in_place.requested())
+    launcher = prewarmed.hand_off(
+        argv, env, log_path, node_log_bin, listener, keep=node.keeps_launchers(plan)
+    )
     node_pid_file(path, node.node_rank).write_text(str(launcher.pid))
     relay.launcher = launcher
     budget = BudgetWatch(plan, run_dir, attempt, node, relay, stop, log)
@@ -432,6 +434,7 @@ class NodeTask:
             node.begin(run_dir, attempt)
             code = run_node(plan, run_dir, node, attempt, prewarmed)
             while prewarmed.kept is not None:  # a restart in place (orchestrator.node.restart_in_place)
+                node.decide_in_place(plan, run_dir, attempt, NOTED_SIGNALS)  # local: node 0 decides
                 following = in_place.wait_for_next_attempt(
                     attempt_dir(run_dir, attempt), node.node_rank, NOTED_SIGNALS
                 )

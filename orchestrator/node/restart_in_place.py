@@ -12,17 +12,17 @@ torchrun's agent does the same for its workers (it respawns them, it is not star
 
 The batch step keeps every decision: it restarts in place only when every node kept its launcher
 (a node that lost its launcher, a lost node, a hang or a spare's swap go the old way, a new step).
+A local job has no batch step: its node 0 decides by the same rules
+(:mod:`orchestrator.schedulers.local.in_allocation`), with ``max_restarts`` as the mark
+(``NodeEnvironment.keeps_launchers``).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from orchestrator.contract.env import RESTART_IN_PLACE_ENV
 from orchestrator.contract.in_place import next_attempt_file
 from orchestrator.contract.run_dir import node_log_file
 from orchestrator.contract.shared_fs import read_json_listed
@@ -33,11 +33,6 @@ from orchestrator.contract.shared_fs import read_json_listed
 NEXT_ATTEMPT_WAIT_S = 120.0
 #: How often the word is looked for.
 NEXT_ATTEMPT_POLL_S = 0.05
-
-
-def requested(environ: Any = None) -> bool:
-    """Whether this step's nodes keep their launchers after a failed start (the batch step's mark)."""
-    return (os.environ if environ is None else environ).get(RESTART_IN_PLACE_ENV) == "1"
 
 
 def wait_for_next_attempt(

@@ -15,7 +15,7 @@ scheduler object.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -262,6 +262,57 @@ def failed_node(attempt_path: Path, num_nodes: int, me: int) -> tuple[int, int] 
     return None
 
 
+def record_attempt(run_dir: Path, job_id: str, attempt: int, why: str, say: Callable[[str], None]) -> None:
+    """An attempt the submitting side never saw (a Slurm requeue of the same id, a restart inside
+    the allocation): recorded with the checkpoint it will start from (training picks the newest
+    complete one, the same rule). Best effort: the registry must not stop training."""
+    if not job_id:
+        return
+    try:
+        from orchestrator.contract.run_dir import last_complete_checkpoint
+        from orchestrator.registry.store import Registry
+
+        checkpoint = last_complete_checkpoint(run_dir)
+        Registry.open().add_attempt(
+            job_id,
+            attempt=attempt,
+            scheduler_job_id=job_id,
+            started_from_checkpoint=str(checkpoint.path) if checkpoint else None,
+        )
+    except Exception as exc:  # noqa: BLE001
+        say(f"attempt {attempt} ({why}) not recorded in the registry: {exc}")
+
+
+def record_restart(
+    run_dir: Path, job_id: str, failed: int, cause: str, in_place: bool, say: Callable[[str], None]
+) -> tuple[int, int]:
+    """A restart inside the allocation: its line in ``restarts.jsonl`` and the registry's attempt.
+    Returns the new attempt's number (the one after every attempt logged) and the step of the
+    checkpoint it starts from."""
+    import time
+
+    from orchestrator.contract.restarts import append_restart
+    from orchestrator.contract.run_dir import last_complete_checkpoint, next_attempt
+
+    attempt = next_attempt(run_dir)
+    checkpoint = last_complete_checkpoint(run_dir)
+    step = checkpoint.step if checkpoint is not None else 0
+    append_restart(
+        run_dir,
+        {
+            "job_id": job_id,
+            "failed_attempt": failed,
+            "attempt": attempt,
+            "cause": cause,
+            "step": step,
+            "time": time.time(),
+            "in_place": in_place,
+        },
+    )
+    record_attempt(run_dir, job_id, attempt, "restarted", say)
+    return attempt, step
+
+
 class NodeEnvironment(ABC):
     """One node's view of its job. The only reader of the scheduler's environment variables."""
 
@@ -309,6 +360,24 @@ class NodeEnvironment(ABC):
         The node entry point asks this while its training runs and stops its own training when
         one answers: one failed node ends the job within seconds. Slurm needs none of it
         (its step's kill-on-bad-exit ends it), so the default is None."""
+        return None
+
+    def keeps_launchers(self, plan: LaunchPlan) -> bool:
+        """Whether a node whose ranks failed keeps its launcher and waits for the word to start them
+        again in place (:mod:`orchestrator.node.restart_in_place`). Slurm: when the batch step marked
+        the step (``RESTART_IN_PLACE_ENV``: it restarts, so it will give the word)."""
+        import os
+
+        from orchestrator.contract.env import RESTART_IN_PLACE_ENV
+
+        return os.environ.get(RESTART_IN_PLACE_ENV) == "1"
+
+    def decide_in_place(
+        self, plan: LaunchPlan, run_dir: Path, attempt: int, stop_signals: Sequence[int]
+    ) -> None:
+        """After this node kept its launcher, before it waits for the word: where a node decides
+        (node 0 of a local job) it waits for the others, decides and writes the word. Slurm's batch
+        step decides: nothing here."""
         return None
 
     def begin(self, run_dir: Path, attempt: int) -> None:

@@ -39,7 +39,7 @@ def hook(event, args):
 from orchestrator.contract.jsonfiles import write_json_atomic
 from orchestrator.node.restart_in_place import wait_for_next_attempt
 from orchestrator.schedulers.base import failed_node
-from orchestrator.schedulers.slurm.in_place import ended_in_place
+from orchestrator.contract.in_place import ended_in_place
 
 def other_host():
     time.sleep(0.3)  # the pollers have looked several times and found nothing

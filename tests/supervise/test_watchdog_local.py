@@ -16,8 +16,10 @@ import psutil
 import pytest
 
 from orchestrator.contract.heartbeat import read_heartbeats
+from orchestrator.contract.restarts import read_restarts
 from orchestrator.contract.run_dir import attempt_dir, hang_dir, read_json
 from tests.helpers.cli import REPO, job_and_run_dir, kill_tree, poll, run_cli, user_profile_dir
+from tests.helpers.hold import rank_pid
 
 pytestmark = pytest.mark.slow
 TRAIN = str(REPO / "train" / "train.py")
@@ -48,7 +50,8 @@ def test_a_stopped_rank_fails_a_local_job_with_its_stacks(
     orch_env: dict[str, str], stopped: list[int], tmp_path: Path
 ) -> None:
     # By the profile's hang_timeout key (the flag's precedence over it: tests/config/profile/test_keys.py).
-    profiles = user_profile_dir(tmp_path, "local", hang_timeout=HANG_TIMEOUT)
+    # Without restarts: with them node 0 would restart the job in place after the hang.
+    profiles = user_profile_dir(tmp_path, "local", hang_timeout=HANG_TIMEOUT, max_restarts=0)
     orch_env = {**orch_env, "ORCHESTRATOR_PROFILES": str(profiles)}
     res = run_cli(
         ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "1", "--procs-per-node", "2"]
@@ -98,3 +101,37 @@ def test_a_stopped_rank_fails_a_local_job_with_its_stacks(
         30,
         "the stopped rank killed",
     )
+
+
+def test_a_hung_local_job_is_restarted_in_place_after_its_stacks_are_saved(
+    orch_env: dict[str, str], stopped: list[int], tmp_path: Path
+) -> None:
+    """With ``max_restarts`` (the profile's default 3) node 0 restarts the job after the hang, as
+    Slurm's batch step does: the stacks first, then the same launchers fork attempt 1's ranks, which
+    train from the newest checkpoint to the end."""
+    profiles = user_profile_dir(tmp_path, "local", hang_timeout=HANG_TIMEOUT)
+    orch_env = {**orch_env, "ORCHESTRATOR_PROFILES": str(profiles)}
+    args = [a if a != "5000" else "40" for a in ARGS]
+    args[args.index("--ckpt-every") + 1] = "10"
+    res = run_cli(
+        ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "1", "--procs-per-node", "2"]
+        + ["--", TRAIN, *args],
+        orch_env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    pid = rank_pid(run_dir, 1, min_step=12)
+    os.kill(pid, signal.SIGSTOP)
+    stopped.append(pid)
+    waited = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "240"], orch_env, timeout=300)
+    logs = "\n".join(p.read_text() for p in sorted(run_dir.glob("logs/attempt_*/node_*.log")))
+    assert waited.returncode == 0, waited.stdout + waited.stderr + logs[-4000:]
+    report = read_json(hang_dir(run_dir, 0) / "hang.json")
+    assert report is not None and report["culprit_rank"] == 1, report
+    restarts = read_restarts(run_dir)
+    assert [(r["failed_attempt"], r["attempt"], r["in_place"]) for r in restarts] == [(0, 1, True)], restarts
+    assert restarts[0]["cause"] == report["reason"], restarts
+    assert restarts[0]["step"] >= 10 and restarts[0]["step"] % 10 == 0, restarts
+    launchers = [(run_dir / "logs" / f"attempt_{a}" / "node_0.pid").read_text() for a in (0, 1)]
+    assert launchers[0] == launchers[1], launchers
+    assert json.loads((run_dir / "final.json").read_text())["step"] == 40

@@ -109,6 +109,33 @@ class LocalNodeEnvironment(NodeEnvironment):
         barrier after node 1 had crashed, and the job read RUNNING for five and a half minutes."""
         return failed_node(attempt_path, self.num_nodes, self.node_rank)
 
+    def keeps_launchers(self, plan: LaunchPlan) -> bool:
+        """With ``max_restarts``, as on Slurm: a restart in place, decided by node 0
+        (:mod:`orchestrator.schedulers.local.in_allocation`); the profile's ``env:
+        {ORCHESTRATOR_RESTART_IN_PLACE: "0"}`` turns it off (no restart then: a local job has no new step)."""
+        from orchestrator.contract.env import RESTART_IN_PLACE_ENV
+
+        return plan.max_restarts > 0 and plan.profile.env.get(RESTART_IN_PLACE_ENV, "") != "0"
+
+    def decide_in_place(
+        self, plan: LaunchPlan, run_dir: Path, attempt: int, stop_signals: Sequence[int]
+    ) -> None:
+        if not self.is_first_node:
+            return
+        from orchestrator.contract.run_dir import node_log_file
+        from orchestrator.schedulers.local.in_allocation import decide
+
+        log = node_log_file(attempt_dir(run_dir, attempt), self.node_rank)
+
+        def say(line: str) -> None:
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(f"[orchestrator node] {line}\n")
+
+        following = decide(plan, run_dir, self.job_id, attempt, stop_signals, say)
+        if following is not None and self.notifier is not None:
+            self.notifier.attempt = following
+            self.notifier.attempt_events()
+
     def begin(self, run_dir: Path, attempt: int) -> None:
         """Node 0 owns a local run's notifications (no batch step here): its attempt's events now."""
         if self.is_first_node:
@@ -128,6 +155,10 @@ class LocalNodeEnvironment(NodeEnvironment):
         write_node_held(plan, run_dir, attempt, self.node_rank, self.job_id)
         if self.is_first_node:
             write_local_final_state(plan, run_dir, attempt, self.job_id)
+            if self.keeps_launchers(plan):
+                from orchestrator.schedulers.local.in_allocation import end_kept_nodes
+
+                end_kept_nodes(plan, run_dir, attempt)
             if self.notifier is not None:
                 from orchestrator.contract import run_alive
 

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.env import RESTART_IN_PLACE_ENV, RUN_DIR_ENV
+from orchestrator.contract.in_place import ended_in_place, tell_nodes
+from orchestrator.schedulers.base import record_attempt, record_restart
 from orchestrator.schedulers.slurm import in_place
 from orchestrator.schedulers.slurm.environment import (
     STEP_ATTEMPT_ENV,
@@ -85,27 +87,6 @@ class StepWatch:
 
     def finish(self) -> None:
         self._reader.join(timeout=5)
-
-
-def record_attempt(run_dir: Path, job_id: str, attempt: int, why: str) -> None:
-    """An attempt the submitting side never saw (a Slurm requeue of the same id, a restart inside
-    the allocation): recorded with the checkpoint it will start from (training picks the newest
-    complete one, the same rule). Best effort: the registry must not stop training."""
-    if not job_id:
-        return
-    try:
-        from orchestrator.contract.run_dir import last_complete_checkpoint
-        from orchestrator.registry.store import Registry
-
-        checkpoint = last_complete_checkpoint(run_dir)
-        Registry.open().add_attempt(
-            job_id,
-            attempt=attempt,
-            scheduler_job_id=job_id,
-            started_from_checkpoint=str(checkpoint.path) if checkpoint else None,
-        )
-    except Exception as exc:  # noqa: BLE001
-        say(f"attempt {attempt} ({why}) not recorded in the registry: {exc}")
 
 
 def first_attempt(run_dir: Path, attempt_base: int, restarts: int) -> int:
@@ -189,7 +170,7 @@ def supervise(
     restarts = batch_restarts()
     attempt = first_attempt(run_dir, attempt_base, restarts)
     if restarts:
-        record_attempt(run_dir, job_id, attempt, "requeued")
+        record_attempt(run_dir, job_id, attempt, "requeued", say)
     started = time.time()
     notifier = StepNotifier(run_dir, job_id, attempt, say)
     notifier.attempt_events()
@@ -219,7 +200,7 @@ def supervise(
         if cause is None:
             say(f"not restarted in the allocation: {refusal}")
             if end.watch is not None:
-                in_place.tell_nodes(run_dir, attempt, None, refusal)
+                tell_nodes(run_dir, attempt, None, refusal)
                 end = StepEnd(in_place.until_srun_ends(end.watch, notifier))
             break
         restarted += 1
@@ -229,7 +210,7 @@ def supervise(
         )
         kept = end.watch
         if kept is not None:
-            in_place.tell_nodes(run_dir, failed, attempt)
+            tell_nodes(run_dir, failed, attempt)
         notifier.attempt = attempt
         notifier.attempt_events()
     if end.hang is not None:
@@ -313,26 +294,8 @@ def restart_in_allocation(
     run_dir: Path, job_id: str, failed: int, cause: str, n: int, budget: int, kept: bool = False
 ) -> int:
     """Record the restart (``restarts.jsonl``, the registry's attempt) and return the new attempt's
-    number: the one after every attempt logged. ``kept``: in place, by the nodes' kept launchers."""
-    from orchestrator.contract.restarts import append_restart
-    from orchestrator.contract.run_dir import last_complete_checkpoint, next_attempt
-
-    attempt = next_attempt(run_dir)
-    checkpoint = last_complete_checkpoint(run_dir)
-    step = checkpoint.step if checkpoint is not None else 0
-    append_restart(
-        run_dir,
-        {
-            "job_id": job_id,
-            "failed_attempt": failed,
-            "attempt": attempt,
-            "cause": cause,
-            "step": step,
-            "time": time.time(),
-            "in_place": kept,
-        },
-    )
-    record_attempt(run_dir, job_id, attempt, "restarted")
+    number. ``kept``: in place, by the nodes' kept launchers."""
+    attempt, step = record_restart(run_dir, job_id, failed, cause, kept, say)
     how = "in place, by the launchers the nodes kept" if kept else "a new step"
     say(f"restart {n}/{budget} in the allocation (attempt {attempt}, from step {step}; {how}): {cause}")
     return attempt
@@ -369,7 +332,7 @@ def run_step(
     while status is None:
         status = watch.wait(0.1 if restarts else 0.5)
         if status is None and restarts and watch.first_failure_at is None:
-            code, reported = in_place.ended_in_place(run_dir, attempt, nodes)
+            code, reported = ended_in_place(run_dir, attempt, nodes)
             if code is not None:
                 return StepEnd(code, watch=watch)
             if reported and kept_at is None:  # a node that never reports may be lost: probed below

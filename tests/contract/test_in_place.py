@@ -1,15 +1,15 @@
-"""The batch step's side of a restart in place (orchestrator/schedulers/slurm/in_place.py): when the
-attempt has ended on every node, and the word it leaves for them. The whole path runs on the
-cluster: tests/cluster/test_restart_in_allocation.py."""
+"""The decider's side of a restart in place (orchestrator/contract/in_place.py: Slurm's batch step, a
+local job's node 0): when the attempt has ended on every node, and the word it leaves for them. The
+whole path runs on the cluster (tests/cluster/test_restart_in_allocation.py) and locally
+(tests/schedulers/local/test_restart_in_place.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from orchestrator.contract.in_place import next_attempt_file, node_kept_file
+from orchestrator.contract.in_place import ended_in_place, next_attempt_file, node_kept_file, tell_nodes
 from orchestrator.contract.run_dir import attempt_dir, node_exit_file
-from orchestrator.schedulers.slurm.in_place import ended_in_place, tell_nodes
 
 
 def _ended(run_dir: Path, node: int, code: int, kept: bool = True) -> None:
