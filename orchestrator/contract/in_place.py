@@ -1,5 +1,6 @@
 """The files of a restart in place, in an attempt's folder (``logs/attempt_<A>/``): a node's mark that
-its launcher outlived its failed ranks, and the batch step's word to such nodes.
+its launcher outlived its failed ranks, and the word of the one who decides (the batch step, or a local
+job's node 0) to such nodes.
 
 Writers: the node entry (``orchestrator.node.restart_in_place``) and the one that decides: the batch
 step on Slurm (``orchestrator.schedulers.slurm.batch_step``), node 0 of a local job
@@ -14,7 +15,7 @@ from pathlib import Path
 from orchestrator.contract.run_dir import attempt_dir, node_exit_file, write_json_atomic
 from orchestrator.contract.shared_fs import listed, read_text_listed
 
-#: The batch step's word: ``{"attempt": N}`` (start the ranks again as attempt N) or
+#: The decider's word: ``{"attempt": N}`` (start the ranks again as attempt N) or
 #: ``{"attempt": null, "why": ...}`` (end the node's task).
 NEXT_ATTEMPT_FILE = "next_attempt.json"
 

@@ -191,7 +191,9 @@ def run_node(
         if prewarmed.kept is not None:  # before the exit file: the batch step reads both
             node_kept_file(path, node.node_rank).write_text("")
             print(
-                "[orchestrator node] launcher kept: waiting for the batch step's word", file=log, flush=True
+                "[orchestrator node] launcher kept: waiting for the word to start the ranks again",
+                file=log,
+                flush=True,
             )
         # Through a temp file and a rename: node 0 and the peers poll for it, and a file caught
         # between its creation and its write read as empty, which a reader took for exit 1 (a
@@ -377,7 +379,7 @@ def _wait_or_stop_on_failed_peer(
             continue
         print(
             f"[orchestrator node] stopped because node {peer[0]} failed (exit {peer[1]}): "
-            f"one failed node ends the job",
+            f"one failed node stops every node's ranks",
             file=log,
             flush=True,
         )

@@ -175,7 +175,13 @@ def test_local_job_on_a_full_disk_fails_named_clean_and_resumes(small_disk_env: 
     assert not list(ckpts.glob(".tmp-*")), list(ckpts.iterdir())
     log = (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
     assert "basic_ios::clear: iostream error" in log and "rank 0 (local 0) exited with code 1" in log, log
-    assert log.splitlines()[-1].startswith("[orchestrator node] host=") and " exit=1 " in log.splitlines()[-1]
+    # The node's exit line, then (max_restarts: the launcher was kept) node 0's word: not restarted.
+    last = log.splitlines()[-3:]
+    assert last[0].startswith("[orchestrator node] host=") and " exit=1 " in last[0], last
+    assert last[1:] == [
+        "[orchestrator node] launcher kept: waiting for the word to start the ranks again",
+        "[orchestrator node] not restarted in place: the disk is full",
+    ], last
 
     # Room again. A temp folder as a kill mid-save leaves it (no clean-up runs): gone once the next
     # attempt starts, and never resumed from; the newest complete checkpoint is.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ def test_a_killed_rank_of_a_local_job_trains_again_in_place(orch_env: dict[str, 
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
     os.kill(rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2), signal.SIGKILL)
+    killed_at = time.time()
     waited = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "180"], orch_env, timeout=240)
     logs = "\n".join(p.read_text() for p in sorted(run_dir.glob("logs/attempt_*/node_*.log")))
     assert waited.returncode == 0, waited.stdout + waited.stderr + logs[-4000:]
@@ -71,6 +73,8 @@ def test_a_killed_rank_of_a_local_job_trains_again_in_place(orch_env: dict[str, 
     assert again and min(again) == restart["step"] + 1, sorted(again)
     assert all(len(set(losses)) == 1 for losses in again.values()), again
     assert max(seen) == 40 and len(seen[40]) == 1, sorted(seen)
+    back = min(e["time"] for e in trains(run_dir) if e["time"] > killed_at)
+    print(f"[restart local] kill -9 of rank 1 to its next trained step: {back - killed_at:.1f} s")
 
 
 def test_max_restarts_on_a_local_job_then_the_death_is_the_reason(
