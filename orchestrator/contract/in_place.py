@@ -20,6 +20,12 @@ from orchestrator.contract.shared_fs import listed, read_text_listed
 NEXT_ATTEMPT_FILE = "next_attempt.json"
 
 
+#: The batch step's word to stop the ranks and keep the launchers (the hang watchdog fired and the
+#: stacks are saved): ``{"why": ...}``. Each node ends its ranks as after a failed peer, keeps its
+#: launcher and waits for :data:`NEXT_ATTEMPT_FILE`.
+STOP_RANKS_FILE = "stop_ranks.json"
+
+
 def node_kept_file(attempt_path: Path, node: int) -> Path:
     """Written before ``node_<N>.exit`` by a node whose launcher outlived its failed ranks and waits
     for :func:`next_attempt_file`: its ranks can be started again in place."""
@@ -28,6 +34,10 @@ def node_kept_file(attempt_path: Path, node: int) -> Path:
 
 def next_attempt_file(attempt_path: Path) -> Path:
     return Path(attempt_path) / NEXT_ATTEMPT_FILE
+
+
+def stop_ranks_file(attempt_path: Path) -> Path:
+    return Path(attempt_path) / STOP_RANKS_FILE
 
 
 def ended_in_place(run_dir: Path, attempt: int, nodes: int) -> tuple[int | None, bool]:

@@ -328,7 +328,8 @@ def _launch_and_wait(
 
 #: How often a running node looks for a failed peer (local jobs; see NodeEnvironment.failed_peer).
 PEER_CHECK_S = 0.5
-#: Node 0's exit code when its hang watchdog ended the training (local jobs; see node/hang_watch.py).
+#: A node's exit code when a hang ended its training (local: node 0's watchdog, node/hang_watch.py;
+#: Slurm: the batch step's stop word after its watchdog fired, a restart in place to follow).
 EXIT_HUNG = 1
 #: This node's exit code when its training was stopped because another node failed (SIGTERM's).
 EXIT_PEER_FAILED = 128 + int(signal.SIGTERM)
@@ -372,6 +373,11 @@ def _wait_or_stop_on_failed_peer(
             budget.check()  # a stop goes to the ranks as the scheduler's signal would: they save, exit
         node.poll_events()
         if hang is not None and hang.check() is not None:  # hang/attempt_<A>/hang.json says why
+            _end_launch(launcher)
+            return EXIT_HUNG
+        stop = node.told_to_stop(path)
+        if stop is not None:
+            print(f"[orchestrator node] ranks stopped for a restart in place: {stop}", file=log, flush=True)
             _end_launch(launcher)
             return EXIT_HUNG
         peer = node.failed_peer(path)

@@ -11,7 +11,8 @@ launcher forks from the imports it already holds; or none, and the task ends as 
 torchrun's agent does the same for its workers (it respawns them, it is not started again).
 
 The batch step keeps every decision: it restarts in place only when every node kept its launcher
-(a node that lost its launcher, a lost node, a hang or a spare's swap go the old way, a new step).
+(a node that lost its launcher, a lost node or a spare's swap go the old way, a new step; after a
+hang it first tells every node to end its ranks and keep its launcher, ``stop_ranks.json``).
 A local job has no batch step: its node 0 decides by the same rules
 (:mod:`orchestrator.schedulers.local.in_allocation`), with ``max_restarts`` as the mark
 (``NodeEnvironment.keeps_launchers``).

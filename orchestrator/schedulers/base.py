@@ -380,6 +380,11 @@ class NodeEnvironment(ABC):
         step decides: nothing here."""
         return None
 
+    def told_to_stop(self, attempt_path: Path) -> str | None:
+        """Why the one who decides asked every node to end its ranks and keep its launcher (Slurm's
+        batch step after a hang, the stacks saved), or None. Asked with :meth:`failed_peer`."""
+        return None
+
     def begin(self, run_dir: Path, attempt: int) -> None:
         """Before this node's training starts (a scheduler whose node 0 owns the run's
         notifications starts them here; Slurm's batch step owns them there: nothing)."""

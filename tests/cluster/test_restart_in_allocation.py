@@ -15,6 +15,7 @@ other fault tests prove the paths that end a job). Figures (kill to training aga
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -187,6 +188,49 @@ def test_a_killed_rank_trains_again_in_the_same_job(
         if e["loss"] != want.get(e["step"])
     }
     assert not differ, differ
+
+
+def test_a_hung_rank_is_restarted_in_place_after_its_stacks_are_saved(
+    env: dict[str, str], reference: Reference, tmp_path: Path
+) -> None:
+    """The watchdog fires (rank 1 stopped for real), every rank's stacks are saved, then the batch step
+    tells the nodes to end their ranks and keep their launchers: the restart is in place, in the job's
+    one training step, and the run ends bit-equal to the uninterrupted one. Before, a hang always
+    ended the step and restarted as a new one (36 s in the chaos run, 6 of them the new step)."""
+    profiles = user_profile_dir(tmp_path, max_restarts=3, hang_timeout=8)
+    job_id, run_dir = submitted(
+        env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
+    )
+    victim = rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2)
+    try:
+        os.kill(victim, signal.SIGSTOP)
+        stopped_at = time.time()
+        wait_for_job_state(job_id, "COMPLETED", timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+        scancel_quietly(job_id)
+    restarts = read_restarts(run_dir)
+    assert len(restarts) == 1, (restarts, batch_log(run_dir)[-3000:])
+    restart = restarts[0]
+    assert (restart["failed_attempt"], restart["attempt"], restart["in_place"]) == (0, 1, True), restart
+    hang = json.loads((run_dir / "hang" / "attempt_0" / "hang.json").read_text())
+    assert restart["cause"] == hang["reason"] and hang["culprit_rank"] == 1, (restart, hang)
+    assert "state stopped" in (run_dir / "hang" / "attempt_0" / "rank_1.txt").read_text()
+    launchers = [
+        [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
+    ]
+    assert launchers[0] == launchers[1], launchers
+    steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+    assert f"{job_id}.0" in steps and f"{job_id}.1" not in steps, steps
+    for node in (0, 1):
+        log = (run_dir / "logs" / "attempt_0" / f"node_{node}.log").read_text()
+        assert "ranks stopped for a restart in place: hang: " in log, log[-2000:]
+    back = min(e["time"] for e in trains(run_dir) if e["time"] > restart["time"])
+    print(f"[restart] hang: SIGSTOP to the next trained step {back - stopped_at:.1f} s (hang_timeout 8 s)")
+    final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, reference.run_dir()))
+    for key in ("step", "loss", "param_checksum", "optim_checksum"):
+        assert final[key] == ref[key], (key, final[key], ref[key])
 
 
 def test_max_restarts_is_honoured_then_the_death_is_the_reason(env: dict[str, str], tmp_path: Path) -> None:

@@ -344,7 +344,15 @@ def run_step(
                 say(f"hang watchdog off after an error: {exc!r}")
                 watchdog, hang = None, None
             if hang is not None:
-                reason, bad_node = _end_hung_step(watch, run_dir, attempt, hang)
+                reason, bad_node = _investigate_hang(run_dir, attempt, hang)
+                if restarts and not _swaps(bad_node):  # in place: the launchers stay, no new step
+                    say("stopping the ranks; the nodes keep their launchers")
+                    code = in_place.stop_in_place(watch, run_dir, attempt, nodes, reason)
+                    if code is not None:
+                        return StepEnd(code, hang, reason, bad_node, watch=watch)
+                say("ending the step")
+                watch.proc.kill()
+                watch.proc.wait()
                 watch.finish()
                 return StepEnd(1, hang, reason, bad_node)
         notifier.poll()
@@ -401,10 +409,17 @@ def _preflight_failed(
     return True
 
 
-def _end_hung_step(watch: StepWatch, run_dir: Path, attempt: int, hang: Any) -> tuple[str, str | None]:
-    """The watchdog fired: stacks first (the ranks must still be there), then end the step. Returns
-    the reason and the node that differed; the caller restarts, or records it and, with
-    ``--auto-resume``, resubmits without that node."""
+def _swaps(bad_node: str | None) -> bool:
+    """Whether a restart after a hang that names ``bad_node`` puts a spare in its place (a new step)."""
+    import copy
+
+    return bool(PLACEMENT and bad_node and copy.deepcopy(PLACEMENT[0]).replace([bad_node]))
+
+
+def _investigate_hang(run_dir: Path, attempt: int, hang: Any) -> tuple[str, str | None]:
+    """The watchdog fired: every rank's stacks (the ranks must still be there). Returns the reason
+    and the node that differed; the caller ends the ranks (in place) or the step, then restarts, or
+    records it and, with ``--auto-resume``, resubmits without that node."""
     from orchestrator.contract.run_dir import read_current_plan_json
     from orchestrator.supervise.watchdog import investigate
 
@@ -423,9 +438,6 @@ def _end_hung_step(watch: StepWatch, run_dir: Path, attempt: int, hang: Any) -> 
     except Exception as exc:  # noqa: BLE001 (the hung step must end whatever the evidence did)
         reason, bad_node = f"hang: {hang.describe()}; stacks not collected: {exc!r}", None
     say(reason)
-    say("ending the step")
-    watch.proc.kill()
-    watch.proc.wait()
     return reason, bad_node
 
 

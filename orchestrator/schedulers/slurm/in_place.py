@@ -15,7 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.run_dir import read_current_plan_json
+from orchestrator.contract.in_place import ended_in_place, stop_ranks_file
+from orchestrator.contract.run_dir import attempt_dir, read_current_plan_json, write_json_atomic
+
+#: After the stop word, how long the nodes have to end their ranks and keep their launchers before
+#: the step is ended the old way (a node that does not answer is then restarted as a new step).
+STOP_WAIT_S = 30.0
 
 
 def planned_nodes(run_dir: Path) -> int:
@@ -32,3 +37,23 @@ def until_srun_ends(watch: Any, notifier: Any) -> int:
         notifier.poll()
     watch.finish()
     return 128 - status if status < 0 else status
+
+
+def stop_in_place(
+    watch: Any, run_dir: Path, attempt: int, nodes: int, why: str, wait_s: float = STOP_WAIT_S
+) -> int | None:
+    """A hung attempt, its stacks saved: every node is told to end its ranks and keep its launcher
+    (``stop_ranks.json``), as a restart in place needs; the attempt's first non-zero exit code once
+    every node kept its launcher, or None (srun ended, or a node did not answer within ``wait_s``):
+    the caller then ends the step."""
+    import time
+
+    write_json_atomic(stop_ranks_file(attempt_dir(run_dir, attempt)), {"why": why})
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if watch.wait(0.1) is not None:
+            return None
+        code, _ = ended_in_place(run_dir, attempt, nodes)
+        if code is not None:
+            return code
+    return None

@@ -82,6 +82,17 @@ class SlurmNodeEnvironment(NodeEnvironment):
             return None
         return failed_node(attempt_path, self.num_nodes, self.node_rank)
 
+    def told_to_stop(self, attempt_path: Path) -> str | None:
+        """The batch step's stop word after a hang (``stop_ranks.json``), in a step restarted in place."""
+        from orchestrator.contract.env import RESTART_IN_PLACE_ENV
+        from orchestrator.contract.in_place import stop_ranks_file
+        from orchestrator.contract.shared_fs import read_json_listed
+
+        if os.environ.get(RESTART_IN_PLACE_ENV) != "1":
+            return None
+        word = read_json_listed(stop_ranks_file(attempt_path))  # written on the batch host
+        return None if word is None else str(word.get("why") or "the batch step asked")
+
     def finish(self, plan: LaunchPlan, run_dir: Path, attempt: int, code: int) -> bool:
         """Node 0 requeues the job when training asked for it. Other nodes leave it to node 0: failing
         first would make ``srun --kill-on-bad-exit`` kill node 0 before it ran ``scontrol requeue``.
