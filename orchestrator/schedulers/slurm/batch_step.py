@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,8 @@ def supervise(
             say(f"not restarted in the allocation: {refusal}")
             if end.watch is not None:
                 tell_nodes(run_dir, attempt, None, refusal)
-                end = StepEnd(in_place.until_srun_ends(end.watch, notifier))
+                # srun's status; a hang's report stays (after_hang below: FAILED with its reason)
+                end = replace(end, status=in_place.until_srun_ends(end.watch, notifier), watch=None)
             break
         restarted += 1
         failed = attempt
