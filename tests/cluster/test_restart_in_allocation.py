@@ -221,8 +221,10 @@ def test_a_hung_rank_is_restarted_in_place_after_its_stacks_are_saved(
         [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
     ]
     assert launchers[0] == launchers[1], launchers
+    # Step 0 trained throughout; step 1 is the stacks' srun (py-spy on every node); a restart as a new
+    # step would have been step 2.
     steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
-    assert f"{job_id}.0" in steps and f"{job_id}.1" not in steps, steps
+    assert {f"{job_id}.0", f"{job_id}.1"} <= set(steps) and f"{job_id}.2" not in steps, steps
     for node in (0, 1):
         log = (run_dir / "logs" / "attempt_0" / f"node_{node}.log").read_text()
         assert "ranks stopped for a restart in place: hang: " in log, log[-2000:]
