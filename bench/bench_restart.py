@@ -18,7 +18,10 @@ time; the ratios are per round, the medians over ``--rounds``. Run it through th
 
     NODES=6 bash tests/cluster/run_with_cluster.sh .venv/bin/python bench/bench_restart.py --rounds 7
 
-Writes ``bench/results_restart.json`` and prints the rows for ``bench/results.md``.
+Writes ``bench/results_restart.json`` and prints the rows for ``bench/results.md``. ``--fault hang``
+stops rank 1 instead (SIGSTOP): the hang watchdog (``--hang-timeout``) saves the stacks and the job
+restarts, in place or as a new step; torchrun has no watchdog and is left out
+(``bench/results_restart_hang.json``).
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ def train_args(ckpt_every: int) -> list[str]:
     ]
 
 
-def make_configs(tmp: Path, args: list[str]) -> dict[str, Any]:
+def make_configs(tmp: Path, args: list[str], hang_timeout: int | None = None) -> dict[str, Any]:
     torchrun = str(Path(sys.executable).parent / "torchrun")
     out: dict[str, Any] = {}
     for i, name in enumerate(CONFIGS):
+        if hang_timeout is not None and name == "torchrun":
+            continue  # no watchdog: a stopped rank holds its job until the collective's timeout
         first = i * NODES_PER_CONFIG + 1
         partition = f"restart_{name}"
         run(
@@ -65,6 +70,8 @@ def make_configs(tmp: Path, args: list[str]) -> dict[str, Any]:
             cfg = Launched(name, tmp, args, torchrun, str(REPO), partition)
         else:
             over: dict[str, Any] = {"max_restarts": 100, "spare_nodes": 0}
+            if hang_timeout is not None:
+                over["hang_timeout"] = hang_timeout
             if name == "new_step":
                 over["env"] = {"ORCHESTRATOR_RESTART_IN_PLACE": "0"}
             cfg = ChaosProduct(name, tmp, over, args, partition)
@@ -86,11 +93,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--ckpt-every", type=int, default=20)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results_restart.json"))
+    ap.add_argument("--fault", choices=("kill", "hang"), default="kill")
+    ap.add_argument("--hang-timeout", type=int, default=8, help="seconds; with --fault hang")
+    ap.add_argument("--out", default=None, help="default: bench/results_restart[_hang].json")
     opts = ap.parse_args()
+    hang = opts.fault == "hang"
+    out = opts.out or str(REPO / "bench" / ("results_restart_hang.json" if hang else "results_restart.json"))
+    fault = signal.SIGSTOP if hang else signal.SIGKILL
     args = train_args(opts.ckpt_every)
     tmp = Path(tempfile.mkdtemp(prefix="bench_restart_"))
-    configs = make_configs(tmp, args)
+    configs = make_configs(tmp, args, opts.hang_timeout if hang else None)
     # bench_chaos's script lets torchrun restart 3 times: here one per round and two to spare.
     bench_chaos.SCRIPT = bench_chaos.SCRIPT.replace("--max-restarts=3", f"--max-restarts={opts.rounds + 2}")
     for cfg in configs.values():
@@ -110,7 +122,7 @@ def main() -> int:
             at = time.time()
             for name in live:
                 if name not in gone:
-                    os.kill(pids[name], signal.SIGKILL)
+                    os.kill(pids[name], fault)
                     killed[name] = pids[name]
             row: dict[str, Any] = {"round": r + 1, "load": os.getloadavg()[0]}
             for name, cfg in configs.items():
@@ -140,11 +152,12 @@ def main() -> int:
     }
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "fault": f"SIGSTOP, hang_timeout {opts.hang_timeout:g} s" if hang else "SIGKILL",
         "rows": rows,
         "summary": summary,
         "ratios": ratios,
     }
-    Path(opts.out).write_text(json.dumps(result, indent=2) + "\n")
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
     return 0
 
