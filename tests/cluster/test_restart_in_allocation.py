@@ -225,9 +225,13 @@ def test_a_hung_rank_is_restarted_in_place_after_its_stacks_are_saved(
     # step would have been step 2.
     steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
     assert {f"{job_id}.0", f"{job_id}.1"} <= set(steps) and f"{job_id}.2" not in steps, steps
-    for node in (0, 1):
-        log = (run_dir / "logs" / "attempt_0" / f"node_{node}.log").read_text()
-        assert "ranks stopped for a restart in place: hang: " in log, log[-2000:]
+    # The batch step's stop word; the first node to read it ended its ranks (the other may have seen
+    # that node's exit file first, or its ranks' broken collective).
+    assert (
+        json.loads((run_dir / "logs" / "attempt_0" / "stop_ranks.json").read_text())["why"] == hang["reason"]
+    )
+    logs = [(run_dir / "logs" / "attempt_0" / f"node_{node}.log").read_text() for node in (0, 1)]
+    assert any("ranks stopped for a restart in place: hang: " in log for log in logs), logs[1][-2000:]
     back = min(e["time"] for e in trains(run_dir) if e["time"] > restart["time"])
     print(f"[restart] hang: SIGSTOP to the next trained step {back - stopped_at:.1f} s (hang_timeout 8 s)")
     final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, reference.run_dir()))
