@@ -32,6 +32,23 @@ HANG_TIMEOUT = 8
 BOUND_S = 45
 
 
+def _submit(
+    orch_env: dict[str, str], tmp_path: Path, args: list[str], **profile: object
+) -> tuple[dict[str, str], str, Path]:
+    """``train/`` on 1 node x 2 processes under the local profile with ``hang_timeout`` (and
+    ``profile``'s keys): the environment that names the profile, the job id, the run directory."""
+    profiles = user_profile_dir(tmp_path, "local", hang_timeout=HANG_TIMEOUT, **profile)
+    env = {**orch_env, "ORCHESTRATOR_PROFILES": str(profiles)}
+    res = run_cli(
+        ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "1", "--procs-per-node", "2"]
+        + ["--", TRAIN, *args],
+        env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    return env, job_id, run_dir
+
+
 @pytest.fixture
 def stopped(tmp_path: Path) -> Iterator[list[int]]:
     pids: list[int] = []
@@ -51,15 +68,7 @@ def test_a_stopped_rank_fails_a_local_job_with_its_stacks(
 ) -> None:
     # By the profile's hang_timeout key (the flag's precedence over it: tests/config/profile/test_keys.py).
     # Without restarts: with them node 0 would restart the job in place after the hang.
-    profiles = user_profile_dir(tmp_path, "local", hang_timeout=HANG_TIMEOUT, max_restarts=0)
-    orch_env = {**orch_env, "ORCHESTRATOR_PROFILES": str(profiles)}
-    res = run_cli(
-        ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "1", "--procs-per-node", "2"]
-        + ["--", TRAIN, *ARGS],
-        orch_env,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    job_id, run_dir = job_and_run_dir(res.stdout)
+    orch_env, job_id, run_dir = _submit(orch_env, tmp_path, ARGS, max_restarts=0)
 
     def training() -> dict | None:
         beats = read_heartbeats(attempt_dir(run_dir, 0))
@@ -109,17 +118,9 @@ def test_a_hung_local_job_is_restarted_in_place_after_its_stacks_are_saved(
     """With ``max_restarts`` (the profile's default 3) node 0 restarts the job after the hang, as
     Slurm's batch step does: the stacks first, then the same launchers fork attempt 1's ranks, which
     train from the newest checkpoint to the end."""
-    profiles = user_profile_dir(tmp_path, "local", hang_timeout=HANG_TIMEOUT)
-    orch_env = {**orch_env, "ORCHESTRATOR_PROFILES": str(profiles)}
     args = [a if a != "5000" else "40" for a in ARGS]
     args[args.index("--ckpt-every") + 1] = "10"
-    res = run_cli(
-        ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "1", "--procs-per-node", "2"]
-        + ["--", TRAIN, *args],
-        orch_env,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    job_id, run_dir = job_and_run_dir(res.stdout)
+    orch_env, job_id, run_dir = _submit(orch_env, tmp_path, args)
     pid = rank_pid(run_dir, 1, min_step=12)
     os.kill(pid, signal.SIGSTOP)
     stopped.append(pid)
