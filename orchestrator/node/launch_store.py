@@ -10,9 +10,9 @@ made the ``process_group`` phase of a 2-node start-up 0.02 s in some runs and 0.
 torchrun avoids it by having its agent host the store (``TORCHELASTIC_USE_AGENT_STORE``). The direct
 launcher does the same: node 0's launcher binds and listens on ``MASTER_PORT`` as soon as it knows
 the launch (:func:`listen_early`), ~1-2 s before its ranks are forked, so an early client's connect
-is queued by the kernel instead of refused. Once the ranks are forked, a child of the launcher serves
-the store on that socket (:func:`start`, :func:`serve`) for as long as the ranks live: the server's threads never live in the
-launcher, which forks the ranks (again, for a restart in place: each start gets a fresh store, and
+is queued by the kernel instead of refused. Once the ranks are forked, a child of the launcher
+serves the store on that socket (:func:`start`, :func:`serve`) for as long as the ranks live: the
+server's threads never live in the launcher, which forks the ranks (again, for a restart in place: each start gets a fresh store, and
 the socket, kept open by the launcher, queues the new ranks' connects meanwhile). Every rank, rank 0
 included, is a client.
 """

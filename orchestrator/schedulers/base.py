@@ -364,13 +364,8 @@ class NodeEnvironment(ABC):
 
     def keeps_launchers(self, plan: LaunchPlan) -> bool:
         """Whether a node whose ranks failed keeps its launcher and waits for the word to start them
-        again in place (:mod:`orchestrator.node.restart_in_place`). Slurm: when the batch step marked
-        the step (``RESTART_IN_PLACE_ENV``: it restarts, so it will give the word)."""
-        import os
-
-        from orchestrator.contract.env import RESTART_IN_PLACE_ENV
-
-        return os.environ.get(RESTART_IN_PLACE_ENV) == "1"
+        again in place (:mod:`orchestrator.node.restart_in_place`): only where someone will give it."""
+        return False
 
     def decide_in_place(
         self, plan: LaunchPlan, run_dir: Path, attempt: int, stop_signals: Sequence[int]

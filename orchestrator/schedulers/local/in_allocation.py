@@ -70,9 +70,8 @@ def decide(
     from orchestrator.schedulers.base import record_restart
 
     following, step = record_restart(run_dir, job_id, attempt, cause, True, say)
-    done = sum(1 for r in read_restarts(run_dir) if r.get("job_id") == job_id)
     say(
-        f"restart {done}/{plan.max_restarts} in place (attempt {following}, from step {step}; "
+        f"restart {restarts_of(run_dir, job_id)}/{plan.max_restarts} in place (attempt {following}, from step {step}; "
         f"by the launchers the nodes kept): {cause}"
     )
     tell_nodes(run_dir, attempt, following)
@@ -96,10 +95,15 @@ def restart_cause(plan: LaunchPlan, run_dir: Path, job_id: str, attempt: int) ->
     else:
         verdict = restart_verdict(run_dir, job_id, procs_per_node=plan.procs_per_node)
         cause, refusal = verdict.cause, verdict.refusal or ""
-    done = sum(1 for r in read_restarts(run_dir) if r.get("job_id") == job_id)
+    done = restarts_of(run_dir, job_id)
     if cause is not None and done >= plan.max_restarts:
         return None, f"{done} restart(s) reached max_restarts ({cause})"
     return cause, refusal
+
+
+def restarts_of(run_dir: Path, job_id: str) -> int:
+    """How many restarts ``restarts.jsonl`` records for this job (``max_restarts`` counts per job)."""
+    return sum(1 for r in read_restarts(run_dir) if r.get("job_id") == job_id)
 
 
 def end_kept_nodes(plan: LaunchPlan, run_dir: Path, attempt: int) -> None:

@@ -12,6 +12,7 @@ the batch step restarts with a new step, as before.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,6 @@ def stop_in_place(
     (``stop_ranks.json``), as a restart in place needs; the attempt's first non-zero exit code once
     every node kept its launcher, or None (srun ended, or a node did not answer within ``wait_s``):
     the caller then ends the step."""
-    import time
-
     write_json_atomic(stop_ranks_file(attempt_dir(run_dir, attempt)), {"why": why})
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -73,22 +73,24 @@ class SlurmNodeEnvironment(NodeEnvironment):
             f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
         )
 
-    def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
-        """In a step restarted in place (``RESTART_IN_PLACE_ENV``) a node whose ranks failed keeps its
-        task, so srun's kill-on-bad-exit never ends the others: each looks at the attempt's exit files."""
+    def keeps_launchers(self, plan: LaunchPlan | None = None) -> bool:
+        """When the batch step marked the step (``RESTART_IN_PLACE_ENV``): it restarts in place, so
+        it will give the word."""
         from orchestrator.contract.env import RESTART_IN_PLACE_ENV
 
-        if os.environ.get(RESTART_IN_PLACE_ENV) != "1":
-            return None
-        return failed_node(attempt_path, self.num_nodes, self.node_rank)
+        return os.environ.get(RESTART_IN_PLACE_ENV) == "1"
+
+    def failed_peer(self, attempt_path: Path) -> tuple[int, int] | None:
+        """In a step restarted in place a node whose ranks failed keeps its task, so srun's
+        kill-on-bad-exit never ends the others: each looks at the attempt's exit files."""
+        return failed_node(attempt_path, self.num_nodes, self.node_rank) if self.keeps_launchers() else None
 
     def told_to_stop(self, attempt_path: Path) -> str | None:
         """The batch step's stop word after a hang (``stop_ranks.json``), in a step restarted in place."""
-        from orchestrator.contract.env import RESTART_IN_PLACE_ENV
         from orchestrator.contract.in_place import stop_ranks_file
         from orchestrator.contract.shared_fs import read_json_listed
 
-        if os.environ.get(RESTART_IN_PLACE_ENV) != "1":
+        if not self.keeps_launchers():
             return None
         word = read_json_listed(stop_ranks_file(attempt_path))  # written on the batch host
         return None if word is None else str(word.get("why") or "the batch step asked")
