@@ -158,10 +158,11 @@ def test_kill_9_of_a_node_entry_takes_its_ranks_and_resume_names_what_lives(
     assert living_pids([stray]) == [stray]  # rank 0's own child, orphaned out of Slurm's sight
 
     # The batch step ends the job a moment after the ranks are gone (it decides on a restart first):
-    # until Slurm reports the end, status says RUNNING with no reason.
+    # until Slurm reports the end, status says RUNNING with no reason; while the job is COMPLETING
+    # (its epilog and KillWait, long under load), RUNNING with Slurm's own ("NonZeroExitCode").
     def ended_in_slurm() -> dict | None:
         row = status_row(orch_env, job_id)
-        return row if row.get("reason") else None
+        return row if row.get("reason") and row.get("raw_state") != "COMPLETING" else None
 
     row = poll(ended_in_slurm, 60, "Slurm's end of the job in status")
     assert not row["terminal"] and f"pid {stray}" in (row.get("reason") or ""), row
