@@ -21,7 +21,9 @@ time; the ratios are per round, the medians over ``--rounds``. Run it through th
 Writes ``bench/results_restart.json`` and prints the rows for ``bench/results.md``. ``--fault hang``
 stops rank 1 instead (SIGSTOP): the hang watchdog (``--hang-timeout``) saves the stacks and the job
 restarts, in place or as a new step; torchrun has no watchdog and is left out
-(``bench/results_restart_hang.json``).
+(``bench/results_restart_hang.json``). ``--launcher torchrun`` gives both product configurations the
+profile's ``launcher: torchrun`` (every DeepSpeed job's way): in place, the kept launcher starts a
+new torchrun agent whose ranks import for themselves (``bench/results_restart_torchrun.json``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def train_args(ckpt_every: int) -> list[str]:
     ]
 
 
-def make_configs(tmp: Path, args: list[str], hang_timeout: int | None = None) -> dict[str, Any]:
+def make_configs(
+    tmp: Path, args: list[str], hang_timeout: int | None = None, launcher: str = "direct"
+) -> dict[str, Any]:
     torchrun = str(Path(sys.executable).parent / "torchrun")
     out: dict[str, Any] = {}
     for i, name in enumerate(CONFIGS):
@@ -69,7 +73,7 @@ def make_configs(tmp: Path, args: list[str], hang_timeout: int | None = None) ->
         if name == "torchrun":
             cfg = Launched(name, tmp, args, torchrun, str(REPO), partition)
         else:
-            over: dict[str, Any] = {"max_restarts": 100, "spare_nodes": 0}
+            over: dict[str, Any] = {"max_restarts": 100, "spare_nodes": 0, "launcher": launcher}
             if hang_timeout is not None:
                 over["hang_timeout"] = hang_timeout
             if name == "new_step":
@@ -95,14 +99,16 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--fault", choices=("kill", "hang"), default="kill")
     ap.add_argument("--hang-timeout", type=int, default=8, help="seconds; with --fault hang")
-    ap.add_argument("--out", default=None, help="default: bench/results_restart[_hang].json")
+    ap.add_argument("--launcher", choices=("direct", "torchrun"), default="direct", help="the product's")
+    ap.add_argument("--out", default=None, help="default: bench/results_restart[_hang|_torchrun].json")
     opts = ap.parse_args()
     hang = opts.fault == "hang"
-    out = opts.out or str(REPO / "bench" / ("results_restart_hang.json" if hang else "results_restart.json"))
+    suffix = "_hang" if hang else "_torchrun" if opts.launcher == "torchrun" else ""
+    out = opts.out or str(REPO / "bench" / f"results_restart{suffix}.json")
     fault = signal.SIGSTOP if hang else signal.SIGKILL
     args = train_args(opts.ckpt_every)
     tmp = Path(tempfile.mkdtemp(prefix="bench_restart_"))
-    configs = make_configs(tmp, args, opts.hang_timeout if hang else None)
+    configs = make_configs(tmp, args, opts.hang_timeout if hang else None, opts.launcher)
     # bench_chaos's script lets torchrun restart 3 times: here one per round and two to spare.
     bench_chaos.SCRIPT = bench_chaos.SCRIPT.replace("--max-restarts=3", f"--max-restarts={opts.rounds + 2}")
     for cfg in configs.values():
@@ -153,6 +159,7 @@ def main() -> int:
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "fault": f"SIGSTOP, hang_timeout {opts.hang_timeout:g} s" if hang else "SIGKILL",
+        "launcher": opts.launcher,
         "rows": rows,
         "summary": summary,
         "ratios": ratios,

@@ -20,7 +20,8 @@ instead (``python -m orchestrator.node.launcher_shim launch ...``), it runs them
 Kept (``"keep": true`` in the request: a step the batch step may restart in place,
 :mod:`orchestrator.node.restart_in_place`): after a failed start of the ranks it writes the exit
 code on its channel and reads the next request line, the same launch as a new attempt, whose ranks
-it forks from the same imports; EOF ends it with the last code.
+it forks from the same imports (through torchrun: a new agent in this interpreter, whose ranks
+import for themselves); EOF ends it with the last code.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ def main() -> int:
     code = _direct_launch(request["argv"], listener, ask)
     if code is not None:
         return code
-    _accelerate(request["argv"])
-    return 0
+    if ask is None:
+        _accelerate(request["argv"])  # its error ends this process: a traceback, exit 1
+        return 0
+    return _torchrun_kept(request["argv"], ask)
 
 
 def _take(request: dict[str, Any]) -> None:
@@ -212,6 +215,43 @@ def _direct_launch(
             args.training_script, list(args.training_script_args), envs, args.log_dir, listener
         )
     return code
+
+
+def _torchrun_kept(argv: list[str], ask: Callable[[int], dict[str, Any] | None]) -> int:
+    """``accelerate launch`` through torchrun (DeepSpeed, ``launcher: torchrun``) in a launcher kept for
+    restarts in place: torchrun's agent runs in this interpreter, so a failed start of the ranks is
+    reported like a forked one's and the next request runs a new agent here, without the node task,
+    this interpreter and its imports starting again (the ranks torchrun starts import for themselves,
+    as they always do). The ended agent's store must have let go of the rendezvous port before the
+    next agent binds it (accelerate refuses a port in use on node 0): reference counting frees it
+    (measured), and a collection first also frees what a cycle through the failure's traceback
+    would hold."""
+    import gc
+    import traceback
+
+    from orchestrator.node import direct_launch
+
+    restarts = 0
+    while True:
+        try:
+            _accelerate(argv)
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException:  # torchrun's ChildFailedError, a stop signal's SignalException
+            traceback.print_exc()
+            code = 1
+        if code == 0:
+            return 0
+        request = ask(code)
+        if request is None:
+            return code
+        restarts += 1
+        argv = request["argv"]
+        gc.collect()
+        direct_launch.say(
+            f"starting torchrun again in place (restart {restarts}, attempt {os.environ.get(ATTEMPT_ENV)})"
+        )
 
 
 def _rank_plan(

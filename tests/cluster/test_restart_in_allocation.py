@@ -327,10 +327,11 @@ def test_an_unchanged_trainer_script_restarts_from_its_checkpoint(
     assert f"{job_id}.1" in slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
 
 
-def test_a_deepspeed_job_restarts_through_torchrun(env: dict[str, str], tmp_path: Path) -> None:
-    """DeepSpeed launches its ranks through torchrun: the batch step reads torchrun's root cause and
-    restarts the step; every step is trained once after the restart's checkpoint. torchrun's agent
-    is not a launcher a node can keep: the restart is a new step."""
+def test_a_deepspeed_job_restarts_in_place_through_torchrun(env: dict[str, str], tmp_path: Path) -> None:
+    """DeepSpeed launches its ranks through torchrun: the batch step reads torchrun's root cause, and
+    each node's kept launcher, in which torchrun's agent runs, starts a new agent and its ranks in
+    the same step (before, torchrun's agent was not kept: the restart was a new step); every step is
+    trained once after the restart's checkpoint."""
     profiles = user_profile_dir(tmp_path, max_restarts=3)
     job_id, run_dir = submitted(
         env,
@@ -341,8 +342,17 @@ def test_a_deepspeed_job_restarts_through_torchrun(env: dict[str, str], tmp_path
     assert restart["step"] >= CKPT_EVERY and restart["step"] % CKPT_EVERY == 0, restart
     logged = {e["step"] for e in trains(run_dir)}
     assert logged == set(range(1, STEPS + 1)), sorted(set(range(1, STEPS + 1)) - logged)
-    assert "ranks started by torchrun" in (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
-    assert restart["in_place"] is False, restart
+    assert "ranks started by torchrun" in (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
+    for node in (0, 1):
+        again = (run_dir / "logs" / "attempt_1" / f"node_{node}.log").read_text()
+        assert "starting torchrun again in place (restart 1, attempt 1)" in again, again[-2000:]
+    assert restart["in_place"] is True, restart
+    launchers = [
+        [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
+    ]
+    assert launchers[0] == launchers[1], launchers
+    steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+    assert f"{job_id}.0" in steps and f"{job_id}.1" not in steps, steps
 
 
 def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(

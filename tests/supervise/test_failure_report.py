@@ -344,7 +344,8 @@ def test_an_aborted_rank_under_torchrun_is_blamed_not_the_peer_torchrun_stopped(
     profiles = user_profile_dir(tmp_path, "local", launcher="torchrun")
     res = run_cli(
         ["submit", "--profile", "local", "--profiles-dir", str(profiles), "--nodes", "1", "--procs-per-node", "2",
-         "--strategy", "ddp", "--wait", "--poll", "0.3", "--", CRASH, "--crash-rank", "1", "--abort"],
+         "--strategy", "ddp", "--max-restarts", "0", "--wait", "--poll", "0.3",
+         "--", CRASH, "--crash-rank", "1", "--abort"],
         orch_env,
         timeout=120,
     )  # fmt: skip

@@ -34,8 +34,16 @@ RUN_ARGS = [
 TWO_NODES = ["--profile", "local", "--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1"]
 
 
-def test_a_killed_rank_of_a_local_job_trains_again_in_place(orch_env: dict[str, str]) -> None:
-    res = run_cli(["submit", *TWO_NODES, "--", TRAIN, *RUN_ARGS], orch_env, timeout=60)
+@pytest.mark.parametrize("launcher", ["direct", "torchrun"])
+def test_a_killed_rank_of_a_local_job_trains_again_in_place(
+    orch_env: dict[str, str], tmp_path: Path, launcher: str
+) -> None:
+    """``launcher: torchrun`` (and DeepSpeed, which always goes through it): torchrun's agent runs in
+    the kept launcher, so the same launcher starts a new agent and its ranks."""
+    profiles = user_profile_dir(tmp_path, "local", launcher=launcher)
+    res = run_cli(
+        ["submit", *TWO_NODES, "--profiles-dir", str(profiles), "--", TRAIN, *RUN_ARGS], orch_env, timeout=60
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
     os.kill(rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2), signal.SIGKILL)
