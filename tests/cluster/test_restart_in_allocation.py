@@ -31,7 +31,7 @@ import pytest
 from orchestrator.contract.restarts import read_restarts
 from orchestrator.registry.store import Registry
 from orchestrator.rundir.summary import iter_metrics
-from tests.helpers.cli import REPO, kill_tree, run_cli, sacct_state, user_profile_dir
+from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state, user_profile_dir
 from tests.helpers.hold import rank_pid
 from tests.helpers.run_dirs import trains
 from tests.helpers.slurm_cluster import (
@@ -237,6 +237,46 @@ def test_a_hung_rank_is_restarted_in_place_after_its_stacks_are_saved(
     final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, reference.run_dir()))
     for key in ("step", "loss", "param_checksum", "optim_checksum"):
         assert final[key] == ref[key], (key, final[key], ref[key])
+
+
+def test_a_hang_past_max_restarts_fails_the_job_with_the_hang_s_report(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """``max_restarts: 1``, spent by a first hang (in place); rank 1 stopped again: the nodes, whose
+    ranks were stopped in place, are told the restart is refused, and the job ends FAILED with the
+    second hang's report (its culprit, its decision), not with what srun's end alone would say."""
+    profiles = user_profile_dir(tmp_path, max_restarts=1, hang_timeout=8)
+    args = [*RUN_ARGS[:-4], "--max-steps", "400", "--ckpt-every", str(CKPT_EVERY)]
+    job_id, run_dir = submitted(
+        env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *args]
+    )
+    victims: list[int] = []
+    try:
+        victims.append(rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2))
+        os.kill(victims[-1], signal.SIGSTOP)
+        restart = poll(lambda: read_restarts(run_dir), 120, "the first hang's restart in place")[0]
+        victims.append(rank_pid(run_dir, 1, min_step=restart["step"] + 2))
+        assert victims[1] != victims[0], victims
+        os.kill(victims[-1], signal.SIGSTOP)
+        wait_for_job_state(job_id, "FAILED", timeout=300)
+    finally:
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        scancel_quietly(job_id)
+    restarts = read_restarts(run_dir)
+    assert [(r["failed_attempt"], r["attempt"], r["in_place"]) for r in restarts] == [(0, 1, True)], restarts
+    hangs = [json.loads((run_dir / "hang" / f"attempt_{a}" / "hang.json").read_text()) for a in (0, 1)]
+    assert [h["culprit_rank"] for h in hangs] == [1, 1] and restarts[0]["cause"] == hangs[0]["reason"], hangs
+    assert "not restarted in the allocation: 1 restart(s) reached max_restarts (hang" in batch_log(run_dir)
+    for node in (0, 1):
+        log = (run_dir / "logs" / "attempt_1" / f"node_{node}.log").read_text()
+        assert "not restarted in place: 1 restart(s) reached max_restarts" in log, log[-2000:]
+    decision = [json.loads(x) for x in (run_dir / "auto_resume.jsonl").read_text().splitlines()][-1]
+    assert decision["action"] == "refused" and decision["reason"].startswith(hangs[1]["reason"]), decision
+    assert hangs[1]["bad_node"] in decision["lost_nodes"], decision
+    row = poll(lambda: (r := status_of(env, job_id))["state"] == "FAILED" and r, 60, "status to say FAILED")
+    assert hangs[1]["reason"] in (row["reason"] or ""), row
 
 
 def test_max_restarts_is_honoured_then_the_death_is_the_reason(env: dict[str, str], tmp_path: Path) -> None:
