@@ -22,7 +22,7 @@ Writes ``bench/results_restart.json`` and prints the rows for ``bench/results.md
 stops rank 1 instead (SIGSTOP): the hang watchdog (``--hang-timeout``) saves the stacks and the job
 restarts, in place or as a new step; torchrun has no watchdog and is left out
 (``bench/results_restart_hang.json``). ``--launcher torchrun`` gives both product configurations the
-profile's ``launcher: torchrun`` (every DeepSpeed job's way): in place, the kept launcher starts a
+profile's ``launcher: torchrun`` (DeepSpeed's way before 2026-11-29): in place, the kept launcher starts a
 new torchrun agent whose ranks import for themselves (``bench/results_restart_torchrun.json``).
 """
 

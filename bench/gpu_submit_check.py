@@ -6,7 +6,7 @@ in time (subprocess timeouts, process trees and local jobs killed), independent 
 
 a. ``submit --wait`` of train/ with ddp, full_shard (FSDP2), shard_grad_op, deepspeed_zero2/3, in fp32
    and bf16, through the direct launcher (profile ``local_gpu``) and through torchrun (a copy of it
-   with ``launcher: torchrun``; DeepSpeed always goes through torchrun): exit, state, steps, final
+   with ``launcher: torchrun``; DeepSpeed too, forked since 2026-11-29): exit, state, steps, final
    loss, world size, the device train/ reports (``self-check ok: ...; device cuda:0``), peak memory,
    how the ranks were started (node log);
 b. USR2 preemption (``orchestrator cancel JOB --signal USR2``; the local job ends PREEMPTED) and
@@ -813,8 +813,7 @@ def main() -> int:
     if "a" in only:
         for strategy in strategies:
             for precision in ("no", "bf16"):
-                launchers = ["torchrun"] if strategy.startswith("deepspeed") else ["direct", "torchrun"]
-                for launcher in launchers:
+                for launcher in ("direct", "torchrun"):
                     tasks.append(
                         (f"a {strategy} {precision} {launcher}",
                          functools.partial(check_a_one, ctx, strategy, precision, launcher))

@@ -98,8 +98,8 @@ STRATEGIES: dict[str, Strategy] = {
             False,
             True,
         ),
-        # DeepSpeed ZeRO, launched per node by torchrun (deepspeed_multinode_launcher: standard): no
-        # pdsh, no ssh between nodes.
+        # DeepSpeed ZeRO, launched per node as torchrun would (deepspeed_multinode_launcher: standard):
+        # no pdsh, no ssh between nodes.
         Strategy(
             "deepspeed_zero1",
             "DeepSpeed: optimizer state sharded",

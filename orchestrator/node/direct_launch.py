@@ -1,11 +1,11 @@
 """Start a node's ranks by ``fork`` from the launcher's interpreter, which has already imported torch.
 
-``accelerate launch`` hands a DDP/FSDP launch to torchrun, whose agent starts every rank as a fresh
-interpreter: each node imports torch twice, one after the other (the launcher, then every rank),
+``accelerate launch`` hands a DDP, FSDP or DeepSpeed launch to torchrun, whose agent starts each rank as a
+fresh interpreter: each node imports torch twice, one after the other (the launcher, then every rank),
 and every rank imports ``torch._dynamo`` again on its first optimizer (``torch._compile``). Here the
 prewarmed launcher (:mod:`orchestrator.node.launcher_shim`) has paid for those imports once; it asks
-Accelerate for the environment its launch would give the ranks (``prepare_multi_gpu_env``, the
-code ``accelerate launch`` runs), adds what torchrun's agent adds per worker (``RANK``,
+Accelerate for the environment its launch would give the ranks (``prepare_multi_gpu_env`` or
+``prepare_deepspeed_cmd_env``), adds what torchrun's agent adds per worker (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ...), and forks one child per rank that runs the script with
 :mod:`runpy`. Node 0's launcher hosts the rendezvous store, as torchrun's agent does
 (:mod:`orchestrator.node.launch_store`); no agent and no rendezvous round trip between node and ranks.
@@ -57,11 +57,8 @@ def not_direct_reason(args: Any, env: dict[str, str]) -> str | None:
     """Why this validated ``accelerate launch`` must go through torchrun, or None (fork it here)."""
     if env.get(LAUNCHER_ENV, "direct") != "direct":
         return f"profile launcher: {env.get(LAUNCHER_ENV)}"
-    if getattr(args, "use_deepspeed", False):
-        return "DeepSpeed launches through torchrun"
-    if not (getattr(args, "multi_gpu", False) or getattr(args, "use_fsdp", False)) or getattr(
-        args, "cpu", False
-    ):
+    kinds = ("multi_gpu", "use_fsdp", "use_deepspeed")  # DeepSpeed: its standard multinode launcher's way
+    if not any(getattr(args, kind, False) for kind in kinds) or getattr(args, "cpu", False):
         return "not a torchrun launch"
     if getattr(args, "module", False) or getattr(args, "no_python", False):
         return "--module / --no_python"
@@ -89,7 +86,10 @@ def rank_environments(
 
         accelerate_launch.is_port_in_use = is_port_in_use
     try:
-        base = accelerate_launch.prepare_multi_gpu_env(args)  # validates the port as accelerate launch does
+        if getattr(args, "use_deepspeed", False):  # both validate the port as accelerate launch does
+            base = accelerate_launch.prepare_deepspeed_cmd_env(args)[1]
+        else:
+            base = accelerate_launch.prepare_multi_gpu_env(args)
     finally:
         accelerate_launch.is_port_in_use = in_use
     nnodes = int(args.num_machines or 1)

@@ -218,7 +218,7 @@ def _direct_launch(
 
 
 def _torchrun_kept(argv: list[str], ask: Callable[[int], dict[str, Any] | None]) -> int:
-    """``accelerate launch`` through torchrun (DeepSpeed, ``launcher: torchrun``) in a launcher kept for
+    """``accelerate launch`` through torchrun (``launcher: torchrun``, a launcher that touched CUDA) in a launcher kept for
     restarts in place: torchrun's agent runs in this interpreter, so a failed start of the ranks is
     reported like a forked one's and the next request runs a new agent here, without the node task,
     this interpreter and its imports starting again (the ranks torchrun starts import for themselves,
@@ -264,7 +264,16 @@ def _rank_plan(
     from orchestrator.node import direct_launch
 
     with _cuda_checks_through_nvml() as added:
-        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+        args, defaults, mp_from_config = _validate_launch_command(
+            launch_command_parser().parse_args(argv[1:])
+        )
+        if (
+            args.use_deepspeed and not args.cpu
+        ):  # as accelerate's launch_command, before its DeepSpeed launcher
+            fields = list(defaults.deepspeed_config.keys()) if defaults else []
+            args.deepspeed_fields_from_accelerate_config = ",".join(
+                [*fields, "mixed_precision"] if mp_from_config else fields
+            )
         reason = direct_launch.not_direct_reason(args, dict(os.environ))
         # before torch._dynamo sets variables
         envs = [] if reason else direct_launch.rank_environments(args, held_port, restarts)

@@ -367,11 +367,12 @@ def test_an_unchanged_trainer_script_restarts_from_its_checkpoint(
     assert f"{job_id}.1" in slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
 
 
-def test_a_deepspeed_job_restarts_in_place_through_torchrun(env: dict[str, str], tmp_path: Path) -> None:
-    """DeepSpeed launches its ranks through torchrun: the batch step reads torchrun's root cause, and
-    each node's kept launcher, in which torchrun's agent runs, starts a new agent and its ranks in
-    the same step (before, torchrun's agent was not kept: the restart was a new step); every step is
-    trained once after the restart's checkpoint."""
+def test_a_deepspeed_job_restarts_in_place(env: dict[str, str], tmp_path: Path) -> None:
+    """DeepSpeed's ranks are forked from the launcher's imports, as DDP's: a killed rank's restart is in
+    place, the same launchers forking the next attempt's ranks (before, DeepSpeed went through
+    torchrun, whose agent no node kept: the restart was a new step); every step is trained once
+    after the restart's checkpoint. (Through torchrun, ``launcher: torchrun``, the kept launcher
+    starts a new agent: tests/schedulers/local/test_restart_in_place.py.)"""
     profiles = user_profile_dir(tmp_path, max_restarts=3)
     job_id, run_dir = submitted(
         env,
@@ -382,10 +383,10 @@ def test_a_deepspeed_job_restarts_in_place_through_torchrun(env: dict[str, str],
     assert restart["step"] >= CKPT_EVERY and restart["step"] % CKPT_EVERY == 0, restart
     logged = {e["step"] for e in trains(run_dir)}
     assert logged == set(range(1, STEPS + 1)), sorted(set(range(1, STEPS + 1)) - logged)
-    assert "ranks started by torchrun" in (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
+    assert "started 1 rank(s) by fork" in (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
     for node in (0, 1):
         again = (run_dir / "logs" / "attempt_1" / f"node_{node}.log").read_text()
-        assert "starting torchrun again in place (restart 1, attempt 1)" in again, again[-2000:]
+        assert "starting the ranks again in place (restart 1, attempt 1)" in again, again[-2000:]
     assert restart["in_place"] is True, restart
     launchers = [
         [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)

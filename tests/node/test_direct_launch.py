@@ -32,6 +32,9 @@ LAUNCHER_SPECIFIC = {
     "TORCHELASTIC_SIGNALS_TO_HANDLE",  # torchrun's own signal list, left in its environment
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",  # torchrun sets it; the direct launcher too, with the same value
     "ORCHESTRATOR_LAUNCHER",  # the profile key under test
+    # DeepSpeed's import sets it (os.environ.setdefault): under torchrun that import ran in the launcher
+    # (accelerate's DeepSpeed launcher), a forked rank sets it when it imports deepspeed itself.
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
 }
 
 
@@ -66,16 +69,19 @@ def _node_log(run_dir: Path, node: int) -> str:
     return (run_dir / "logs" / "attempt_0" / f"node_{node}.log").read_text()
 
 
+@pytest.mark.parametrize("strategy", ["full_shard", "deepspeed_zero2"])
 def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
-    orch_env: dict[str, str], tmp_path: Path
+    orch_env: dict[str, str], tmp_path: Path, strategy: str
 ) -> None:
-    """2 nodes x 2 ranks, FSDP, once per launcher: the same environment rank by rank, the same world."""
+    """2 nodes x 2 ranks, FSDP and DeepSpeed, once per launcher: the same environment rank by rank,
+    the same world. (DeepSpeed went through torchrun whatever the profile said before: its ranks
+    imported torch again and a restart in place started a new agent.)"""
     seen: dict[str, dict[str, dict]] = {}
     for launcher in ("torchrun", "direct"):
         out = tmp_path / f"out_{launcher}"
         out.mkdir()
         code, text, run_dir = _submit(
-            orch_env, _profiles(tmp_path, launcher), "full_shard", PROBE, "--out", str(out)
+            orch_env, _profiles(tmp_path, launcher), strategy, PROBE, "--out", str(out)
         )
         assert code == 0, text
         seen[launcher] = {
@@ -130,7 +136,11 @@ def test_ranks_see_what_torchrun_gives_them_and_end_as_python_ends(
             if k.startswith(("ORCHESTRATOR_", "SUBMITIT_", "WANDB_", "TENSORBOARD_", "MASTER_PORT"))
         }
         assert differ - per_job == set(), {k: (ours["env"].get(k), theirs["env"].get(k)) for k in differ}
-        assert ours["env"]["ACCELERATE_USE_FSDP"] == "true" and ours["env"]["FSDP_VERSION"] == "2"
+        if strategy == "full_shard":
+            assert ours["env"]["ACCELERATE_USE_FSDP"] == "true" and ours["env"]["FSDP_VERSION"] == "2"
+        else:
+            assert ours["env"]["ACCELERATE_USE_DEEPSPEED"] == "true", ours["env"]
+            assert ours["env"]["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "2", ours["env"]
 
 
 def test_a_failed_rank_ends_the_others_and_its_exit_code_is_the_nodes(

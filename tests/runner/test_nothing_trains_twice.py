@@ -108,7 +108,7 @@ def test_kill_9_of_a_local_jobs_controller_or_launcher_leaves_no_rank_training(
 def test_kill_9_of_a_torchrun_agent_takes_its_workers(
     orch_env: dict[str, str], started: list[int], tmp_path: Path
 ) -> None:
-    """``launcher: torchrun`` (and every DeepSpeed launch): torchrun's agent runs in the node's
+    """``launcher: torchrun``: torchrun's agent runs in the node's
     launcher and starts each rank as a fresh interpreter. Before: ``kill -9`` of it left both workers
     training under PID 1, holding no lock, while ``status`` called the job FAILED. Now each worker
     takes the run's lock and dies with its parent (the node site's ``sitecustomize``)."""

@@ -338,7 +338,7 @@ def test_local_sigkilled_rank_is_blamed_not_its_peer(orch_env: dict[str, str]) -
 def test_an_aborted_rank_under_torchrun_is_blamed_not_the_peer_torchrun_stopped(
     orch_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """A real SIGABRT of rank 1 under torchrun (``launcher: torchrun``, as every DeepSpeed job runs):
+    """A real SIGABRT of rank 1 under torchrun (``launcher: torchrun``):
     torchrun SIGTERMs rank 0 and lists it first, under "Failures:", and rank 1 under "Root Cause".
     The job must name rank 1's abort, never rank 0's SIGTERM."""
     profiles = user_profile_dir(tmp_path, "local", launcher="torchrun")

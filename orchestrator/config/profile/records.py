@@ -387,9 +387,9 @@ class ClusterProfile(_Record):
     rdzv_backend: Literal["c10d", "static"] = "c10d"
     """torchrun rendezvous: c10d (elastic, default) or static (torchrun launches only: see ``launcher``)."""
     launcher: Literal["direct", "torchrun"] = "direct"
-    """How a node starts its DDP/FSDP ranks: ``direct`` forks them from the launcher, which has
-    imported torch once for all of them (no second import per rank, no torchrun agent);
-    ``torchrun`` is ``accelerate launch``'s own way. DeepSpeed always launches through torchrun."""
+    """How a node starts its DDP, FSDP and DeepSpeed ranks: ``direct`` forks them from the launcher,
+    which has imported torch once for all of them (no second import per rank, no torchrun agent);
+    ``torchrun`` is ``accelerate launch``'s own way (DeepSpeed's always, before 2026-11-29)."""
     port_range: PortRange = PortRange()
     """Ports the rendezvous may use."""
     signal: PreTimeoutSignal = PreTimeoutSignal()

@@ -145,7 +145,7 @@ def _chain_next_sitecustomize() -> None:
 
 
 def _belong_to_the_run() -> None:
-    """A rank torchrun started (``launcher: torchrun``, every DeepSpeed launch) takes the run's lock and
+    """A rank torchrun started (``launcher: torchrun``) takes the run's lock and
     dies with its parent, as a forked rank does (:mod:`orchestrator.contract.run_alive`). Measured
     before: ``kill -9`` of the node entry took the launcher, and torchrun's workers trained on under
     PID 1, holding no lock, while ``status`` called the job ended."""
@@ -190,7 +190,7 @@ def _script_to_run() -> str | None:
 
 
 def run_the_script_and_leave() -> None:
-    """A rank torchrun started (every DeepSpeed launch, ``launcher: torchrun``) runs the job's script
+    """A rank torchrun started (``launcher: torchrun``) runs the job's script
     here and leaves by ``os._exit`` (:mod:`orchestrator.rank.run_script`), as a forked rank does:
     the interpreter's teardown can abort a rank whose script has finished (measured: 1 DeepSpeed
     ZeRO-3 run in 10 on CPU failed so). The script runs as ``python script.py`` would run it: its own

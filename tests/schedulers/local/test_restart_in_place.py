@@ -38,7 +38,7 @@ TWO_NODES = ["--profile", "local", "--strategy", "ddp", "--nodes", "2", "--procs
 def test_a_killed_rank_of_a_local_job_trains_again_in_place(
     orch_env: dict[str, str], tmp_path: Path, launcher: str
 ) -> None:
-    """``launcher: torchrun`` (and DeepSpeed, which always goes through it): torchrun's agent runs in
+    """``launcher: torchrun``: torchrun's agent runs in
     the kept launcher, so the same launcher starts a new agent and its ranks."""
     profiles = user_profile_dir(tmp_path, "local", launcher=launcher)
     res = run_cli(
