@@ -236,13 +236,14 @@ class ChaosProduct(Product):
         data.update(overrides, partition=partition, time_limit=TIME_LIMIT)
         (self.profiles / "slurm_test.yaml").write_text(yaml.safe_dump(data))
         self.overrides, self.args = overrides, args
+        self.strategy = "ddp"
         self.jobs: list[str] = []
         self.run_dirs: list[Path] = []
 
     def submit(self) -> None:
         res = self.cli(
             *("submit", "--profile", "slurm_test", "--profiles-dir", str(self.profiles), "--auto-resume"),
-            *("--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1", "--max-requeues", "100"),
+            *("--strategy", self.strategy, "--nodes", "2", "--procs-per-node", "1", "--max-requeues", "100"),
             *("--", TRAIN, *self.args),
         )
         if res.returncode != 0:

@@ -24,6 +24,9 @@ restarts, in place or as a new step; torchrun has no watchdog and is left out
 (``bench/results_restart_hang.json``). ``--launcher torchrun`` gives both product configurations the
 profile's ``launcher: torchrun`` (DeepSpeed's way before 2026-11-29): in place, the kept launcher starts a
 new torchrun agent whose ranks import for themselves (``bench/results_restart_torchrun.json``).
+``--strategy deepspeed_zero2``: the product's configurations train with DeepSpeed, and torchrun's
+place goes to DeepSpeed's restart before 2026-11-29 (``before``: a new step, ranks through
+torchrun) (``bench/results_restart_deepspeed.json``).
 """
 
 from __future__ import annotations
@@ -56,11 +59,16 @@ def train_args(ckpt_every: int) -> list[str]:
 
 
 def make_configs(
-    tmp: Path, args: list[str], hang_timeout: int | None = None, launcher: str = "direct"
+    tmp: Path,
+    args: list[str],
+    hang_timeout: int | None = None,
+    launcher: str = "direct",
+    strategy: str = "ddp",
 ) -> dict[str, Any]:
     torchrun = str(Path(sys.executable).parent / "torchrun")
     out: dict[str, Any] = {}
-    for i, name in enumerate(CONFIGS):
+    names = CONFIGS if strategy == "ddp" else ("in_place", "new_step", "before")
+    for i, name in enumerate(names):
         if hang_timeout is not None and name == "torchrun":
             continue  # no watchdog: a stopped rank holds its job until the collective's timeout
         first = i * NODES_PER_CONFIG + 1
@@ -76,9 +84,12 @@ def make_configs(
             over: dict[str, Any] = {"max_restarts": 100, "spare_nodes": 0, "launcher": launcher}
             if hang_timeout is not None:
                 over["hang_timeout"] = hang_timeout
-            if name == "new_step":
+            if name in ("new_step", "before"):
                 over["env"] = {"ORCHESTRATOR_RESTART_IN_PLACE": "0"}
+            if name == "before":
+                over["launcher"] = "torchrun"
             cfg = ChaosProduct(name, tmp, over, args, partition)
+            cfg.strategy = strategy
         out[name] = cfg
     return out
 
@@ -100,15 +111,17 @@ def main() -> int:
     ap.add_argument("--fault", choices=("kill", "hang"), default="kill")
     ap.add_argument("--hang-timeout", type=int, default=8, help="seconds; with --fault hang")
     ap.add_argument("--launcher", choices=("direct", "torchrun"), default="direct", help="the product's")
+    ap.add_argument("--strategy", default="ddp", help="the product's (ddp, deepspeed_zero2, ...)")
     ap.add_argument("--out", default=None, help="default: bench/results_restart[_hang|_torchrun].json")
     opts = ap.parse_args()
     hang = opts.fault == "hang"
     suffix = "_hang" if hang else "_torchrun" if opts.launcher == "torchrun" else ""
+    suffix += "" if opts.strategy == "ddp" else f"_{opts.strategy.split('_')[0]}"
     out = opts.out or str(REPO / "bench" / f"results_restart{suffix}.json")
     fault = signal.SIGSTOP if hang else signal.SIGKILL
     args = train_args(opts.ckpt_every)
     tmp = Path(tempfile.mkdtemp(prefix="bench_restart_"))
-    configs = make_configs(tmp, args, opts.hang_timeout if hang else None, opts.launcher)
+    configs = make_configs(tmp, args, opts.hang_timeout if hang else None, opts.launcher, opts.strategy)
     # bench_chaos's script lets torchrun restart 3 times: here one per round and two to spare.
     bench_chaos.SCRIPT = bench_chaos.SCRIPT.replace("--max-restarts=3", f"--max-restarts={opts.rounds + 2}")
     for cfg in configs.values():
@@ -160,6 +173,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "fault": f"SIGSTOP, hang_timeout {opts.hang_timeout:g} s" if hang else "SIGKILL",
         "launcher": opts.launcher,
+        "strategy": opts.strategy,
         "rows": rows,
         "summary": summary,
         "ratios": ratios,

@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO on the real Slurm test cluster, 2 nodes (network namespaces, one torchrun per node through
-``deepspeed_multinode_launcher: standard``: no pdsh, no ssh): ZeRO-2 and ZeRO-3 jobs of train/ equal the
+"""DeepSpeed ZeRO on the real Slurm test cluster, 2 nodes (network namespaces, one launch per node as
+``deepspeed_multinode_launcher: standard`` makes it, ranks forked from the launcher: no pdsh, no ssh): ZeRO-2 and ZeRO-3 jobs of train/ equal the
 DDP job's losses, a USR2 preemption requeues and resumes exactly, and an unmodified Accelerate script gets
 ZeRO-3 with the asked world size."""
 
