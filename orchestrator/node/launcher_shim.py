@@ -185,6 +185,11 @@ def _direct_launch(
     if reason and held is not None:
         held.close()
     listener = None if reason else launch_store.listen_early(envs, held)  # before the ~1 s of preimport
+    if not reason and args.use_deepspeed:
+        # A DeepSpeed rank's Accelerator() imports both (0.84 s of its process group's start here, on
+        # every start of the ranks); neither starts a thread. preimport then asks whether CUDA was touched.
+        import deepspeed  # noqa: F401
+        import transformers.integrations  # noqa: F401
     reason = reason or direct_launch.preimport()
     if reason is not None:
         if listener is not None:
