@@ -186,10 +186,15 @@ def _direct_launch(
         held.close()
     listener = None if reason else launch_store.listen_early(envs, held)  # before the ~1 s of preimport
     if not reason and args.use_deepspeed:
-        # A DeepSpeed rank's Accelerator() imports both (0.84 s of its process group's start here, on
-        # every start of the ranks); neither starts a thread. preimport then asks whether CUDA was touched.
+        # On every start of the ranks, a DeepSpeed rank's Accelerator() imports deepspeed and
+        # transformers.integrations (0.84 s of its process group's start here), and its engine's
+        # optimizer check the Muon optimizer, whose module compiles (torch._inductor: 1.2 s of the
+        # engine's build). None starts a thread; preimport then asks whether CUDA was touched.
         import deepspeed  # noqa: F401
         import transformers.integrations  # noqa: F401
+
+        with contextlib.suppress(ImportError):  # DeepSpeed 0.19's path
+            import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     reason = reason or direct_launch.preimport()
     if reason is not None:
         if listener is not None:
