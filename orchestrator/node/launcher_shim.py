@@ -228,14 +228,14 @@ def _direct_launch(
 
 
 def _torchrun_kept(argv: list[str], ask: Callable[[int], dict[str, Any] | None]) -> int:
-    """``accelerate launch`` through torchrun (``launcher: torchrun``, a launcher that touched CUDA) in a launcher kept for
-    restarts in place: torchrun's agent runs in this interpreter, so a failed start of the ranks is
-    reported like a forked one's and the next request runs a new agent here, without the node task,
-    this interpreter and its imports starting again (the ranks torchrun starts import for themselves,
-    as they always do). The ended agent's store must have let go of the rendezvous port before the
-    next agent binds it (accelerate refuses a port in use on node 0): reference counting frees it
-    (measured), and a collection first also frees what a cycle through the failure's traceback
-    would hold."""
+    """``accelerate launch`` through torchrun (``launcher: torchrun``, a launcher that touched CUDA) in
+    a launcher kept for restarts in place: torchrun's agent runs in this interpreter, so a failed
+    start of the ranks is reported like a forked one's and the next request runs a new agent here,
+    without the node task, this interpreter and its imports starting again (the ranks torchrun
+    starts import for themselves, as they always do). The ended agent's store must have let go of
+    the rendezvous port before the next agent binds it (accelerate refuses a port in use on node 0):
+    reference counting frees it (measured), and a collection first also frees what a cycle through
+    the failure's traceback would hold."""
     import gc
     import traceback
 
@@ -277,9 +277,8 @@ def _rank_plan(
         args, defaults, mp_from_config = _validate_launch_command(
             launch_command_parser().parse_args(argv[1:])
         )
-        if (
-            args.use_deepspeed and not args.cpu
-        ):  # as accelerate's launch_command, before its DeepSpeed launcher
+        # As accelerate's launch_command does before its DeepSpeed launcher.
+        if args.use_deepspeed and not args.cpu:
             fields = list(defaults.deepspeed_config.keys()) if defaults else []
             args.deepspeed_fields_from_accelerate_config = ",".join(
                 [*fields, "mixed_precision"] if mp_from_config else fields
