@@ -326,7 +326,8 @@ def _launch_and_wait(
     return code
 
 
-#: How often a running node looks for a failed peer or a stop word (NodeEnvironment.failed_peer, told_to_stop).
+#: How often a running node looks for a failed peer or a stop word
+#: (NodeEnvironment.failed_peer, told_to_stop).
 PEER_CHECK_S = 0.5
 #: A node's exit code when a hang ended its training (local: node 0's watchdog, node/hang_watch.py;
 #: Slurm: the batch step's stop word after its watchdog fired, a restart in place to follow).

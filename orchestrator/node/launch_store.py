@@ -12,9 +12,9 @@ launcher does the same: node 0's launcher binds and listens on ``MASTER_PORT`` a
 the launch (:func:`listen_early`), ~1-2 s before its ranks are forked, so an early client's connect
 is queued by the kernel instead of refused. Once the ranks are forked, a child of the launcher
 serves the store on that socket (:func:`start`, :func:`serve`) for as long as the ranks live: the
-server's threads never live in the launcher, which forks the ranks (again, for a restart in place: each start gets a fresh store, and
-the socket, kept open by the launcher, queues the new ranks' connects meanwhile). Every rank, rank 0
-included, is a client.
+server's threads never live in the launcher, which forks the ranks (again, for a restart in place:
+each start gets a fresh store, and the socket, kept open by the launcher, queues the new ranks'
+connects meanwhile). Every rank, rank 0 included, is a client.
 """
 
 from __future__ import annotations

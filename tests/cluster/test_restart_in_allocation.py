@@ -33,7 +33,7 @@ from orchestrator.registry.store import Registry
 from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state, user_profile_dir
 from tests.helpers.hold import rank_pid
-from tests.helpers.run_dirs import trains
+from tests.helpers.run_dirs import launcher_pids, trains
 from tests.helpers.slurm_cluster import (
     job_nodes,
     kill_node_processes,
@@ -114,6 +114,11 @@ def status_of(env: dict[str, str], job_id: str) -> dict[str, Any]:
     return dict(json.loads(res.stdout)["jobs"][0])
 
 
+def _steps(job_id: str) -> list[str]:
+    """The job's steps as sacct lists them (``<id>.0``, ``<id>.1``, ...): a restart as a new step adds one."""
+    return slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+
+
 def batch_log(run_dir: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob("*_log.err")))
 
@@ -146,11 +151,8 @@ def test_a_killed_rank_trains_again_in_the_same_job(
     # In place: the nodes' launchers (their pids) outlived the failed ranks and forked attempt 1's,
     # all in the job's one training step (a restart as a new step would be step 1).
     assert restart["in_place"] is True, restart
-    launchers = [
-        [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
-    ]
-    assert launchers[0] == launchers[1], launchers
-    steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+    assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
+    steps = _steps(job_id)
     assert f"{job_id}.0" in steps and f"{job_id}.1" not in steps, steps
     assert sacct_state(job_id) == "COMPLETED"
     assert slurm_requeues(job_id) == 0
@@ -217,13 +219,10 @@ def test_a_hung_rank_is_restarted_in_place_after_its_stacks_are_saved(
     hang = json.loads((run_dir / "hang" / "attempt_0" / "hang.json").read_text())
     assert restart["cause"] == hang["reason"] and hang["culprit_rank"] == 1, (restart, hang)
     assert "state stopped" in (run_dir / "hang" / "attempt_0" / "rank_1.txt").read_text()
-    launchers = [
-        [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
-    ]
-    assert launchers[0] == launchers[1], launchers
+    assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
     # Step 0 trained throughout; step 1 is the stacks' srun (py-spy on every node); a restart as a new
     # step would have been step 2.
-    steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+    steps = _steps(job_id)
     assert {f"{job_id}.0", f"{job_id}.1"} <= set(steps) and f"{job_id}.2" not in steps, steps
     # The batch step's stop word; the first node to read it ended its ranks (the other may have seen
     # that node's exit file first, or its ranks' broken collective).
@@ -364,7 +363,7 @@ def test_an_unchanged_trainer_script_restarts_from_its_checkpoint(
     assert start["checkpoint"] == str(out / f"checkpoint-{start['step']}"), start
     assert (out / f"checkpoint-{steps}" / "COMPLETE.json").exists()
     assert restart["in_place"] is False, restart
-    assert f"{job_id}.1" in slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+    assert f"{job_id}.1" in _steps(job_id)
 
 
 def test_a_deepspeed_job_restarts_in_place(env: dict[str, str], tmp_path: Path) -> None:
@@ -388,11 +387,8 @@ def test_a_deepspeed_job_restarts_in_place(env: dict[str, str], tmp_path: Path) 
         again = (run_dir / "logs" / "attempt_1" / f"node_{node}.log").read_text()
         assert "starting the ranks again in place (restart 1, attempt 1)" in again, again[-2000:]
     assert restart["in_place"] is True, restart
-    launchers = [
-        [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
-    ]
-    assert launchers[0] == launchers[1], launchers
-    steps = slurm("sacct", "-j", job_id, "-n", "-P", "-o", "JobID").stdout.split()
+    assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
+    steps = _steps(job_id)
     assert f"{job_id}.0" in steps and f"{job_id}.1" not in steps, steps
 
 

@@ -67,3 +67,9 @@ def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 def trains(run_dir: Path) -> list[dict[str, Any]]:
     """The run's ``train`` events, in order."""
     return [e for e in iter_metrics(run_dir) if e.get("event") == "train"]
+
+
+def launcher_pids(run_dir: Path, attempt: int, nodes: int = 2) -> list[str]:
+    """Each node's launcher pid in ``attempt`` (``logs/attempt_<A>/node_<N>.pid``): the same in two
+    attempts when the launchers were kept and the restart was in place."""
+    return [(run_dir / "logs" / f"attempt_{attempt}" / f"node_{n}.pid").read_text() for n in range(nodes)]

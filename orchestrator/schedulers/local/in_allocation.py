@@ -70,8 +70,9 @@ def decide(
     from orchestrator.schedulers.base import record_restart
 
     following, step = record_restart(run_dir, job_id, attempt, cause, True, say)
+    done = restarts_of(run_dir, job_id)
     say(
-        f"restart {restarts_of(run_dir, job_id)}/{plan.max_restarts} in place (attempt {following}, from step {step}; "
+        f"restart {done}/{plan.max_restarts} in place (attempt {following}, from step {step}; "
         f"by the launchers the nodes kept): {cause}"
     )
     tell_nodes(run_dir, attempt, following)

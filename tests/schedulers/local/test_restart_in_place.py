@@ -20,7 +20,7 @@ from orchestrator.contract.restarts import read_restarts
 from orchestrator.registry.store import Registry
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli, status_row, user_profile_dir
 from tests.helpers.hold import rank_pid
-from tests.helpers.run_dirs import trains
+from tests.helpers.run_dirs import launcher_pids, trains
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
 
@@ -64,10 +64,7 @@ def test_a_killed_rank_of_a_local_job_trains_again_in_place(
     node0 = (run_dir / "logs" / "attempt_0" / "node_0.log").read_text()
     assert "restart 1/3 in place (attempt 1" in node0, node0[-3000:]
     # In place: each node's launcher (its pid) outlived the failed ranks and forked attempt 1's.
-    launchers = [
-        [(run_dir / "logs" / f"attempt_{a}" / f"node_{n}.pid").read_text() for n in (0, 1)] for a in (0, 1)
-    ]
-    assert launchers[0] == launchers[1], launchers
+    assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
     assert [a.attempt for a in Registry.open(Path(orch_env["ORCHESTRATOR_HOME"])).attempts(job_id)] == [0, 1]
     row = status_row(orch_env, job_id)
     assert row["state"] == "COMPLETED" and row["restarts"] == 1, row
