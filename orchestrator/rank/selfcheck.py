@@ -386,7 +386,9 @@ def fail(problems: list[str], exp: Expectation, found: str, run_dir: str | None,
         lines.append(f"[rank {rank}]   found: {found}")
     lines += [f"[rank {rank}]   - {p}" for p in problems]
     print("\n".join(lines), file=sys.stderr, flush=True)
-    if run_dir and rank == 0:
+    # Every failing rank writes the record (atomically; the problems are the job's, not the rank's):
+    # the first rank to fail ends its peers, so rank 0 may be stopped before it gets here (CI, load).
+    if run_dir:
         try:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             write_exit_status(Path(run_dir), EXIT_SELFCHECK, "selfcheck", problems=problems)
