@@ -54,6 +54,7 @@ from orchestrator.rank import selfcheck
 from orchestrator.rank import workarounds as accelerate_workarounds
 from orchestrator.rank.checkpoint_io import checked_choice
 from orchestrator.rank.loop import fix_ddp_buckets
+from orchestrator.rank.snapshots import Snapshots, why_not_supported
 from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
 from train.checksum import checksums as _checksums
@@ -105,6 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=0, help="steps; 0: only at the end")
     p.add_argument("--keep-last", type=int, default=2)
     p.add_argument("--async-ckpt", action="store_true")
+    p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="steps; each rank's state into node memory, for restarts in place; 0: none",
+    )
     p.add_argument("--run-dir", default=None, help="default: $ORCHESTRATOR_RUN_DIR or ./runs/<timestamp>")
     p.add_argument(
         "--resume", default="auto", help="auto (newest complete checkpoint in the run dir) | never | PATH"
@@ -364,12 +371,35 @@ def main(argv: list[str] | None = None) -> int:
         choice = [(str(found_ckpt[0]), found_ckpt[1]) if found_ckpt else None]
     if world > 1:
         dist.broadcast_object_list(choice, src=0)
-    if args.resume == "auto" and choice[0] is not None:  # every rank checks its own shards' digests
-        choice = [checked_choice(accelerator, run_dir, choice[0], warn)]
+    snapshots = None
+    if args.snapshot_every > 0:
+        unsupported = why_not_supported(accelerator)
+        if unsupported:
+            warn(f"note: --snapshot-every: {unsupported}")
+        else:
+            snapshots = Snapshots(accelerator, args.snapshot_every)
+    from_snapshot = None
+    if snapshots is not None and args.resume == "auto":
+        # Newer than the shared checkpoint, and held by every rank: a restart in place (same nodes).
+        shared_step = int(choice[0][1].get("step", -1)) if choice[0] is not None else -1
+        t0 = time.monotonic()
+        common = snapshots.common_step()
+        if common is not None and common > shared_step:
+            failed = snapshots.restore(common)
+            if failed is None:
+                from_snapshot = (common, time.monotonic() - t0)
+            else:
+                warn(f"warning: the in-memory snapshot of step {common} was not restored ({failed})")
+    if args.resume == "auto" and choice[0] is not None and from_snapshot is None:
+        choice = [checked_choice(accelerator, run_dir, choice[0], warn)]  # every rank: its own shards
     last_saved_step = -1
     if choice[0] is not None and choice[0][0] == "invalid":
         return 2
-    if choice[0] is not None:
+    if from_snapshot is not None:
+        # The shared checkpoint (older) stays the one a stop would not save again.
+        last_saved_step = int(choice[0][1].get("step", -1)) if choice[0] is not None else -1
+        _resumed_from_snapshot(accelerator, run_dir, metrics, model, optimizer, num_params, *from_snapshot)
+    elif choice[0] is not None:
         folder, marker = Path(choice[0][0]), choice[0][1]
         refusal = deepspeed_zero.resume_problem(marker, strategy, world)
         if refusal:
@@ -420,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         train_state.world_size = world
         train_state.strategy = strategy
         train_state.fsdp_version = fsdp_version
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and from_snapshot is None:
         write_attempt_start(
             train_state.step, choice[0][0] if choice[0] is not None else None, "train", run_dir
         )
@@ -541,6 +571,11 @@ def main(argv: list[str] | None = None) -> int:
             metrics.eval(step, evaluate(accelerator, model, batcher, args.eval_batches))
         if args.ckpt_every and step % args.ckpt_every == 0:
             save_checkpoint(step)
+        elif snapshots is not None and snapshots.due(step):
+            beat(step, "checkpoint")
+            snapshots.save(step)
+            if step == snapshots.every or step % (10 * snapshots.every) == 0:
+                metrics.say(f"in-memory snapshot step {step}: {snapshots.last_seconds:.3f}s")
 
     step = train_state.step
     if stop_reason == "signal":
@@ -588,6 +623,36 @@ def main(argv: list[str] | None = None) -> int:
     metrics.close()
     accelerate_workarounds.finish(accelerator)
     return EXIT_OK
+
+
+def _resumed_from_snapshot(
+    accelerator: Accelerator,
+    run_dir: Path,
+    metrics: Metrics,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    num_params: int,
+    step: int,
+    seconds: float,
+) -> None:
+    """Says so as a shared checkpoint's resume does: ``loaded.json``, the metrics, the start record."""
+    sums = checksums(model, optimizer, num_params)
+    if accelerator.is_main_process:
+        label = f"in-memory snapshot of step {step}"
+        write_json(
+            run_dir / "loaded.json",
+            {
+                "step": step,
+                "checkpoint": None,
+                "snapshot": step,
+                "world_size": accelerator.num_processes,
+                "load_s": seconds,
+                **sums,
+            },
+        )
+        metrics.resume(step, label)
+        print(f"resumed from the {label} in {seconds:.2f}s", flush=True)
+        write_attempt_start(step, None, "train", run_dir, snapshot=True)
 
 
 if __name__ == "__main__":

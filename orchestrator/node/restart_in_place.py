@@ -20,13 +20,15 @@ A local job has no batch step: its node 0 decides by the same rules
 
 from __future__ import annotations
 
+import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.contract.in_place import next_attempt_file
 from orchestrator.contract.run_dir import node_log_file
 from orchestrator.contract.shared_fs import read_json_listed
+from orchestrator.contract.snapshots import node_snapshot_dir, snapshot_root
 
 #: How long a node with a kept launcher waits for the batch step's word. The batch step answers
 #: within a second or two (it asks Slurm whether the job was cancelled, reads the attempt's logs); a
@@ -66,3 +68,15 @@ def wait_for_next_attempt(
 def _say(attempt_path: Path, node: int, line: str) -> None:
     with open(node_log_file(attempt_path, node), "a", encoding="utf-8") as log:
         log.write(f"[orchestrator node] {line}\n")
+
+
+def snapshot_folder(run_dir: Path, job_id: str, node_rank: int, environ: Mapping[str, str]) -> Path:
+    """The folder this node's ranks keep their in-memory snapshots in (``contract/snapshots.py``):
+    ``environ`` is the ranks' environment (a profile's ``env`` may choose the root)."""
+    return node_snapshot_dir(snapshot_root(dict(environ)), run_dir, job_id, node_rank)
+
+
+def clear_snapshots(folder: Path) -> None:
+    """The node task's snapshots go with it: at its start (a task killed before it could clear them
+    left them behind) and at its end (they fill memory, ``/dev/shm``, until the node reboots)."""
+    shutil.rmtree(folder, ignore_errors=True)

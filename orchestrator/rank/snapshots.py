@@ -1,0 +1,291 @@
+"""In-memory snapshots: each rank's training state in node-local memory every few steps, so that a
+restart in place loses a step or two instead of everything since the last shared checkpoint.
+
+Why: a restart inside the allocation comes back in a second or two (the kept launcher forks the
+ranks again), but it resumed from the newest checkpoint on the shared file system, and a job that
+checkpoints every 500 steps re-trained 250 of them on average: the fault's real cost. Shared
+checkpoints are expensive (every rank's shard over the network, fsyncs, digests); a copy into
+``/dev/shm`` is not. NVIDIA's resiliency extension keeps such "local checkpoints" for its in-job
+restarts, and torchft recovers from a live peer's memory; here the node's memory outlives the ranks
+because the node's task and launcher do (:mod:`orchestrator.node.restart_in_place`).
+
+What a snapshot holds is what ``accelerator.save_state`` restores: for every prepared model its
+parameters and buffers (this rank's local part: an FSDP shard, a DDP replica), for every prepared
+optimizer its per-parameter state and its groups' hyperparameters, every prepared scheduler and
+every object registered with ``register_for_checkpointing`` (``state_dict``), the gradient scaler,
+``accelerator.step`` and the RNG states (Python, NumPy, torch, CUDA). It is written by this rank
+alone, with no collective: the tensors as they lie in memory, in parameter order, through
+``torch.save`` into a temp name and renamed (a rank killed mid-write leaves no snapshot of that step).
+
+Restoring is collective: every rank lists its snapshots, the ranks take the newest step all of them
+hold (:func:`orchestrator.contract.snapshots.newest_common_step`), and that step is used only where it
+is newer than the shared checkpoint chosen anyway; each rank then copies its tensors back into the
+live parameters and optimizer state and tells the others whether it could (a shape that does not
+match: every rank falls back to the shared checkpoint). DeepSpeed is left out: its engine keeps the
+state in partitions of its own, which its own checkpoint code reads and writes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.env import SNAPSHOT_DIR_ENV
+from orchestrator.contract.snapshots import (
+    KEEP_SNAPSHOTS,
+    newest_common_step,
+    snapshot_file,
+    snapshot_steps,
+)
+
+#: What the file says it is; a file of another layout is not read.
+FORMAT = 1
+
+
+def why_not_supported(accelerator: Any) -> str | None:
+    """None where this rank's state can be snapshotted, else why not (said once, at start)."""
+    kind = str(getattr(getattr(accelerator, "distributed_type", None), "value", ""))
+    if kind == "DEEPSPEED":
+        return "DeepSpeed keeps its state in its own partitions: no in-memory snapshots"
+    if not os.environ.get(SNAPSHOT_DIR_ENV):
+        return f"no {SNAPSHOT_DIR_ENV}: in-memory snapshots are taken only inside a job"
+    return None
+
+
+@dataclass
+class Snapshots:
+    """One per training loop: ``every`` optimizer steps, :meth:`save`; at start, :meth:`restore`."""
+
+    accelerator: Any
+    every: int
+    folder: Path = field(default_factory=lambda: Path(os.environ.get(SNAPSHOT_DIR_ENV, "")))
+    last_seconds: float = 0.0
+    """How long the newest save blocked training."""
+
+    @property
+    def rank(self) -> int:
+        return int(self.accelerator.process_index)
+
+    @property
+    def world(self) -> int:
+        return int(self.accelerator.num_processes)
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    # ------------------------------------------------------------------ saving
+    def save(self, step: int) -> float:
+        """This rank's state of ``step`` into its snapshot file; returns the seconds it took. No
+        collective. Older snapshots past :data:`KEEP_SNAPSHOTS` are removed."""
+        import torch
+
+        from orchestrator.rank.checkpoint_io import without_zip_crc32
+
+        started = time.monotonic()
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        final = snapshot_file(self.folder, self.world, self.rank, step)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        try:
+            with without_zip_crc32():
+                torch.save(_state_of(self.accelerator, step, self.world), tmp)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        for old in snapshot_steps(self.folder, self.world, self.rank)[KEEP_SNAPSHOTS:]:
+            snapshot_file(self.folder, self.world, self.rank, old).unlink(missing_ok=True)
+        self.last_seconds = time.monotonic() - started
+        return self.last_seconds
+
+    # ------------------------------------------------------------------ restoring
+    def common_step(self) -> int | None:
+        """Collective: the newest step every rank holds a snapshot of, or None."""
+        mine = snapshot_steps(self.folder, self.world, self.rank)
+        return newest_common_step(_gathered(self.accelerator, mine))
+
+    def restore(self, step: int) -> str | None:
+        """Collective: every rank restores its snapshot of ``step``. None when all did, else why not
+        (the first failing rank's words; every rank then resumes from the shared checkpoint)."""
+        why: str | None = None
+        try:
+            import torch
+
+            path = snapshot_file(self.folder, self.world, self.rank, step)
+            state = torch.load(path, map_location="cpu", weights_only=False)  # our own file, 0700
+            why = _restore(self.accelerator, state, step, self.world)
+        except Exception as exc:  # every rank must answer, or the others wait at the gather forever
+            why = f"{type(exc).__name__}: {exc}"
+        answers = _gathered(self.accelerator, None if why is None else f"rank {self.rank}: {why}")
+        failed = [a for a in answers if a is not None]
+        return failed[0] if failed else None
+
+
+def _gathered(accelerator: Any, value: Any) -> list[Any]:
+    if accelerator.num_processes <= 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * accelerator.num_processes
+    dist.all_gather_object(out, value)
+    return out
+
+
+# ---------------------------------------------------------------------- the state
+
+
+def _local(tensor: Any) -> Any:
+    """The part of ``tensor`` this rank holds, on the CPU (an FSDP2 DTensor: its local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    data = tensor.detach()
+    if isinstance(data, DTensor):
+        data = data.to_local()
+    return data.cpu() if data.device.type != "cpu" else data
+
+
+def _optimizers(accelerator: Any) -> list[Any]:
+    return [getattr(o, "optimizer", o) for o in getattr(accelerator, "_optimizers", [])]
+
+
+def _state_of(accelerator: Any, step: int, world: int) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    models = [
+        {
+            "params": [_local(p) for p in m.parameters()],
+            "buffers": [_local(b) for b in m.buffers()],
+        }
+        for m in accelerator._models
+    ]
+    optimizers = []
+    for opt in _optimizers(accelerator):
+        per_param = []
+        for group in opt.param_groups:
+            for p in group["params"]:
+                entry = opt.state.get(p, {})
+                per_param.append(
+                    {
+                        k: (("tensor", _local(v), str(v.device)) if torch.is_tensor(v) else ("value", v))
+                        for k, v in entry.items()
+                    }
+                )
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        optimizers.append({"state": per_param, "groups": groups})
+    scaler = getattr(accelerator, "scaler", None)
+    rng: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return {
+        "format": FORMAT,
+        "step": step,
+        "world_size": world,
+        "rank": int(accelerator.process_index),
+        "models": models,
+        "optimizers": optimizers,
+        "schedulers": [s.state_dict() for s in getattr(accelerator, "_schedulers", [])],
+        "custom": [o.state_dict() for o in getattr(accelerator, "_custom_objects", [])],
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "accelerator_step": int(getattr(accelerator, "step", 0)),
+        "rng": rng,
+    }
+
+
+def _restore(accelerator: Any, state: dict[str, Any], step: int, world: int) -> str | None:
+    """Everything back into place, or why not; a snapshot that does not fit changes nothing."""
+    problem = _misfit(accelerator, state, step, world)
+    if problem:
+        return problem
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        for model, saved in zip(accelerator._models, state["models"], strict=True):
+            for live, data in zip(model.parameters(), saved["params"], strict=True):
+                _live_local(live).copy_(data)
+            for live, data in zip(model.buffers(), saved["buffers"], strict=True):
+                _live_local(live).copy_(data)
+        for opt, saved in zip(_optimizers(accelerator), state["optimizers"], strict=True):
+            params = [p for g in opt.param_groups for p in g["params"]]
+            for p, entry in zip(params, saved["state"], strict=True):
+                opt.state[p] = {k: _value_for(p, v) for k, v in entry.items()}
+            for group, hyper in zip(opt.param_groups, saved["groups"], strict=True):
+                group.update(hyper)
+    for sched, sd in zip(getattr(accelerator, "_schedulers", []), state["schedulers"], strict=True):
+        sched.load_state_dict(sd)
+    for obj, sd in zip(getattr(accelerator, "_custom_objects", []), state["custom"], strict=True):
+        obj.load_state_dict(sd)
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    accelerator.step = state["accelerator_step"]
+    rng = state["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return None
+
+
+def _live_local(tensor: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _misfit(accelerator: Any, state: dict[str, Any], step: int, world: int) -> str | None:
+    """Why the snapshot does not fit the live objects (counts, shapes, dtypes), or None."""
+    expected = (FORMAT, step, world, int(accelerator.process_index))
+    found = (state.get("format"), state.get("step"), state.get("world_size"), state.get("rank"))
+    if found != expected:
+        return f"the snapshot is (format, step, world, rank) {found}, expected {expected}"
+    optimizers = _optimizers(accelerator)
+    counts = (
+        len(accelerator._models),
+        len(optimizers),
+        len(getattr(accelerator, "_schedulers", [])),
+        len(getattr(accelerator, "_custom_objects", [])),
+    )
+    saved_counts = tuple(len(state[k]) for k in ("models", "optimizers", "schedulers", "custom"))
+    if counts != saved_counts:
+        return f"(models, optimizers, schedulers, registered objects) {saved_counts} saved, {counts} now"
+    for model, saved in zip(accelerator._models, state["models"], strict=True):
+        for kind, live in (("params", list(model.parameters())), ("buffers", list(model.buffers()))):
+            if len(live) != len(saved[kind]):
+                return f"{len(saved[kind])} {kind} saved, the model has {len(live)}"
+            for i, (tensor, data) in enumerate(zip(live, saved[kind], strict=True)):
+                target = _live_local(tensor)
+                if tuple(target.shape) != tuple(data.shape) or target.dtype != data.dtype:
+                    return (
+                        f"{kind}[{i}]: snapshot {tuple(data.shape)} {data.dtype}, "
+                        f"live {tuple(target.shape)} {target.dtype}"
+                    )
+    for opt, saved in zip(optimizers, state["optimizers"], strict=True):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if len(params) != len(saved["state"]) or len(opt.param_groups) != len(saved["groups"]):
+            return "the optimizer's parameters or groups differ from the snapshot's"
+    return None
+
+
+def _value_for(param: Any, saved: tuple[Any, ...]) -> Any:
+    """An optimizer state value as the optimizer made it: a tensor shaped like the parameter (an
+    FSDP2 DTensor with the parameter's placement) or a scalar tensor on its own device."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if saved[0] == "value":
+        return saved[1]
+    data, device = saved[1], saved[2]
+    if isinstance(param, DTensor) and tuple(data.shape) == tuple(param.to_local().shape) and data.dim() > 0:
+        live: Any = torch.zeros_like(param, dtype=data.dtype)  # a DTensor, placed as the parameter
+        live.to_local().copy_(data)
+        return live
+    return data.to(device)

@@ -1,0 +1,107 @@
+"""In-memory snapshots (``train/ --snapshot-every``): a restart in place resumes from the newest step
+every rank holds in node memory, not from the shared checkpoint many steps back.
+
+Real local jobs through ``orchestrator submit``: two simulated nodes of one process each, real gloo, a
+real SIGKILL of rank 1; the restarted attempt starts at a snapshot's step past the newest shared
+checkpoint and re-trains only the steps after it, each with the loss the first attempt logged for it,
+to the bit; the node's snapshot folder is gone once the job has ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.contract.restarts import read_restarts
+from orchestrator.contract.snapshots import node_snapshot_dir, snapshot_root
+from tests.helpers.cli import REPO, job_and_run_dir, run_cli, status_row
+from tests.helpers.hold import rank_pid
+from tests.helpers.run_dirs import launcher_pids, trains
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
+
+TRAIN = str(REPO / "train" / "train.py")
+CKPT_EVERY, SNAPSHOT_EVERY, KILL_AT, MAX_STEPS = 20, 4, 31, 60
+RUN_ARGS = [
+    *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"),
+    *(
+        "--max-steps",
+        str(MAX_STEPS),
+        "--ckpt-every",
+        str(CKPT_EVERY),
+        "--snapshot-every",
+        str(SNAPSHOT_EVERY),
+    ),
+]
+
+
+def _losses_by_step(run_dir: Path) -> dict[int, list[float]]:
+    seen: dict[int, list[float]] = {}
+    for event in trains(run_dir):
+        seen.setdefault(event["step"], []).append(event["loss"])
+    return seen
+
+
+@pytest.mark.parametrize(
+    "strategy", ["ddp", "full_shard", pytest.param("shard_grad_op", id="shard_grad_op-fsdp1")]
+)
+def test_a_restart_in_place_resumes_from_the_nodes_snapshots(
+    orch_env: dict[str, str], tmp_path: Path, strategy: str
+) -> None:
+    extra = ["--fsdp-version", "1"] if strategy == "shard_grad_op" else []
+    submit = [
+        "submit",
+        "--profile",
+        "local",
+        "--strategy",
+        strategy,
+        *extra,
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "1",
+    ]
+    # The uninterrupted run every step's loss is compared with (the kill's moment is not exact: how
+    # many steps come again varies, so the attempts' own overlap may be too short to prove anything).
+    ref = run_cli([*submit, "--wait", "--poll", "0.5", "--", TRAIN, *RUN_ARGS], orch_env, timeout=240)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    reference = _losses_by_step(job_and_run_dir(ref.stdout)[1])
+    res = run_cli([*submit, "--", TRAIN, *RUN_ARGS], orch_env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    folders = [
+        node_snapshot_dir(snapshot_root(), run_dir, job_id, node) for node in (0, 1)
+    ]  # the job's own, as the node entry names them
+    os.kill(rank_pid(run_dir, 1, min_step=KILL_AT), signal.SIGKILL)
+    waited = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "180"], orch_env, timeout=240)
+    logs = "\n".join(p.read_text() for p in sorted(run_dir.glob("logs/attempt_*/node_*.log")))
+    assert waited.returncode == 0, waited.stdout + waited.stderr + logs[-4000:]
+
+    [restart] = read_restarts(run_dir)
+    assert restart["in_place"] is True and restart["step"] == CKPT_EVERY, restart
+    assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
+    # Attempt 1 started from a snapshot past the shared checkpoint (step 20): the newest one every
+    # rank held when rank 1 died working on step 31 or after (rank 0 may still have been writing it).
+    start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
+    assert start["snapshot"] is True and start["step"] % SNAPSHOT_EVERY == 0, start
+    assert KILL_AT - 1 - SNAPSHOT_EVERY <= start["step"] < MAX_STEPS, start
+    loaded = json.loads((run_dir / "loaded.json").read_text())
+    assert loaded["snapshot"] == start["step"] and loaded["checkpoint"] is None, loaded
+
+    # Exact: every step of both attempts has the uninterrupted run's loss, to the bit; none before
+    # the snapshot came again.
+    seen = _losses_by_step(run_dir)
+    assert {step: set(losses) for step, losses in seen.items()} == {s: {v[0]} for s, v in reference.items()}
+    again = sorted(step for step, losses in seen.items() if len(losses) > 1)
+    assert min(again, default=start["step"] + 1) == start["step"] + 1, (start, again)
+    assert len(seen[MAX_STEPS]) == 1, again
+    print(f"[snapshots {strategy}] from step {start['step']}: {len(again)} step(s) again")
+
+    row = status_row(orch_env, job_id)
+    assert row["state"] == "COMPLETED" and row["restarts"] == 1, row
+    described = run_cli(["status", job_id], orch_env, timeout=60).stdout
+    assert f"resumed at step {start['step']} from the nodes' in-memory snapshots" in described, described
+    assert not any(folder.exists() for folder in folders), folders  # gone with the node tasks
