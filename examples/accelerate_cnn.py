@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--snapshot-every", type=int, default=0, help="steps; state into node memory (0: none)")
     args = p.parse_args()
 
     set_seed(0)
@@ -60,7 +61,9 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.9)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
-    loop = ResumableLoop(accelerator, save_every=args.save_every, max_steps=args.max_steps)  # orchestrator
+    loop = ResumableLoop(  # orchestrator
+        accelerator, save_every=args.save_every, max_steps=args.max_steps, snapshot_every=args.snapshot_every
+    )
     model.train()
     for images, labels in loop.batches(loader, epochs=args.epochs):  # orchestrator
         loss = F.cross_entropy(model(images), labels)

@@ -126,11 +126,16 @@ class ResumableLoop:
         keep_last: int = 2,
         log_every: int = 1,
         run_dir: str | os.PathLike[str] | None = None,
+        snapshot_every: int = 0,
     ) -> None:
         """``save_every``: also checkpoint every that many optimizer steps (0: only on a stop request).
-        ``max_steps``: end :meth:`batches` after that many steps (and the ETA's denominator)."""
+        ``max_steps``: end :meth:`batches` after that many steps (and the ETA's denominator).
+        ``snapshot_every``: every that many steps, each rank's state into its node's memory
+        (:mod:`orchestrator.rank.snapshots`): a restart in place resumes from there, not from the
+        shared checkpoint further back (0: none)."""
         self.accelerator = accelerator
         self.save_every = save_every
+        self.snapshots = self._snapshots(snapshot_every)
         self.max_steps = max_steps
         self.keep_last = keep_last
         self.log_every = max(1, log_every)
@@ -168,7 +173,10 @@ class ResumableLoop:
         if self.accelerator.is_main_process:
             newest = find_resumable(self.run_dir, self._warn, shards=False)
             found = (str(newest[0]), newest[1]) if newest else None
-        checked = checked_choice(self.accelerator, self.run_dir, broadcast_from_main(found), self._warn)
+        found = broadcast_from_main(found)
+        if self._restored_from_snapshot(found[1]["step"] if found else -1):
+            return
+        checked = checked_choice(self.accelerator, self.run_dir, found, self._warn)
         choice = checked[0] if checked else None
         if choice is not None:
             from orchestrator.rank.workarounds import init_fsdp1_optimizer_state
@@ -182,6 +190,35 @@ class ResumableLoop:
             self._say(f"resumed from {choice}: step {self.state.step}, epoch {self.state.epoch}")
         if self.accelerator.is_main_process:
             write_attempt_start(self.state.step, choice, HOOK, self.run_dir)
+
+    def _snapshots(self, every: int) -> Any:
+        if every <= 0:
+            return None
+        from orchestrator.rank.snapshots import Snapshots, why_not_supported
+
+        why = why_not_supported(self.accelerator)
+        if why:
+            self._say(f"snapshot_every: {why}")
+            return None
+        return Snapshots(self.accelerator, every)
+
+    def _restored_from_snapshot(self, shared_step: int) -> bool:
+        """Collective: the newest snapshot every rank holds, where it is newer than ``shared_step``."""
+        if self.snapshots is None:
+            return False
+        step = self.snapshots.common_step()
+        if step is None or step <= shared_step:
+            return False
+        failed = self.snapshots.restore(step)
+        if failed is not None:
+            self._warn(f"the in-memory snapshot of step {step} was not restored ({failed})")
+            return False
+        self.last_saved_step = shared_step
+        self._event({"event": "resume", "step": step, "checkpoint": f"in-memory snapshot of step {step}"})
+        self._say(f"resumed from the in-memory snapshot of step {step}, epoch {self.state.epoch}")
+        if self.accelerator.is_main_process:
+            write_attempt_start(step, None, HOOK, self.run_dir, snapshot=True)
+        return True
 
     # ------------------------------------------------------------------ the loop
     def batches(self, dataloader: Iterable[Any], epochs: int | None = None) -> Iterator[Any]:
@@ -234,6 +271,10 @@ class ResumableLoop:
             self._leave()
         if self.save_every and self.state.step % self.save_every == 0:
             self._save()
+        elif self.snapshots is not None and self.snapshots.due(self.state.step):
+            self._beat("checkpoint")
+            self.snapshots.save(self.state.step)
+            self._beat("data")
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:

@@ -20,6 +20,7 @@ from orchestrator.contract.snapshots import node_snapshot_dir, snapshot_root
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli, status_row
 from tests.helpers.hold import rank_pid
 from tests.helpers.run_dirs import launcher_pids, trains
+from tests.helpers.train_launch import losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
 
@@ -105,3 +106,29 @@ def test_a_restart_in_place_resumes_from_the_nodes_snapshots(
     described = run_cli(["status", job_id], orch_env, timeout=60).stdout
     assert f"resumed at step {start['step']} from the nodes' in-memory snapshots" in described, described
     assert not any(folder.exists() for folder in folders), folders  # gone with the node tasks
+
+
+LOOP = str(REPO / "examples" / "accelerate_cnn.py")
+LOOP_ARGS = ["--epochs", "1", "--max-steps", "60", "--save-every", "20", "--snapshot-every", "4"]
+
+
+def test_a_resumable_loop_restarts_from_its_snapshots(orch_env: dict[str, str]) -> None:
+    """``ResumableLoop(snapshot_every=4)`` in a user's own Accelerate loop (examples/accelerate_cnn.py,
+    a shuffled seedable loader, a prepared scheduler): the same, through the loop's own restore."""
+    submit = ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1"]
+    ref = run_cli([*submit, "--wait", "--poll", "0.5", "--", LOOP, *LOOP_ARGS], orch_env, timeout=240)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    want = losses(job_and_run_dir(ref.stdout)[1])
+    res = run_cli([*submit, "--", LOOP, *LOOP_ARGS], orch_env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    os.kill(rank_pid(run_dir, 1, min_step=KILL_AT), signal.SIGKILL)
+    waited = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "180"], orch_env, timeout=240)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    [restart] = read_restarts(run_dir)
+    start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
+    assert restart["in_place"] is True and restart["step"] == 20, restart
+    assert start["snapshot"] is True and start["hook"] == "accelerate", start
+    assert KILL_AT - 1 - 4 <= start["step"] < 60 and start["step"] % 4 == 0, start
+    got = losses(run_dir)
+    assert sorted(got) == list(range(1, 61)) and got == want, [s for s in want if got.get(s) != want[s]]
