@@ -19,9 +19,11 @@ alone, with no collective: the tensors as they lie in memory, in parameter order
 
 Restoring is collective: every rank lists its snapshots, the ranks take the newest step all of them
 hold (:func:`orchestrator.contract.snapshots.newest_common_step`), and that step is used only where it
-is newer than the shared checkpoint chosen anyway; each rank then copies its tensors back into the
-live parameters and optimizer state and tells the others whether it could (a shape that does not
-match: every rank falls back to the shared checkpoint). DeepSpeed is left out: its engine keeps the
+is newer than the shared checkpoint chosen anyway; each rank reads its file and checks it against the
+live objects (counts, shapes, dtypes) and tells the others; only when every rank's fits does each copy
+its tensors back into the live parameters and optimizer state. One that does not (a file that cannot
+be read) leaves every rank as it was, and they resume from the shared checkpoint: a rank restored
+alone would train from another state than its peers. DeepSpeed is left out: its engine keeps the
 state in partitions of its own, which its own checkpoint code reads and writes.
 """
 
@@ -108,19 +110,24 @@ class Snapshots:
 
     def restore(self, step: int) -> str | None:
         """Collective: every rank restores its snapshot of ``step``. None when all did, else why not
-        (the first failing rank's words; every rank then resumes from the shared checkpoint)."""
+        (the first failing rank's words), and then no rank changed anything: each reads and checks
+        its snapshot first, and writes into the live state only once every rank's fits."""
         why: str | None = None
+        state: dict[str, Any] = {}
         try:
             import torch
 
             path = snapshot_file(self.folder, self.world, self.rank, step)
             state = torch.load(path, map_location="cpu", weights_only=False)  # our own file, 0700
-            why = _restore(self.accelerator, state, step, self.world)
+            why = _misfit(self.accelerator, state, step, self.world)
         except Exception as exc:  # every rank must answer, or the others wait at the gather forever
             why = f"{type(exc).__name__}: {exc}"
         answers = _gathered(self.accelerator, None if why is None else f"rank {self.rank}: {why}")
         failed = [a for a in answers if a is not None]
-        return failed[0] if failed else None
+        if failed:
+            return failed[0]
+        _apply(self.accelerator, state)
+        return None
 
 
 def _gathered(accelerator: Any, value: Any) -> list[Any]:
@@ -198,11 +205,8 @@ def _state_of(accelerator: Any, step: int, world: int) -> dict[str, Any]:
     }
 
 
-def _restore(accelerator: Any, state: dict[str, Any], step: int, world: int) -> str | None:
-    """Everything back into place, or why not; a snapshot that does not fit changes nothing."""
-    problem = _misfit(accelerator, state, step, world)
-    if problem:
-        return problem
+def _apply(accelerator: Any, state: dict[str, Any]) -> None:
+    """Everything back into place (a snapshot :func:`_misfit` found fitting)."""
     import numpy as np
     import torch
 
@@ -232,7 +236,6 @@ def _restore(accelerator: Any, state: dict[str, Any], step: int, world: int) -> 
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return None
 
 
 def _live_local(tensor: Any) -> Any:

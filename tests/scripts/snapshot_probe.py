@@ -1,0 +1,110 @@
+"""Run by tests/rank/test_snapshots.py under torchrun (2 ranks, FSDP2 through Accelerate on CPU): the
+tiny model, AdamW and an LR schedule; an in-memory snapshot of step 3 (``orchestrator.rank.snapshots``)
+into ``$ORCHESTRATOR_SNAPSHOT_DIR``, then steps 4 and 5, then a restore of step 3 in the same processes.
+
+``fit OUT``: the restore is taken; ``corrupt OUT``: rank 1's snapshot file is cut short first, and the
+restore must be refused on both ranks with nothing changed on either. ``result_<rank>.json`` says the
+step found, the refusal, whether the state equals step 3's (or step 5's, untouched), and step 4's loss
+the first time and once more after the restore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orchestrator.contract.snapshots import snapshot_file
+from orchestrator.rank import workarounds
+from orchestrator.rank.run_script import leave
+from orchestrator.rank.snapshots import Snapshots
+from train.model import build_model
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
+
+
+def tensors(model: Any, opt: Any) -> dict:
+    inner = opt.optimizer
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {
+        "params": {n: local(p) for n, p in model.named_parameters()},
+        "state": {names[id(p)]: {k: local(v) for k, v in st.items()} for p, st in inner.state.items()},
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups],
+    }
+
+
+def same(a: dict, b: dict) -> bool:
+    return (
+        a["params"].keys() == b["params"].keys()
+        and all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
+        and a["state"].keys() == b["state"].keys()
+        and all(
+            a["state"][n].keys() == b["state"][n].keys()
+            and all(torch.equal(a["state"][n][k], b["state"][n][k]) for k in a["state"][n])
+            for n in a["state"]
+        )
+        and a["groups"] == b["groups"]
+    )
+
+
+def step(acc: Any, model: Any, opt: Any, sched: Any, n: int) -> float:
+    g = torch.Generator().manual_seed(1000 * n + acc.process_index)
+    noise = float(torch.rand(()))  # the global RNG: a restore that misses it changes the loss
+    out = model(torch.randint(0, 256, (2, 16), generator=g))
+    loss = (out[0] if isinstance(out, tuple) else out).float().pow(2).mean() * (1 + noise)
+    acc.backward(loss)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    return float(loss.detach())
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    from accelerate import Accelerator
+
+    pending = workarounds.before_accelerator()
+    acc = Accelerator()
+    workarounds.after_accelerator(acc, pending)
+    model = workarounds.wrap_model(acc, build_model("tiny"), pending)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    model, opt, sched = acc.prepare(model, opt, sched)
+    acc.register_for_checkpointing(sched)
+    rank = acc.process_index
+    snaps = Snapshots(acc, every=3)
+    losses = {n: step(acc, model, opt, sched, n) for n in (1, 2, 3)}
+    snaps.save(3)
+    at_3 = tensors(model, opt)
+    epochs = {3: sched.state_dict()["last_epoch"]}
+    losses.update({n: step(acc, model, opt, sched, n) for n in (4, 5)})
+    at_5 = tensors(model, opt)
+    epochs[5] = sched.state_dict()["last_epoch"]
+    if mode == "corrupt" and rank == 1:
+        path = snapshot_file(Path(os.environ["ORCHESTRATOR_SNAPSHOT_DIR"]), 2, 1, 3)
+        path.write_bytes(path.read_bytes()[:100])
+    torch.distributed.barrier()
+    common = snaps.common_step()
+    refused = snaps.restore(common) if common is not None else "no common step"
+    result = {
+        "common": common,
+        "refused": refused,
+        "equals_step_3": same(tensors(model, opt), at_3),
+        "equals_step_5": same(tensors(model, opt), at_5),
+        "sched_is_step": next((n for n, e in epochs.items() if e == sched.state_dict()["last_epoch"]), None),
+        "loss_4": losses[4],
+        "loss_4_again": step(acc, model, opt, sched, 4) if refused is None else None,
+    }
+    (out / f"result_{rank}.json").write_text(json.dumps(result))
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main()
+    leave(0)  # as every rank the product starts: no gloo teardown at the interpreter's exit
