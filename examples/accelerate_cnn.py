@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--snapshot-every", type=int, default=0, help="steps; state into node memory (0: none)")
+    p.add_argument("--memory-ckpt-every", type=int, default=0, help="steps; state into node memory (0: none)")
     args = p.parse_args()
 
     set_seed(0)
@@ -62,7 +62,10 @@ def main() -> None:
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
     loop = ResumableLoop(  # orchestrator
-        accelerator, save_every=args.save_every, max_steps=args.max_steps, snapshot_every=args.snapshot_every
+        accelerator,
+        save_every=args.save_every,
+        max_steps=args.max_steps,
+        memory_ckpt_every=args.memory_ckpt_every,
     )
     model.train()
     for images, labels in loop.batches(loader, epochs=args.epochs):  # orchestrator

@@ -425,7 +425,7 @@ REPEATED_NAMES: dict[str, str] = {
     "query": "schedulers/query is the interface's records; schedulers/slurm/query Slurm's answers",
     "scheduler": "each scheduler package's implementation of the interface",
     "schema": "config/profile/schema checks profiles; registry/schema is the SQLite schema",
-    "snapshots": "contract/snapshots names a node's snapshot folder and files; rank/snapshots writes and reads them",
+    "memory_checkpoints": "contract/ names a node's folder and files; rank/ writes and reads them",
 }
 
 

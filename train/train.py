@@ -54,7 +54,7 @@ from orchestrator.rank import selfcheck
 from orchestrator.rank import workarounds as accelerate_workarounds
 from orchestrator.rank.checkpoint_io import checked_choice
 from orchestrator.rank.loop import fix_ddp_buckets
-from orchestrator.rank.snapshots import Snapshots, why_not_supported
+from orchestrator.rank.memory_checkpoints import MemoryCheckpoints, why_not_supported
 from train import checkpointing, deepspeed_zero
 from train.checksum import MAX_PARAMS_FOR_CHECKSUM
 from train.checksum import checksums as _checksums
@@ -107,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-last", type=int, default=2)
     p.add_argument("--async-ckpt", action="store_true")
     p.add_argument(
-        "--snapshot-every",
+        "--memory-ckpt-every",
         type=int,
         default=0,
         help="steps; each rank's state into node memory, for restarts in place; 0: none",
@@ -371,34 +371,35 @@ def main(argv: list[str] | None = None) -> int:
         choice = [(str(found_ckpt[0]), found_ckpt[1]) if found_ckpt else None]
     if world > 1:
         dist.broadcast_object_list(choice, src=0)
-    snapshots = None
-    if args.snapshot_every > 0:
+    memory_ckpts = None
+    if args.memory_ckpt_every > 0:
         unsupported = why_not_supported(accelerator)
         if unsupported:
-            warn(f"note: --snapshot-every: {unsupported}")
+            warn(f"note: --memory-ckpt-every: {unsupported}")
         else:
-            snapshots = Snapshots(accelerator, args.snapshot_every)
-    from_snapshot = None
-    if snapshots is not None and args.resume == "auto":
-        # Newer than the shared checkpoint, and held by every rank: a restart in place (same nodes).
+            memory_ckpts = MemoryCheckpoints(accelerator, args.memory_ckpt_every)
+    from_memory = None
+    if memory_ckpts is not None and args.resume == "auto":
+        # Held by every rank (a restart in place: the same nodes) and as new as the shared checkpoint
+        # or newer: the same step is read from memory, not from the shared file system.
         shared_step = int(choice[0][1].get("step", -1)) if choice[0] is not None else -1
         t0 = time.monotonic()
-        common = snapshots.common_step()
-        if common is not None and common > shared_step:
-            failed = snapshots.restore(common)
+        common = memory_ckpts.common_step()
+        if common is not None and common >= shared_step:
+            failed = memory_ckpts.restore(common)
             if failed is None:
-                from_snapshot = (common, time.monotonic() - t0)
+                from_memory = (common, time.monotonic() - t0)
             else:
-                warn(f"warning: the in-memory snapshot of step {common} was not restored ({failed})")
-    if args.resume == "auto" and choice[0] is not None and from_snapshot is None:
+                warn(f"warning: the memory checkpoint of step {common} was not restored ({failed})")
+    if args.resume == "auto" and choice[0] is not None and from_memory is None:
         choice = [checked_choice(accelerator, run_dir, choice[0], warn)]  # every rank: its own shards
     last_saved_step = -1
     if choice[0] is not None and choice[0][0] == "invalid":
         return 2
-    if from_snapshot is not None:
+    if from_memory is not None:
         # The shared checkpoint (older) stays the one a stop would not save again.
         last_saved_step = int(choice[0][1].get("step", -1)) if choice[0] is not None else -1
-        _resumed_from_snapshot(accelerator, run_dir, metrics, model, optimizer, num_params, *from_snapshot)
+        _resumed_from_memory(accelerator, run_dir, metrics, model, optimizer, num_params, *from_memory)
     elif choice[0] is not None:
         folder, marker = Path(choice[0][0]), choice[0][1]
         refusal = deepspeed_zero.resume_problem(marker, strategy, world)
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         train_state.world_size = world
         train_state.strategy = strategy
         train_state.fsdp_version = fsdp_version
-    if accelerator.is_main_process and from_snapshot is None:
+    if accelerator.is_main_process and from_memory is None:
         write_attempt_start(
             train_state.step, choice[0][0] if choice[0] is not None else None, "train", run_dir
         )
@@ -569,13 +570,15 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.eval_every and step % args.eval_every == 0:
             metrics.eval(step, evaluate(accelerator, model, batcher, args.eval_batches))
+        if memory_ckpts is not None and memory_ckpts.due(step):
+            # Before a shared checkpoint of the same step: once that one is complete, every rank
+            # holds this one too, and a restart in place never goes back further than the shared one.
+            beat(step, "checkpoint")
+            memory_ckpts.save(step)
+            if step == memory_ckpts.every or step % (10 * memory_ckpts.every) == 0:
+                metrics.say(f"memory checkpoint step {step}: {memory_ckpts.last_seconds:.3f}s")
         if args.ckpt_every and step % args.ckpt_every == 0:
             save_checkpoint(step)
-        elif snapshots is not None and snapshots.due(step):
-            beat(step, "checkpoint")
-            snapshots.save(step)
-            if step == snapshots.every or step % (10 * snapshots.every) == 0:
-                metrics.say(f"in-memory snapshot step {step}: {snapshots.last_seconds:.3f}s")
 
     step = train_state.step
     if stop_reason == "signal":
@@ -625,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def _resumed_from_snapshot(
+def _resumed_from_memory(
     accelerator: Accelerator,
     run_dir: Path,
     metrics: Metrics,
@@ -638,13 +641,13 @@ def _resumed_from_snapshot(
     """Says so as a shared checkpoint's resume does: ``loaded.json``, the metrics, the start record."""
     sums = checksums(model, optimizer, num_params)
     if accelerator.is_main_process:
-        label = f"in-memory snapshot of step {step}"
+        label = f"memory checkpoint of step {step}"
         write_json(
             run_dir / "loaded.json",
             {
                 "step": step,
                 "checkpoint": None,
-                "snapshot": step,
+                "memory_checkpoint": step,
                 "world_size": accelerator.num_processes,
                 "load_s": seconds,
                 **sums,
@@ -652,7 +655,7 @@ def _resumed_from_snapshot(
         )
         metrics.resume(step, label)
         print(f"resumed from the {label} in {seconds:.2f}s", flush=True)
-        write_attempt_start(step, None, "train", run_dir, snapshot=True)
+        write_attempt_start(step, None, "train", run_dir, memory=True)
 
 
 if __name__ == "__main__":

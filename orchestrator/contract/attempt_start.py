@@ -26,11 +26,11 @@ NO_HOOK = "restarted from step 0: the script has no checkpoint hook"
 
 
 def write_attempt_start(
-    step: int, checkpoint: str | None, hook: str, run_dir: Path | None = None, snapshot: bool = False
+    step: int, checkpoint: str | None, hook: str, run_dir: Path | None = None, memory: bool = False
 ) -> None:
     """Rank 0, after restoring. The attempt comes from ``ORCHESTRATOR_ATTEMPT`` (set by the node entry);
-    outside a job (no run directory or attempt in the environment) nothing is written. ``snapshot``:
-    restored from the ranks' in-memory snapshots of ``step`` (``contract/snapshots.py``), not a file
+    outside a job (no run directory or attempt in the environment) nothing is written. ``memory``:
+    restored from the ranks' memory checkpoints of ``step`` (``contract/memory_checkpoints.py``), not a file
     of the run directory; ``checkpoint`` then names what a reader shows."""
     attempt = os.environ.get(ATTEMPT_ENV, "")
     root = run_dir or (Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None)
@@ -39,8 +39,8 @@ def write_attempt_start(
     folder = attempt_dir(root, int(attempt))
     folder.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"step": step, "checkpoint": checkpoint, "hook": hook}
-    if snapshot:
-        record.update(checkpoint=f"in-memory snapshot of step {step}", snapshot=True)
+    if memory:
+        record.update(checkpoint=f"memory checkpoint of step {step}", memory=True)
     write_json_atomic(folder / ATTEMPT_START_FILE, record)
 
 
@@ -55,8 +55,8 @@ def describe_start(run_dir: Path, attempt: int, first_attempt: int) -> str | Non
     if record is None:
         return None if attempt <= first_attempt else NO_HOOK
     step, checkpoint = record.get("step"), record.get("checkpoint")
-    if record.get("snapshot") is True:
-        return f"resumed at step {step} from the nodes' in-memory snapshots ({record.get('hook', '?')} hook)"
+    if record.get("memory") is True:
+        return f"resumed at step {step} from the nodes' memory checkpoints ({record.get('hook', '?')} hook)"
     if checkpoint:
         return f"resumed at step {step} from {Path(str(checkpoint)).name} ({record.get('hook', '?')} hook)"
     if attempt <= first_attempt:

@@ -50,9 +50,9 @@ CONTAINER_REPORT_ENV = "ORCHESTRATOR_CONTAINER_REPORT"
 #: (``contract.in_place.next_attempt_file``) instead of ending its task. A profile's ``env`` setting
 #: it to "0" turns restarts in place off (every restart a new step, as before).
 RESTART_IN_PLACE_ENV = "ORCHESTRATOR_RESTART_IN_PLACE"
-#: The folder where this node's ranks keep their in-memory snapshots (``contract/snapshots.py``); the
+#: The folder where this node's ranks keep their memory checkpoints (``contract/memory_checkpoints.py``); the
 #: node entry sets it for every rank and removes the folder when its task ends.
-SNAPSHOT_DIR_ENV = "ORCHESTRATOR_SNAPSHOT_DIR"
+MEMORY_CKPT_DIR_ENV = "ORCHESTRATOR_MEMORY_CKPT_DIR"
 #: Where the node entry makes that folder; a profile's ``env`` may set it (a node whose ``/dev/shm``
 #: is small: a local disk). Default ``/dev/shm``, or the temp folder where that is missing.
-SNAPSHOT_ROOT_ENV = "ORCHESTRATOR_SNAPSHOT_ROOT"
+MEMORY_CKPT_ROOT_ENV = "ORCHESTRATOR_MEMORY_CKPT_ROOT"

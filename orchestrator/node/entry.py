@@ -34,12 +34,12 @@ from orchestrator.contract.env import (
     FSDP_VERSION_ENV,
     JOB_ID_ENV,
     LAUNCHER_ENV,
+    MEMORY_CKPT_DIR_ENV,
     NODE_RANK_ENV,
     PROCS_PER_NODE_ENV,
     RUN_DIR_ENV,
     RUN_NAME_ENV,
     SCRIPT_HOOKS_ENV,
-    SNAPSHOT_DIR_ENV,
     STRATEGY_ENV,
 )
 from orchestrator.contract.errors import RunFailure
@@ -152,7 +152,7 @@ def training_environment(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    env[SNAPSHOT_DIR_ENV] = str(in_place.snapshot_folder(run_dir, node.job_id, node.node_rank, env))
+    env[MEMORY_CKPT_DIR_ENV] = str(in_place.memory_ckpt_folder(run_dir, node.job_id, node.node_rank, env))
     return env
 
 
@@ -429,7 +429,7 @@ class NodeTask:
         run_alive.hold(run_dir)
         # First of all, so that its imports overlap the plan's and the config rendering.
         prewarmed = PrewarmedLauncher()
-        snapshots: Path | None = None
+        memory_ckpts: Path | None = None
         try:
             from orchestrator.config.plan import LaunchPlan
             from orchestrator.schedulers import get_scheduler
@@ -444,8 +444,10 @@ class NodeTask:
                 # The batch step left a lost node out (on_node_loss: shrink): this step's node count.
                 plan = dataclasses.replace(plan, nodes=node.shrunk_to)
             node.begin(run_dir, attempt)
-            snapshots = in_place.snapshot_folder(run_dir, node.job_id, node.node_rank, _profile_env(plan))
-            in_place.clear_snapshots(snapshots)
+            memory_ckpts = in_place.memory_ckpt_folder(
+                run_dir, node.job_id, node.node_rank, _profile_env(plan)
+            )
+            in_place.clear_memory_ckpts(memory_ckpts)
             code = run_node(plan, run_dir, node, attempt, prewarmed)
             while prewarmed.kept is not None:  # a restart in place (orchestrator.node.restart_in_place)
                 node.decide_in_place(plan, run_dir, attempt, NOTED_SIGNALS)  # local: node 0 decides
@@ -458,8 +460,8 @@ class NodeTask:
                 code = run_node(plan, run_dir, node, attempt, prewarmed)
         finally:
             prewarmed.release()
-            if snapshots is not None:
-                in_place.clear_snapshots(snapshots)
+            if memory_ckpts is not None:
+                in_place.clear_memory_ckpts(memory_ckpts)
         handed_over = node.finish(plan, run_dir, attempt, code)
         if code not in (0, EXIT_REQUEUE) or (code == EXIT_REQUEUE and node.is_first_node and not handed_over):
             # The task exits 1, so the scheduler says FAILED (or, at a requeue, Slurm's requeue and

@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.contract.in_place import next_attempt_file
+from orchestrator.contract.memory_checkpoints import memory_ckpt_root, node_memory_ckpt_dir
 from orchestrator.contract.run_dir import node_log_file
 from orchestrator.contract.shared_fs import read_json_listed
-from orchestrator.contract.snapshots import node_snapshot_dir, snapshot_root
 
 #: How long a node with a kept launcher waits for the batch step's word. The batch step answers
 #: within a second or two (it asks Slurm whether the job was cancelled, reads the attempt's logs); a
@@ -70,13 +70,13 @@ def _say(attempt_path: Path, node: int, line: str) -> None:
         log.write(f"[orchestrator node] {line}\n")
 
 
-def snapshot_folder(run_dir: Path, job_id: str, node_rank: int, environ: Mapping[str, str]) -> Path:
-    """The folder this node's ranks keep their in-memory snapshots in (``contract/snapshots.py``):
+def memory_ckpt_folder(run_dir: Path, job_id: str, node_rank: int, environ: Mapping[str, str]) -> Path:
+    """The folder this node's ranks keep their memory checkpoints in (``contract/memory_checkpoints.py``):
     ``environ`` is the ranks' environment (a profile's ``env`` may choose the root)."""
-    return node_snapshot_dir(snapshot_root(dict(environ)), run_dir, job_id, node_rank)
+    return node_memory_ckpt_dir(memory_ckpt_root(dict(environ)), run_dir, job_id, node_rank)
 
 
-def clear_snapshots(folder: Path) -> None:
-    """The node task's snapshots go with it: at its start (a task killed before it could clear them
+def clear_memory_ckpts(folder: Path) -> None:
+    """The node task's memory checkpoints go with it: at its start (a task killed before it could clear them
     left them behind) and at its end (they fill memory, ``/dev/shm``, until the node reboots)."""
     shutil.rmtree(folder, ignore_errors=True)

@@ -126,16 +126,16 @@ class ResumableLoop:
         keep_last: int = 2,
         log_every: int = 1,
         run_dir: str | os.PathLike[str] | None = None,
-        snapshot_every: int = 0,
+        memory_ckpt_every: int = 0,
     ) -> None:
         """``save_every``: also checkpoint every that many optimizer steps (0: only on a stop request).
         ``max_steps``: end :meth:`batches` after that many steps (and the ETA's denominator).
-        ``snapshot_every``: every that many steps, each rank's state into its node's memory
-        (:mod:`orchestrator.rank.snapshots`): a restart in place resumes from there, not from the
+        ``memory_ckpt_every``: every that many steps, each rank's state into its node's memory
+        (:mod:`orchestrator.rank.memory_checkpoints`): a restart in place resumes from there, not from the
         shared checkpoint further back (0: none)."""
         self.accelerator = accelerator
         self.save_every = save_every
-        self.snapshots = self._snapshots(snapshot_every)
+        self.memory_ckpts = self._memory_ckpts(memory_ckpt_every)
         self.max_steps = max_steps
         self.keep_last = keep_last
         self.log_every = max(1, log_every)
@@ -174,7 +174,7 @@ class ResumableLoop:
             newest = find_resumable(self.run_dir, self._warn, shards=False)
             found = (str(newest[0]), newest[1]) if newest else None
         found = broadcast_from_main(found)
-        if self._restored_from_snapshot(found[1]["step"] if found else -1):
+        if self._restored_from_memory(found[1]["step"] if found else -1):
             return
         checked = checked_choice(self.accelerator, self.run_dir, found, self._warn)
         choice = checked[0] if checked else None
@@ -191,33 +191,34 @@ class ResumableLoop:
         if self.accelerator.is_main_process:
             write_attempt_start(self.state.step, choice, HOOK, self.run_dir)
 
-    def _snapshots(self, every: int) -> Any:
+    def _memory_ckpts(self, every: int) -> Any:
         if every <= 0:
             return None
-        from orchestrator.rank.snapshots import Snapshots, why_not_supported
+        from orchestrator.rank.memory_checkpoints import MemoryCheckpoints, why_not_supported
 
         why = why_not_supported(self.accelerator)
         if why:
-            self._say(f"snapshot_every: {why}")
+            self._say(f"memory_ckpt_every: {why}")
             return None
-        return Snapshots(self.accelerator, every)
+        return MemoryCheckpoints(self.accelerator, every)
 
-    def _restored_from_snapshot(self, shared_step: int) -> bool:
-        """Collective: the newest snapshot every rank holds, where it is newer than ``shared_step``."""
-        if self.snapshots is None:
+    def _restored_from_memory(self, shared_step: int) -> bool:
+        """Collective: restores the newest memory checkpoint every rank holds, where it is as new as
+        ``shared_step`` or newer; False where there is none or it could not be restored."""
+        if self.memory_ckpts is None:
             return False
-        step = self.snapshots.common_step()
-        if step is None or step <= shared_step:
+        step = self.memory_ckpts.common_step()
+        if step is None or step < shared_step:
             return False
-        failed = self.snapshots.restore(step)
+        failed = self.memory_ckpts.restore(step)
         if failed is not None:
-            self._warn(f"the in-memory snapshot of step {step} was not restored ({failed})")
+            self._warn(f"the memory checkpoint of step {step} was not restored ({failed})")
             return False
         self.last_saved_step = shared_step
-        self._event({"event": "resume", "step": step, "checkpoint": f"in-memory snapshot of step {step}"})
-        self._say(f"resumed from the in-memory snapshot of step {step}, epoch {self.state.epoch}")
+        self._event({"event": "resume", "step": step, "checkpoint": f"memory checkpoint of step {step}"})
+        self._say(f"resumed from the memory checkpoint of step {step}, epoch {self.state.epoch}")
         if self.accelerator.is_main_process:
-            write_attempt_start(step, None, HOOK, self.run_dir, snapshot=True)
+            write_attempt_start(step, None, HOOK, self.run_dir, memory=True)
         return True
 
     # ------------------------------------------------------------------ the loop
@@ -269,12 +270,12 @@ class ResumableLoop:
         if self.stop.agreed():
             self._save()
             self._leave()
+        if self.memory_ckpts is not None and self.memory_ckpts.due(self.state.step):
+            self._beat("checkpoint")  # before a shared save of the same step, as train/ does
+            self.memory_ckpts.save(self.state.step)
+            self._beat("data")
         if self.save_every and self.state.step % self.save_every == 0:
             self._save()
-        elif self.snapshots is not None and self.snapshots.due(self.state.step):
-            self._beat("checkpoint")
-            self.snapshots.save(self.state.step)
-            self._beat("data")
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:

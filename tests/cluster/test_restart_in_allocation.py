@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.contract.memory_checkpoints import memory_ckpt_root, node_memory_ckpt_dir
 from orchestrator.contract.restarts import read_restarts
-from orchestrator.contract.snapshots import node_snapshot_dir, snapshot_root
 from orchestrator.registry.store import Registry
 from orchestrator.rundir.summary import iter_metrics
 from tests.helpers.cli import REPO, kill_tree, poll, run_cli, sacct_state, user_profile_dir
@@ -193,19 +193,19 @@ def test_a_killed_rank_trains_again_in_the_same_job(
     assert not differ, differ
 
 
-def test_a_restart_in_place_resumes_from_the_nodes_in_memory_snapshots(
+def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
     env: dict[str, str], reference: Reference, tmp_path: Path
 ) -> None:
-    """``--snapshot-every 2``: each rank's state in its node's memory every 2 steps; the restart in
-    place after a ``kill -9`` starts from the newest snapshot every rank holds, past the shared
-    checkpoint, bit-equal to the uninterrupted run; the nodes' snapshot folders go with the job."""
+    """``--memory-ckpt-every 2``: each rank's state in its node's memory every 2 steps; the restart in
+    place after a ``kill -9`` starts from the newest memory checkpoint every rank holds, bit-equal to
+    the uninterrupted run; the nodes' folders of them go with the job."""
     profiles = user_profile_dir(tmp_path, max_restarts=3)
     job_id, run_dir = submitted(
         env,
         ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS,
-         "--snapshot-every", "2"],
+         "--memory-ckpt-every", "2"],
     )  # fmt: skip
-    folders = [node_snapshot_dir(snapshot_root(), run_dir, job_id, node) for node in (0, 1)]
+    folders = [node_memory_ckpt_dir(memory_ckpt_root(), run_dir, job_id, node) for node in (0, 1)]
     try:
         os.kill(rank_pid(run_dir, 1, min_step=CKPT_EVERY + 5), signal.SIGKILL)
         wait_for_job_state(job_id, "COMPLETED", timeout=300)
@@ -214,9 +214,9 @@ def test_a_restart_in_place_resumes_from_the_nodes_in_memory_snapshots(
     [restart] = read_restarts(run_dir)
     assert restart["in_place"] is True and restart["step"] >= CKPT_EVERY, restart
     start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
-    # Rank 1 died working on step 15 or later: every rank held the snapshot of step 12 or later.
-    assert start["snapshot"] is True and start["step"] >= CKPT_EVERY + 2, (start, restart)
-    assert start["step"] > restart["step"] and start["step"] % 2 == 0, (start, restart)
+    # Rank 1 died working on step 15 or later: every rank held the memory checkpoint of step 12 or later.
+    assert start["memory"] is True and start["step"] >= CKPT_EVERY + 2, (start, restart)
+    assert start["step"] >= restart["step"] and start["step"] % 2 == 0, (start, restart)
     assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
     final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, reference.run_dir()))
     for key in ("step", "loss", "param_checksum", "optim_checksum"):
@@ -227,7 +227,10 @@ def test_a_restart_in_place_resumes_from_the_nodes_in_memory_snapshots(
     again = sorted({step for step, _ in logged if [s for s, _ in logged].count(step) > 1})
     assert min(again, default=start["step"] + 1) == start["step"] + 1, (start, again)
     assert not any(folder.exists() for folder in folders), folders
-    print(f"[snapshots] restart in place from step {start['step']} (shared checkpoint: {restart['step']})")
+    print(
+        f"[memory checkpoints] restart in place from step {start['step']} "
+        f"(shared checkpoint: {restart['step']})"
+    )
 
 
 def test_a_hung_rank_is_restarted_in_place_after_its_stacks_are_saved(

@@ -1,10 +1,10 @@
-"""In-memory snapshots (``train/ --snapshot-every``): a restart in place resumes from the newest step
+"""Memory checkpoints (``train/ --memory-ckpt-every``): a restart in place resumes from the newest step
 every rank holds in node memory, not from the shared checkpoint many steps back.
 
 Real local jobs through ``orchestrator submit``: two simulated nodes of one process each, real gloo, a
-real SIGKILL of rank 1; the restarted attempt starts at a snapshot's step past the newest shared
+real SIGKILL of rank 1; the restarted attempt starts at a memory checkpoint's step past the newest shared
 checkpoint and re-trains only the steps after it, each with the loss the first attempt logged for it,
-to the bit; the node's snapshot folder is gone once the job has ended."""
+to the bit; the node's memory checkpoint folder is gone once the job has ended."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.contract.memory_checkpoints import memory_ckpt_root, node_memory_ckpt_dir
 from orchestrator.contract.restarts import read_restarts
-from orchestrator.contract.snapshots import node_snapshot_dir, snapshot_root
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli, status_row
 from tests.helpers.hold import rank_pid
 from tests.helpers.run_dirs import launcher_pids, trains
@@ -25,7 +25,7 @@ from tests.helpers.train_launch import losses
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("reap_local_jobs")]
 
 TRAIN = str(REPO / "train" / "train.py")
-CKPT_EVERY, SNAPSHOT_EVERY, KILL_AT, MAX_STEPS = 20, 4, 31, 60
+CKPT_EVERY, MEMORY_CKPT_EVERY, KILL_AT, MAX_STEPS = 20, 4, 31, 60
 RUN_ARGS = [
     *("--preset", "tiny", "--data", "synthetic", "--batch-size", "4", "--seq-len", "64", "--log-every", "1"),
     *(
@@ -33,8 +33,8 @@ RUN_ARGS = [
         str(MAX_STEPS),
         "--ckpt-every",
         str(CKPT_EVERY),
-        "--snapshot-every",
-        str(SNAPSHOT_EVERY),
+        "--memory-ckpt-every",
+        str(MEMORY_CKPT_EVERY),
     ),
 ]
 
@@ -49,7 +49,7 @@ def _losses_by_step(run_dir: Path) -> dict[int, list[float]]:
 @pytest.mark.parametrize(
     "strategy", ["ddp", "full_shard", pytest.param("shard_grad_op", id="shard_grad_op-fsdp1")]
 )
-def test_a_restart_in_place_resumes_from_the_nodes_snapshots(
+def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
     orch_env: dict[str, str], tmp_path: Path, strategy: str
 ) -> None:
     extra = ["--fsdp-version", "1"] if strategy == "shard_grad_op" else []
@@ -74,7 +74,7 @@ def test_a_restart_in_place_resumes_from_the_nodes_snapshots(
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
     folders = [
-        node_snapshot_dir(snapshot_root(), run_dir, job_id, node) for node in (0, 1)
+        node_memory_ckpt_dir(memory_ckpt_root(), run_dir, job_id, node) for node in (0, 1)
     ]  # the job's own, as the node entry names them
     os.kill(rank_pid(run_dir, 1, min_step=KILL_AT), signal.SIGKILL)
     waited = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "180"], orch_env, timeout=240)
@@ -82,38 +82,39 @@ def test_a_restart_in_place_resumes_from_the_nodes_snapshots(
     assert waited.returncode == 0, waited.stdout + waited.stderr + logs[-4000:]
 
     [restart] = read_restarts(run_dir)
-    assert restart["in_place"] is True and restart["step"] == CKPT_EVERY, restart
+    assert restart["in_place"] is True and restart["step"] % CKPT_EVERY == 0, restart
     assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
-    # Attempt 1 started from a snapshot past the shared checkpoint (step 20): the newest one every
-    # rank held when rank 1 died working on step 31 or after (rank 0 may still have been writing it).
+    # Attempt 1 started from the newest memory checkpoint every rank held when rank 1 died working on
+    # step 31 or later (rank 0 may still have been writing the newest), never older than the shared
+    # checkpoint (a memory checkpoint is taken before a shared one of the same step).
     start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
-    assert start["snapshot"] is True and start["step"] % SNAPSHOT_EVERY == 0, start
-    assert KILL_AT - 1 - SNAPSHOT_EVERY <= start["step"] < MAX_STEPS, start
+    assert start["memory"] is True and start["step"] % MEMORY_CKPT_EVERY == 0, start
+    assert max(KILL_AT - 1 - MEMORY_CKPT_EVERY, restart["step"]) <= start["step"] < MAX_STEPS, start
     loaded = json.loads((run_dir / "loaded.json").read_text())
-    assert loaded["snapshot"] == start["step"] and loaded["checkpoint"] is None, loaded
+    assert loaded["memory_checkpoint"] == start["step"] and loaded["checkpoint"] is None, loaded
 
     # Exact: every step of both attempts has the uninterrupted run's loss, to the bit; none before
-    # the snapshot came again.
+    # the memory checkpoint came again.
     seen = _losses_by_step(run_dir)
     assert {step: set(losses) for step, losses in seen.items()} == {s: {v[0]} for s, v in reference.items()}
     again = sorted(step for step, losses in seen.items() if len(losses) > 1)
     assert min(again, default=start["step"] + 1) == start["step"] + 1, (start, again)
     assert len(seen[MAX_STEPS]) == 1, again
-    print(f"[snapshots {strategy}] from step {start['step']}: {len(again)} step(s) again")
+    print(f"[memory_checkpoints {strategy}] from step {start['step']}: {len(again)} step(s) again")
 
     row = status_row(orch_env, job_id)
     assert row["state"] == "COMPLETED" and row["restarts"] == 1, row
     described = run_cli(["status", job_id], orch_env, timeout=60).stdout
-    assert f"resumed at step {start['step']} from the nodes' in-memory snapshots" in described, described
+    assert f"resumed at step {start['step']} from the nodes' memory checkpoints" in described, described
     assert not any(folder.exists() for folder in folders), folders  # gone with the node tasks
 
 
 LOOP = str(REPO / "examples" / "accelerate_cnn.py")
-LOOP_ARGS = ["--epochs", "1", "--max-steps", "60", "--save-every", "20", "--snapshot-every", "4"]
+LOOP_ARGS = ["--epochs", "1", "--max-steps", "60", "--save-every", "20", "--memory-ckpt-every", "4"]
 
 
-def test_a_resumable_loop_restarts_from_its_snapshots(orch_env: dict[str, str]) -> None:
-    """``ResumableLoop(snapshot_every=4)`` in a user's own Accelerate loop (examples/accelerate_cnn.py,
+def test_a_resumable_loop_restarts_from_its_memory_checkpoints(orch_env: dict[str, str]) -> None:
+    """``ResumableLoop(memory_ckpt_every=4)`` in a user's own Accelerate loop (examples/accelerate_cnn.py,
     a shuffled seedable loader, a prepared scheduler): the same, through the loop's own restore."""
     submit = ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1"]
     ref = run_cli([*submit, "--wait", "--poll", "0.5", "--", LOOP, *LOOP_ARGS], orch_env, timeout=240)
@@ -127,8 +128,8 @@ def test_a_resumable_loop_restarts_from_its_snapshots(orch_env: dict[str, str]) 
     assert waited.returncode == 0, waited.stdout + waited.stderr
     [restart] = read_restarts(run_dir)
     start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
-    assert restart["in_place"] is True and restart["step"] == 20, restart
-    assert start["snapshot"] is True and start["hook"] == "accelerate", start
-    assert KILL_AT - 1 - 4 <= start["step"] < 60 and start["step"] % 4 == 0, start
+    assert restart["in_place"] is True and restart["step"] % 20 == 0, restart
+    assert start["memory"] is True and start["hook"] == "accelerate", start
+    assert max(KILL_AT - 1 - 4, restart["step"]) <= start["step"] < 60 and start["step"] % 4 == 0, start
     got = losses(run_dir)
     assert sorted(got) == list(range(1, 61)) and got == want, [s for s in want if got.get(s) != want[s]]

@@ -1,11 +1,12 @@
-"""Run by tests/rank/test_snapshots.py under torchrun (2 ranks, FSDP2 through Accelerate on CPU): the
-tiny model, AdamW and an LR schedule; an in-memory snapshot of step 3 (``orchestrator.rank.snapshots``)
-into ``$ORCHESTRATOR_SNAPSHOT_DIR``, then steps 4 and 5, then a restore of step 3 in the same processes.
+"""Run by tests/rank/test_memory_checkpoints.py under torchrun (2 ranks, FSDP2 through Accelerate
+on CPU): the tiny model, AdamW and an LR schedule; a memory checkpoint of step 3
+(``orchestrator.rank.memory_checkpoints``) into ``$ORCHESTRATOR_MEMORY_CKPT_DIR``, then steps 4 and
+5, then a restore of step 3 in the same processes.
 
-``fit OUT``: the restore is taken; ``corrupt OUT``: rank 1's snapshot file is cut short first, and the
-restore must be refused on both ranks with nothing changed on either. ``result_<rank>.json`` says the
-step found, the refusal, whether the state equals step 3's (or step 5's, untouched), and step 4's loss
-the first time and once more after the restore.
+``fit OUT``: the restore is taken; ``corrupt OUT``: rank 1's file is cut short first, and the
+restore must be refused on both ranks with nothing changed on either. ``result_<rank>.json`` says
+the step found, the refusal, whether the state equals step 3's (or step 5's, untouched), and step
+4's loss the first time and once more after the restore.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 
 import torch
 
-from orchestrator.contract.snapshots import snapshot_file
+from orchestrator.contract.memory_checkpoints import memory_ckpt_file
 from orchestrator.rank import workarounds
+from orchestrator.rank.memory_checkpoints import MemoryCheckpoints
 from orchestrator.rank.run_script import leave
-from orchestrator.rank.snapshots import Snapshots
 from train.model import build_model
 
 
@@ -78,7 +79,7 @@ def main() -> None:
     model, opt, sched = acc.prepare(model, opt, sched)
     acc.register_for_checkpointing(sched)
     rank = acc.process_index
-    snaps = Snapshots(acc, every=3)
+    snaps = MemoryCheckpoints(acc, every=3)
     losses = {n: step(acc, model, opt, sched, n) for n in (1, 2, 3)}
     snaps.save(3)
     at_3 = tensors(model, opt)
@@ -87,7 +88,7 @@ def main() -> None:
     at_5 = tensors(model, opt)
     epochs[5] = sched.state_dict()["last_epoch"]
     if mode == "corrupt" and rank == 1:
-        path = snapshot_file(Path(os.environ["ORCHESTRATOR_SNAPSHOT_DIR"]), 2, 1, 3)
+        path = memory_ckpt_file(Path(os.environ["ORCHESTRATOR_MEMORY_CKPT_DIR"]), 2, 1, 3)
         path.write_bytes(path.read_bytes()[:100])
     torch.distributed.barrier()
     common = snaps.common_step()

@@ -1,4 +1,4 @@
-"""In-memory snapshots: each rank's training state in node-local memory every few steps, so that a
+"""Memory checkpoints: each rank's training state in node-local memory every few steps, so that a
 restart in place loses a step or two instead of everything since the last shared checkpoint.
 
 Why: a restart inside the allocation comes back in a second or two (the kept launcher forks the
@@ -9,19 +9,19 @@ checkpoints are expensive (every rank's shard over the network, fsyncs, digests)
 restarts, and torchft recovers from a live peer's memory; here the node's memory outlives the ranks
 because the node's task and launcher do (:mod:`orchestrator.node.restart_in_place`).
 
-What a snapshot holds is what ``accelerator.save_state`` restores: for every prepared model its
-parameters and buffers (this rank's local part: an FSDP shard, a DDP replica), for every prepared
+What a memory checkpoint holds is what ``accelerator.save_state`` restores: for every prepared model
+its parameters and buffers (this rank's local part: an FSDP shard, a DDP replica), for every prepared
 optimizer its per-parameter state and its groups' hyperparameters, every prepared scheduler and
 every object registered with ``register_for_checkpointing`` (``state_dict``), the gradient scaler,
 ``accelerator.step`` and the RNG states (Python, NumPy, torch, CUDA). It is written by this rank
 alone, with no collective: the tensors as they lie in memory, in parameter order, through
-``torch.save`` into a temp name and renamed (a rank killed mid-write leaves no snapshot of that step).
+``torch.save`` into a temp name and renamed (a rank killed mid-write leaves none of that step).
 
-Restoring is collective: every rank lists its snapshots, the ranks take the newest step all of them
-hold (:func:`orchestrator.contract.snapshots.newest_common_step`), and that step is used only where it
-is newer than the shared checkpoint chosen anyway; each rank reads its file and checks it against the
-live objects (counts, shapes, dtypes) and tells the others; only when every rank's fits does each copy
-its tensors back into the live parameters and optimizer state. One that does not (a file that cannot
+Restoring is collective: every rank lists its memory checkpoints, the ranks take the newest step all
+of them hold (:func:`orchestrator.contract.memory_checkpoints.newest_common_step`), and that step is
+used only where it is as new as the shared checkpoint chosen anyway or newer; each rank reads its file,
+checks it against the live objects (counts, shapes, dtypes) and tells the others; only when every
+rank's fits does each copy its tensors back into the live parameters and optimizer state. One that does not (a file that cannot
 be read) leaves every rank as it was, and they resume from the shared checkpoint: a rank restored
 alone would train from another state than its peers. DeepSpeed is left out: its engine keeps the
 state in partitions of its own, which its own checkpoint code reads and writes.
@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.env import SNAPSHOT_DIR_ENV
-from orchestrator.contract.snapshots import (
-    KEEP_SNAPSHOTS,
+from orchestrator.contract.env import MEMORY_CKPT_DIR_ENV
+from orchestrator.contract.memory_checkpoints import (
+    KEEP_MEMORY_CKPTS,
+    memory_ckpt_file,
+    memory_ckpt_steps,
     newest_common_step,
-    snapshot_file,
-    snapshot_steps,
 )
 
 #: What the file says it is; a file of another layout is not read.
@@ -49,22 +49,22 @@ FORMAT = 1
 
 
 def why_not_supported(accelerator: Any) -> str | None:
-    """None where this rank's state can be snapshotted, else why not (said once, at start)."""
+    """None where this rank's state can be checkpointed in memory, else why not (said once, at start)."""
     kind = str(getattr(getattr(accelerator, "distributed_type", None), "value", ""))
     if kind == "DEEPSPEED":
-        return "DeepSpeed keeps its state in its own partitions: no in-memory snapshots"
-    if not os.environ.get(SNAPSHOT_DIR_ENV):
-        return f"no {SNAPSHOT_DIR_ENV}: in-memory snapshots are taken only inside a job"
+        return "DeepSpeed keeps its state in its own partitions: no memory checkpoints"
+    if not os.environ.get(MEMORY_CKPT_DIR_ENV):
+        return f"no {MEMORY_CKPT_DIR_ENV}: memory checkpoints are taken only inside a job"
     return None
 
 
 @dataclass
-class Snapshots:
+class MemoryCheckpoints:
     """One per training loop: ``every`` optimizer steps, :meth:`save`; at start, :meth:`restore`."""
 
     accelerator: Any
     every: int
-    folder: Path = field(default_factory=lambda: Path(os.environ.get(SNAPSHOT_DIR_ENV, "")))
+    folder: Path = field(default_factory=lambda: Path(os.environ.get(MEMORY_CKPT_DIR_ENV, "")))
     last_seconds: float = 0.0
     """How long the newest save blocked training."""
 
@@ -81,15 +81,15 @@ class Snapshots:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int) -> float:
-        """This rank's state of ``step`` into its snapshot file; returns the seconds it took. No
-        collective. Older snapshots past :data:`KEEP_SNAPSHOTS` are removed."""
+        """This rank's state of ``step`` into its memory checkpoint file; returns the seconds it took. No
+        collective. Older memory checkpoints past :data:`KEEP_MEMORY_CKPTS` are removed."""
         import torch
 
         from orchestrator.rank.checkpoint_io import without_zip_crc32
 
         started = time.monotonic()
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        final = snapshot_file(self.folder, self.world, self.rank, step)
+        final = memory_ckpt_file(self.folder, self.world, self.rank, step)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
             with without_zip_crc32():
@@ -97,27 +97,27 @@ class Snapshots:
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-        for old in snapshot_steps(self.folder, self.world, self.rank)[KEEP_SNAPSHOTS:]:
-            snapshot_file(self.folder, self.world, self.rank, old).unlink(missing_ok=True)
+        for old in memory_ckpt_steps(self.folder, self.world, self.rank)[KEEP_MEMORY_CKPTS:]:
+            memory_ckpt_file(self.folder, self.world, self.rank, old).unlink(missing_ok=True)
         self.last_seconds = time.monotonic() - started
         return self.last_seconds
 
     # ------------------------------------------------------------------ restoring
     def common_step(self) -> int | None:
-        """Collective: the newest step every rank holds a snapshot of, or None."""
-        mine = snapshot_steps(self.folder, self.world, self.rank)
+        """Collective: the newest step every rank holds a memory checkpoint of, or None."""
+        mine = memory_ckpt_steps(self.folder, self.world, self.rank)
         return newest_common_step(_gathered(self.accelerator, mine))
 
     def restore(self, step: int) -> str | None:
-        """Collective: every rank restores its snapshot of ``step``. None when all did, else why not
+        """Collective: every rank restores its memory checkpoint of ``step``. None when all did, else why not
         (the first failing rank's words), and then no rank changed anything: each reads and checks
-        its snapshot first, and writes into the live state only once every rank's fits."""
+        its memory checkpoint first, and writes into the live state only once every rank's fits."""
         why: str | None = None
         state: dict[str, Any] = {}
         try:
             import torch
 
-            path = snapshot_file(self.folder, self.world, self.rank, step)
+            path = memory_ckpt_file(self.folder, self.world, self.rank, step)
             state = torch.load(path, map_location="cpu", weights_only=False)  # our own file, 0700
             why = _misfit(self.accelerator, state, step, self.world)
         except Exception as exc:  # every rank must answer, or the others wait at the gather forever
@@ -206,7 +206,7 @@ def _state_of(accelerator: Any, step: int, world: int) -> dict[str, Any]:
 
 
 def _apply(accelerator: Any, state: dict[str, Any]) -> None:
-    """Everything back into place (a snapshot :func:`_misfit` found fitting)."""
+    """Everything back into place (a memory checkpoint :func:`_misfit` found fitting)."""
     import numpy as np
     import torch
 
@@ -245,11 +245,11 @@ def _live_local(tensor: Any) -> Any:
 
 
 def _misfit(accelerator: Any, state: dict[str, Any], step: int, world: int) -> str | None:
-    """Why the snapshot does not fit the live objects (counts, shapes, dtypes), or None."""
+    """Why the memory checkpoint does not fit the live objects (counts, shapes, dtypes), or None."""
     expected = (FORMAT, step, world, int(accelerator.process_index))
     found = (state.get("format"), state.get("step"), state.get("world_size"), state.get("rank"))
     if found != expected:
-        return f"the snapshot is (format, step, world, rank) {found}, expected {expected}"
+        return f"the memory checkpoint is (format, step, world, rank) {found}, expected {expected}"
     optimizers = _optimizers(accelerator)
     counts = (
         len(accelerator._models),
@@ -268,13 +268,13 @@ def _misfit(accelerator: Any, state: dict[str, Any], step: int, world: int) -> s
                 target = _live_local(tensor)
                 if tuple(target.shape) != tuple(data.shape) or target.dtype != data.dtype:
                     return (
-                        f"{kind}[{i}]: snapshot {tuple(data.shape)} {data.dtype}, "
+                        f"{kind}[{i}]: memory checkpoint {tuple(data.shape)} {data.dtype}, "
                         f"live {tuple(target.shape)} {target.dtype}"
                     )
     for opt, saved in zip(optimizers, state["optimizers"], strict=True):
         params = [p for g in opt.param_groups for p in g["params"]]
         if len(params) != len(saved["state"]) or len(opt.param_groups) != len(saved["groups"]):
-            return "the optimizer's parameters or groups differ from the snapshot's"
+            return "the optimizer's parameters or groups differ from the memory checkpoint's"
     return None
 
 

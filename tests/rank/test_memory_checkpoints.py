@@ -1,10 +1,10 @@
-"""In-memory snapshots restore exactly and refuse as one: real Accelerate + FSDP2 over a real
-2-process gloo group (tests/scripts/snapshot_probe.py), real files in a snapshot folder.
+"""Memory checkpoints restore exactly and refuse as one: real Accelerate + FSDP2 over a real
+2-process gloo group (tests/scripts/memory_checkpoint_probe.py), real files in a folder of them.
 
-A restored step 3 is step 3's parameters, optimizer state (DTensors), param groups, scheduler and global
-RNG, to the bit: step 4 trained again has step 4's loss. A snapshot one rank cannot read is refused on
-every rank before any rank changed anything (a rank that restored alone would train from another
-state than its peers)."""
+A restored step 3 is step 3's parameters, optimizer state (DTensors), param groups, scheduler and
+global RNG, to the bit: step 4 trained again has step 4's loss. A memory checkpoint one rank cannot
+read is refused on every rank before any rank changed anything (a rank that restored alone would
+train from another state than its peers)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.contract.snapshots import (
+from orchestrator.contract.memory_checkpoints import (
+    memory_ckpt_file,
+    memory_ckpt_steps,
     newest_common_step,
-    node_snapshot_dir,
-    snapshot_file,
-    snapshot_steps,
+    node_memory_ckpt_dir,
 )
 from tests.helpers.cli import REPO
 from tests.helpers.net import free_port
 
-PROBE = REPO / "tests" / "scripts" / "snapshot_probe.py"
+PROBE = REPO / "tests" / "scripts" / "memory_checkpoint_probe.py"
 ENV = {
     "ACCELERATE_USE_CPU": "1",
     "ACCELERATE_USE_FSDP": "true",
@@ -40,7 +40,7 @@ ENV = {
 def probe(mode: str, out: Path) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_", "ORCHESTRATOR_"))}
     env.update(ENV, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    env["ORCHESTRATOR_SNAPSHOT_DIR"] = str(out / "snapshots")
+    env["ORCHESTRATOR_MEMORY_CKPT_DIR"] = str(out / "memory_checkpoints")
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
          "--master_port", str(free_port()), str(PROBE), mode, str(out)],
@@ -51,17 +51,19 @@ def probe(mode: str, out: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_restored_snapshot_is_the_step_it_was_taken_at_to_the_bit(tmp_path: Path) -> None:
+def test_a_restored_memory_checkpoint_is_the_step_it_was_taken_at_to_the_bit(tmp_path: Path) -> None:
     for rank, got in enumerate(probe("fit", tmp_path)):
         assert got["common"] == 3 and got["refused"] is None, got
         assert got["equals_step_3"] and not got["equals_step_5"], (rank, got)
         assert got["sched_is_step"] == 3, got
         assert got["loss_4_again"] == got["loss_4"], got
-    assert snapshot_steps(tmp_path / "snapshots", 2, 1) == [3]
+    assert memory_ckpt_steps(tmp_path / "memory_checkpoints", 2, 1) == [3]
 
 
 @pytest.mark.slow
-def test_a_snapshot_one_rank_cannot_read_is_refused_on_every_rank_changing_nothing(tmp_path: Path) -> None:
+def test_a_memory_checkpoint_one_rank_cannot_read_is_refused_on_every_rank_changing_nothing(
+    tmp_path: Path,
+) -> None:
     for rank, got in enumerate(probe("corrupt", tmp_path)):
         assert got["common"] == 3, got
         assert str(got["refused"]).startswith("rank 1: "), got  # both ranks learn rank 1's words
@@ -69,21 +71,21 @@ def test_a_snapshot_one_rank_cannot_read_is_refused_on_every_rank_changing_nothi
         assert got["sched_is_step"] == 5, got
 
 
-def test_only_whole_snapshots_of_this_rank_and_world_count(tmp_path: Path) -> None:
+def test_only_whole_memory_checkpoints_of_this_rank_and_world_count(tmp_path: Path) -> None:
     for world, rank, step in ((2, 0, 4), (2, 0, 8), (2, 1, 8), (4, 0, 12)):
-        snapshot_file(tmp_path, world, rank, step).write_bytes(b"x")
-    (tmp_path / f".{snapshot_file(tmp_path, 2, 0, 12).name}.123.tmp").write_bytes(b"torn")
-    assert snapshot_steps(tmp_path, 2, 0) == [8, 4]
-    assert snapshot_steps(tmp_path, 2, 1) == [8]
-    assert snapshot_steps(tmp_path / "missing", 2, 0) == []
+        memory_ckpt_file(tmp_path, world, rank, step).write_bytes(b"x")
+    (tmp_path / f".{memory_ckpt_file(tmp_path, 2, 0, 12).name}.123.tmp").write_bytes(b"torn")
+    assert memory_ckpt_steps(tmp_path, 2, 0) == [8, 4]
+    assert memory_ckpt_steps(tmp_path, 2, 1) == [8]
+    assert memory_ckpt_steps(tmp_path / "missing", 2, 0) == []
     assert newest_common_step([[8, 4], [8]]) == 8
     assert newest_common_step([[12, 8], [8, 4]]) == 8  # one rank was writing 12 when it stopped
     assert newest_common_step([[4], [8]]) is None and newest_common_step([]) is None
 
 
 def test_each_node_job_and_run_has_its_own_folder(tmp_path: Path) -> None:
-    one = node_snapshot_dir(tmp_path, tmp_path / "run_a", "12", 0)
-    assert len({one, node_snapshot_dir(tmp_path, tmp_path / "run_a", "12", 1),
-                node_snapshot_dir(tmp_path, tmp_path / "run_a", "13", 0),
-                node_snapshot_dir(tmp_path, tmp_path / "run_b", "12", 0)}) == 4  # fmt: skip
+    one = node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", 0)
+    assert len({one, node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", 1),
+                node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "13", 0),
+                node_memory_ckpt_dir(tmp_path, tmp_path / "run_b", "12", 0)}) == 4  # fmt: skip
     assert one.parent == tmp_path / f"orchestrator-{os.getuid()}"
