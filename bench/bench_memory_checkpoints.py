@@ -81,7 +81,7 @@ def newest_start(cfg: ChaosProduct) -> dict[str, Any] | None:
 def seconds_said(cfg: ChaosProduct, pattern: str) -> list[float]:
     """Seconds in rank 0's log lines matching ``pattern`` (its group 1)."""
     found = []
-    for log in (cfg.run_dir / "logs").glob("attempt_*/ranks_0/**/*"):
+    for log in (cfg.run_dir / "logs").glob("attempt_*/node_0_ranks/rank_0.log"):
         if log.is_file():
             found += [float(m) for m in re.findall(pattern, log.read_text(errors="replace"))]
     return found
