@@ -19,6 +19,12 @@ configuration's median step time and the seconds a memory checkpoint and a share
     NODES=4 bash tests/cluster/run_with_cluster.sh .venv/bin/python bench/bench_memory_checkpoints.py --rounds 7
 
 Writes ``bench/results_memory_checkpoints.json`` and prints the rows for ``bench/results.md``.
+
+``--cost`` (no cluster: ``--profile local``, 2 simulated nodes of 1 process, one job per strategy in
+turn, nothing killed): what a memory checkpoint costs against the step and against a shared checkpoint
+of the same run (``--ckpt-every 10 --memory-ckpt-every 1``; rank 0 logs every tenth memory checkpoint and
+every shared one; the step time is ``metrics.jsonl``'s, saves excluded). Writes
+``bench/results_memory_checkpoints_cost.json``.
 """
 
 from __future__ import annotations
@@ -87,6 +93,45 @@ def seconds_said(cfg: ChaosProduct, pattern: str) -> list[float]:
     return found
 
 
+def cost(opts: argparse.Namespace) -> int:
+    rows = []
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for strategy in ("ddp", "full_shard"):
+        res = run(
+            sys.executable, "-m", "orchestrator", "submit", "--profile", "local", "--strategy", strategy,
+            *("--nodes", "2", "--procs-per-node", "1", "--wait", "--", str(REPO / "train" / "train.py")),
+            *("--preset", opts.preset, "--data", "synthetic", "--batch-size", "4", "--seq-len", "64"),
+            *("--max-steps", "40", "--ckpt-every", "10", "--memory-ckpt-every", "1", "--log-every", "10"),
+            env=env, timeout=1800,
+        )  # fmt: skip
+        if res.returncode != 0:
+            raise RuntimeError(f"{strategy}: {res.stdout}{res.stderr}")
+        run_dir = Path(res.stdout.split("run directory ")[1].split()[0])
+        log = (run_dir / "logs" / "attempt_0" / "node_0_ranks" / "rank_0.log").read_text(errors="replace")
+        shared = [float(s) for s in re.findall(r"checkpoint step \d+ saved in ([\d.]+)s", log)]
+        memory = [float(s) for s in re.findall(r"memory checkpoint step \d+: ([\d.]+)s", log)]
+        steps = [e["step_time_s"] for e in train_events(run_dir) if e.get("event") == "train"]
+        row = {
+            "strategy": strategy,
+            "median_step_s": _median(steps),
+            "median_memory_ckpt_s": _median(memory),
+            "median_shared_checkpoint_s": _median(shared),
+            "memory/step": _ratio(memory, steps),
+            "memory/shared": _ratio(memory, shared),
+            "load": round(os.getloadavg()[0], 1),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "preset": opts.preset, "rows": rows}
+    out = opts.out.replace(".json", "_cost.json") if opts.out.endswith("checkpoints.json") else opts.out
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _ratio(top: list[float], bottom: list[float]) -> float | None:
+    return round(statistics.median(top) / statistics.median(bottom), 3) if top and bottom else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -94,7 +139,10 @@ def main() -> int:
     ap.add_argument("--memory-ckpt-every", type=int, default=5)
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--out", default=str(REPO / "bench" / "results_memory_checkpoints.json"))
+    ap.add_argument("--cost", action="store_true", help="the cost of a save, on --profile local")
     opts = ap.parse_args()
+    if opts.cost:
+        return cost(opts)
     configs = make_configs(Path(tempfile.mkdtemp(prefix="bench_memory_ckpts_")), opts)
     for cfg in configs.values():
         cfg.submit()

@@ -118,7 +118,8 @@ class MemoryCheckpoints:
             import torch
 
             path = memory_ckpt_file(self.folder, self.world, self.rank, step)
-            state = torch.load(path, map_location="cpu", weights_only=False)  # our own file, 0700
+            # Our own file (0700); mapped, not read: the copy into the live tensors reads it once.
+            state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
             why = _misfit(self.accelerator, state, step, self.world)
         except Exception as exc:  # every rank must answer, or the others wait at the gather forever
             why = f"{type(exc).__name__}: {exc}"
@@ -291,4 +292,4 @@ def _value_for(param: Any, saved: tuple[Any, ...]) -> Any:
         live: Any = torch.zeros_like(param, dtype=data.dtype)  # a DTensor, placed as the parameter
         live.to_local().copy_(data)
         return live
-    return data.to(device)
+    return data.to(device, copy=True)  # never the mapped file's pages
