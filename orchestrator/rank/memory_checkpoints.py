@@ -21,16 +21,20 @@ Restoring is collective: every rank lists its memory checkpoints, the ranks take
 of them hold (:func:`orchestrator.contract.memory_checkpoints.newest_common_step`), and that step is
 used only where it is as new as the shared checkpoint chosen anyway or newer; each rank reads its file,
 checks it against the live objects (counts, shapes, dtypes) and tells the others; only when every
-rank's fits does each copy its tensors back into the live parameters and optimizer state. One that does not (a file that cannot
-be read) leaves every rank as it was, and they resume from the shared checkpoint: a rank restored
-alone would train from another state than its peers. DeepSpeed is left out: its engine keeps the
-state in partitions of its own, which its own checkpoint code reads and writes.
+rank's fits does each copy its tensors back into the live parameters and optimizer state. One that
+does not (a file that cannot be read) leaves every rank as it was, and they resume from the shared
+checkpoint: a rank restored alone would train from another state than its peers. The files are
+pickles, so they are read only from a folder of this user's alone (:func:`private_folder`).
+DeepSpeed is left out: its engine keeps the state in partitions of its own, which its own
+checkpoint code reads and writes.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import stat
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,20 +85,32 @@ class MemoryCheckpoints:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int) -> float:
-        """This rank's state of ``step`` into its memory checkpoint file; returns the seconds it took. No
-        collective. Older memory checkpoints past :data:`KEEP_MEMORY_CKPTS` are removed."""
+        """This rank's state of ``step`` into its file; returns the seconds it took. No collective.
+        Older ones past :data:`KEEP_MEMORY_CKPTS` are removed. A save that fails (memory full, a
+        folder that is not this user's alone) turns them off for this rank with one line on stderr:
+        they spare a restart steps, training goes on without them."""
         import torch
 
         from orchestrator.rank.checkpoint_io import without_zip_crc32
 
         started = time.monotonic()
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         final = memory_ckpt_file(self.folder, self.world, self.rank, step)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
+            unsafe = private_folder(self.folder)
+            if unsafe:
+                raise OSError(unsafe)
             with without_zip_crc32():
                 torch.save(_state_of(self.accelerator, step, self.world), tmp)
             os.replace(tmp, final)
+        except OSError as exc:
+            print(
+                f"[orchestrator] memory checkpoints off on rank {self.rank}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.every = 0
+            return 0.0
         finally:
             tmp.unlink(missing_ok=True)
         for old in memory_ckpt_steps(self.folder, self.world, self.rank)[KEEP_MEMORY_CKPTS:]:
@@ -118,9 +134,12 @@ class MemoryCheckpoints:
             import torch
 
             path = memory_ckpt_file(self.folder, self.world, self.rank, step)
-            # Our own file (0700); mapped, not read: the copy into the live tensors reads it once.
-            state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-            why = _misfit(self.accelerator, state, step, self.world)
+            why = private_folder(self.folder, create=False)
+            if why is None:
+                # A pickle, so only from a folder no one else can write to (checked above); mapped,
+                # not read: the copy into the live tensors reads it once.
+                state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+                why = _misfit(self.accelerator, state, step, self.world)
         except Exception as exc:  # every rank must answer, or the others wait at the gather forever
             why = f"{type(exc).__name__}: {exc}"
         answers = _gathered(self.accelerator, None if why is None else f"rank {self.rank}: {why}")
@@ -129,6 +148,23 @@ class MemoryCheckpoints:
             return failed[0]
         _apply(self.accelerator, state)
         return None
+
+
+def private_folder(folder: Path, create: bool = True) -> str | None:
+    """None when ``folder`` and its parent are folders of this user's alone (made so, 0700, where
+    missing and ``create``), else why not. ``/dev/shm`` is writable by everyone: another user who made
+    ``orchestrator-<uid>`` first could read a rank's state or plant a pickle the restore would load."""
+    for path in (folder.parent, folder):
+        try:
+            if create:
+                path.mkdir(mode=0o700, exist_ok=True)
+            st = path.lstat()
+        except OSError as exc:
+            return f"{path}: {exc.strerror or exc}"
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            mode = oct(st.st_mode & 0o777)
+            return f"{path} is not a folder of this user's alone (uid {st.st_uid}, mode {mode})"
+    return None
 
 
 def _gathered(accelerator: Any, value: Any) -> list[Any]:

@@ -37,16 +37,18 @@ ENV = {
 }
 
 
-def probe(mode: str, out: Path) -> list[dict]:
+def probe(mode: str, out: Path, said: list[str] | None = None) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_", "ORCHESTRATOR_"))}
     env.update(ENV, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    env["ORCHESTRATOR_MEMORY_CKPT_DIR"] = str(out / "memory_checkpoints")
+    env["ORCHESTRATOR_MEMORY_CKPT_DIR"] = str(out / "private" / "node0")  # made 0700 by the ranks
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
          "--master_port", str(free_port()), str(PROBE), mode, str(out)],
         env=env, capture_output=True, text=True, timeout=240, cwd=out,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    if said is not None:
+        said.append(res.stderr)
     return [json.loads((out / f"result_{rank}.json").read_text()) for rank in (0, 1)]
 
 
@@ -57,7 +59,7 @@ def test_a_restored_memory_checkpoint_is_the_step_it_was_taken_at_to_the_bit(tmp
         assert got["equals_step_3"] and not got["equals_step_5"], (rank, got)
         assert got["sched_is_step"] == 3, got
         assert got["loss_4_again"] == got["loss_4"], got
-    assert memory_ckpt_steps(tmp_path / "memory_checkpoints", 2, 1) == [3]
+    assert memory_ckpt_steps(tmp_path / "private" / "node0", 2, 1) == [3]
 
 
 @pytest.mark.slow
@@ -69,6 +71,18 @@ def test_a_memory_checkpoint_one_rank_cannot_read_is_refused_on_every_rank_chang
         assert str(got["refused"]).startswith("rank 1: "), got  # both ranks learn rank 1's words
         assert got["equals_step_5"] and not got["equals_step_3"], (rank, got)
         assert got["sched_is_step"] == 5, got
+
+
+@pytest.mark.slow
+def test_a_folder_another_user_could_write_to_is_never_used(tmp_path: Path) -> None:
+    """``/dev/shm`` is everyone's: where ``orchestrator-<uid>`` is not this user's alone, the ranks
+    neither write their state there nor load a pickle from it; training goes on."""
+    said: list[str] = []
+    for got in probe("open", tmp_path, said):
+        assert got["common"] is None and got["equals_step_5"], got
+    assert said[0].count("memory checkpoints off on rank") == 2, said[0][-2000:]
+    assert "is not a folder of this user's alone" in said[0], said[0][-2000:]
+    assert memory_ckpt_steps(tmp_path / "private" / "node0", 2, 0) == []
 
 
 def test_only_whole_memory_checkpoints_of_this_rank_and_world_count(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ on CPU): the tiny model, AdamW and an LR schedule; a memory checkpoint of step 3
 5, then a restore of step 3 in the same processes.
 
 ``fit OUT``: the restore is taken; ``corrupt OUT``: rank 1's file is cut short first, and the
-restore must be refused on both ranks with nothing changed on either. ``result_<rank>.json`` says
+restore must be refused on both ranks with nothing changed on either; ``open OUT``: the folder's
+parent is writable by everyone, so nothing is saved (memory checkpoints off) and nothing restored. ``result_<rank>.json`` says
 the step found, the refusal, whether the state equals step 3's (or step 5's, untouched), and step
 4's loss the first time and once more after the restore.
 """
@@ -81,6 +82,11 @@ def main() -> None:
     rank = acc.process_index
     snaps = MemoryCheckpoints(acc, every=3)
     losses = {n: step(acc, model, opt, sched, n) for n in (1, 2, 3)}
+    if mode == "open" and rank == 0:  # another user could write where the checkpoints go
+        parent = Path(os.environ["ORCHESTRATOR_MEMORY_CKPT_DIR"]).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        parent.chmod(0o777)
+    torch.distributed.barrier()
     snaps.save(3)
     at_3 = tensors(model, opt)
     epochs = {3: sched.state_dict()["last_epoch"]}
