@@ -19,6 +19,11 @@ d. examples/trainer_cnn.py unchanged: USR2 after a complete checkpoint, resume, 
 e. a launcher that touched CUDA before the fork (a ``sitecustomize`` on PYTHONPATH that initialises
    CUDA in every interpreter the job starts, the ranks excepted): the node log must say
    ``ranks started by torchrun (CUDA was initialized in the launcher)`` and the job complete;
+g. recovery inside the allocation: train/ (ddp, full_shard) with ``--ckpt-every 50
+   --memory-ckpt-every 5``, its highest rank SIGKILLed after step 60: restarted in place (the same
+   launcher), resumed from the memory checkpoints, training again on the device; the seconds from the
+   kill to the next trained step and, from the new ranks' ``startup`` event, to their start, to the
+   model built (the CUDA context and the NCCL communicator are in it), to the restore, to the step;
 f. speed, alone on the GPU: ``1b`` preset, bf16, ddp and FSDP2 full_shard, through ``submit`` and
    through plain ``accelerate launch`` of the config ``orchestrator render`` gives, median step time
    after warm-up -> tokens/s, MFU (6 * params * tokens/s / 989.4e12, H100/H200 dense bf16); and FSDP2
@@ -57,7 +62,7 @@ PY = sys.executable
 T0 = time.monotonic()
 PEAK_BF16 = 989.4e12  # H100 SXM dense bf16 (datasheet); H200 is the same chip
 STRATEGIES = ["ddp", "full_shard", "shard_grad_op", "deepspeed_zero2", "deepspeed_zero3"]
-CHECKS = "abcdef"
+CHECKS = "abcdefg"
 
 
 def elapsed() -> float:
@@ -525,6 +530,67 @@ def check_e(ctx: Ctx) -> dict[str, Any]:
     return rec
 
 
+# --------------------------------------------------------------------------- g: a kill, restarted in place
+
+
+def check_g_one(ctx: Ctx, strategy: str) -> dict[str, Any]:
+    from orchestrator.contract.heartbeat import read_heartbeats
+    from orchestrator.contract.restarts import read_restarts
+    from orchestrator.contract.run_dir import attempt_dirs
+
+    args = train_args(ctx, 100000, ["--ckpt-every", "50", "--memory-ckpt-every", "5"])
+    res = submit(ctx, strategy, "no", args, wait=False, timeout=60)
+    job, run_dir = res["job"], res["run_dir"]
+    if not job or run_dir is None:
+        return {"ok": False, "problem": "submit failed", "out_tail": tail(res["out"])}
+    rec: dict[str, Any] = {"job": job, "strategy": strategy}
+    try:
+        if not poll(lambda: len(trains(run_dir)) >= 60, 240 * ctx.scale, 0.2):
+            return {
+                **rec,
+                "ok": False,
+                "problem": "not at step 60",
+                "log_tail": tail(node_logs(run_dir), 3000),
+            }
+        beats = read_heartbeats(attempt_dirs(run_dir)[-1][1])
+        rank = max(beats)
+        os.kill(int(beats[rank]["pid"]), signal.SIGKILL)
+        at = time.time()
+        back = poll(
+            lambda: [m for m in trains(run_dir) if m["time"] > at + 0.5 and m.get("step", 0) > 0], 120, 0.1
+        )
+        events = [m for m in metrics(run_dir) if m.get("time", 0) > at]
+        startup = next((m for m in events if m.get("event") == "startup"), {})
+        resume = next((m for m in events if m.get("event") == "resume"), {})
+        restarts = read_restarts(run_dir)
+        start = {}
+        with contextlib.suppress(OSError, ValueError):
+            start = json.loads((attempt_dirs(run_dir)[-1][1] / "start.json").read_text())
+        first = back[0] if back else {}
+        rec.update(
+            killed_rank=rank,
+            restarts=[{k: r.get(k) for k in ("in_place", "step", "cause")} for r in restarts],
+            resumed_from_step=start.get("step"),
+            from_memory=start.get("memory") is True,
+            kill_to_step_s=round(first["time"] - at, 2) if first else None,
+            phases_s={
+                "to the ranks' start": round(startup["process"] - at, 2) if startup.get("process") else None,
+                "to the model built": round(startup["model"] - at, 2) if startup.get("model") else None,
+                "to restored": round(resume["time"] - at, 2) if resume else None,
+            },
+            **{k: v for k, v in describe_run(run_dir).items() if k in ("device", "launch", "world_size")},
+        )
+        ok = bool(first) and len(restarts) == 1 and restarts[0].get("in_place") is True and rec["from_memory"]
+        if not ctx.cpu:
+            ok = ok and str(rec.get("device", "")).startswith("cuda")
+        rec["ok"] = ok
+        if not ok:
+            rec["log_tail"] = tail(node_logs(run_dir), 3000)
+        return rec
+    finally:
+        ctx.kill_job(job)
+
+
 # --------------------------------------------------------------------------- f: speed
 
 
@@ -764,7 +830,7 @@ def summary_md(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        figures = {k: r[k] for k in ("resumed_from_step", "max_abs_dloss_vs_uninterrupted", "max_abs_dloss_two_uninterrupted",
+        figures = {k: r[k] for k in ("resumed_from_step", "kill_to_step_s", "phases_s", "max_abs_dloss_vs_uninterrupted", "max_abs_dloss_two_uninterrupted",
                                      "median_step_s", "tokens_per_s", "mfu", "problem", "skipped", "count",
                                      "ddp submit/accelerate", "full_shard submit/accelerate",
                                      "full_shard fp32-reduce/bf16-reduce (submit)") if r.get(k) is not None}  # fmt: skip
@@ -782,7 +848,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="results.json and summary.md go here")
     p.add_argument("--cpu-dry-run", action="store_true")
-    p.add_argument("--only", default=CHECKS, help="checks to run, e.g. a,b (default: all of a-f)")
+    p.add_argument("--only", default=CHECKS, help="checks to run, e.g. a,b (default: all of a-g)")
     p.add_argument("--budget", type=float, default=400.0, help="seconds for the whole invocation")
     p.add_argument("--parallel", type=int, default=0, help="concurrent checks (default 6 on GPU, 2 on CPU)")
     p.add_argument("--work-dir", default=None, help="where runs go (default: the system temp dir)")
@@ -810,6 +876,9 @@ def main() -> int:
         tasks.append(("c preflight gpu", lambda: check_c_preflight(ctx)))
     if "e" in only:
         tasks.append(("e cuda-touched launcher", lambda: check_e(ctx)))
+    if "g" in only:
+        for strategy in ("ddp", "full_shard"):
+            tasks.append((f"g restart in place {strategy}", functools.partial(check_g_one, ctx, strategy)))
     if "a" in only:
         for strategy in strategies:
             for precision in ("no", "bf16"):
