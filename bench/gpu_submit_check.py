@@ -830,7 +830,8 @@ def summary_md(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        figures = {k: r[k] for k in ("resumed_from_step", "kill_to_step_s", "phases_s", "max_abs_dloss_vs_uninterrupted", "max_abs_dloss_two_uninterrupted",
+        figures = {k: r[k] for k in ("resumed_from_step", "kill_to_step_s", "phases_s",
+                                     "max_abs_dloss_vs_uninterrupted", "max_abs_dloss_two_uninterrupted",
                                      "median_step_s", "tokens_per_s", "mfu", "problem", "skipped", "count",
                                      "ddp submit/accelerate", "full_shard submit/accelerate",
                                      "full_shard fp32-reduce/bf16-reduce (submit)") if r.get(k) is not None}  # fmt: skip

@@ -51,7 +51,7 @@ The layout, complete (``A`` = attempt number from 0, ``N`` = node rank)::
         budget.json                 node 0's meter of the attempt (``--budget``): {"start", "end", "per_hour"}
         start.json                  what this attempt's training started from, written by rank 0 of a
                                     script with a checkpoint hook (train/, orchestrator.loop,
-                                    orchestrator.hf): {"step", "checkpoint", "hook", "memory"?}; absent: no hook
+                                    orchestrator.hf): {"step", "checkpoint", "hook", "memory"?}; none: no hook
         node_<N>_ranks/             per-rank logs (rank_<R>.log; torchrun's layout under launcher: torchrun)
           rank_pids.json            forked ranks (launcher: direct): {"launcher": pid, "ranks": {R: pid}}
         accelerate_config.node<N>.yaml  the node's rendered Accelerate config

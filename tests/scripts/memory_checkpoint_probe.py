@@ -5,9 +5,9 @@ on CPU): the tiny model, AdamW and an LR schedule; a memory checkpoint of step 3
 
 ``fit OUT``: the restore is taken; ``corrupt OUT``: rank 1's file is cut short first, and the
 restore must be refused on both ranks with nothing changed on either; ``open OUT``: the folder's
-parent is writable by everyone, so nothing is saved (memory checkpoints off) and nothing restored. ``result_<rank>.json`` says
-the step found, the refusal, whether the state equals step 3's (or step 5's, untouched), and step
-4's loss the first time and once more after the restore.
+parent is writable by everyone, so nothing is saved (memory checkpoints off) and nothing restored.
+``result_<rank>.json`` says the step found, the refusal, whether the state equals step 3's (or step
+5's, untouched), and step 4's loss the first time and once more after the restore.
 """
 
 from __future__ import annotations
