@@ -110,7 +110,17 @@ def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
 
 
 LOOP = str(REPO / "examples" / "accelerate_cnn.py")
-LOOP_ARGS = ["--epochs", "1", "--max-steps", "60", "--save-every", "20", "--memory-ckpt-every", "4"]
+LOOP_STEPS = 150  # 64 steps per epoch; the kill (step 31, or later: the poller lags) falls inside
+LOOP_ARGS = [
+    "--epochs",
+    "3",
+    "--max-steps",
+    str(LOOP_STEPS),
+    "--save-every",
+    "20",
+    "--memory-ckpt-every",
+    "4",
+]
 
 
 def test_a_resumable_loop_restarts_from_its_memory_checkpoints(orch_env: dict[str, str]) -> None:
@@ -130,6 +140,10 @@ def test_a_resumable_loop_restarts_from_its_memory_checkpoints(orch_env: dict[st
     start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
     assert restart["in_place"] is True and restart["step"] % 20 == 0, restart
     assert start["memory"] is True and start["hook"] == "accelerate", start
-    assert max(KILL_AT - 1 - 4, restart["step"]) <= start["step"] < 60 and start["step"] % 4 == 0, start
+    assert max(KILL_AT - 1 - 4, restart["step"]) <= start["step"] < LOOP_STEPS and start["step"] % 4 == 0, (
+        start
+    )
     got = losses(run_dir)
-    assert sorted(got) == list(range(1, 61)) and got == want, [s for s in want if got.get(s) != want[s]]
+    assert sorted(got) == list(range(1, LOOP_STEPS + 1)) and got == want, [
+        s for s in want if got.get(s) != want[s]
+    ]
