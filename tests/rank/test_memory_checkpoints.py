@@ -24,17 +24,9 @@ from orchestrator.contract.memory_checkpoints import (
 )
 from tests.helpers.cli import REPO
 from tests.helpers.net import free_port
+from tests.rank.test_shard_plan import ENV  # the same FSDP2-on-CPU launch
 
 PROBE = REPO / "tests" / "scripts" / "memory_checkpoint_probe.py"
-ENV = {
-    "ACCELERATE_USE_CPU": "1",
-    "ACCELERATE_USE_FSDP": "true",
-    "FSDP_VERSION": "2",
-    "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
-    "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
-    "FSDP_TRANSFORMER_CLS_TO_WRAP": "TransformerBlock",
-    "OMP_NUM_THREADS": "1",
-}
 
 
 def probe(mode: str, out: Path, said: list[str] | None = None) -> list[dict]:

@@ -20,39 +20,15 @@ from typing import Any
 
 import torch
 
+# The state's copy and comparison of the shard-plan probe (this folder is the script's sys.path[0]).
+from shard_plan_probe import same
+from shard_plan_probe import snapshot as tensors
+
 from orchestrator.contract.memory_checkpoints import memory_ckpt_file
 from orchestrator.rank import workarounds
 from orchestrator.rank.memory_checkpoints import MemoryCheckpoints
 from orchestrator.rank.run_script import leave
 from train.model import build_model
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    return (t.to_local() if hasattr(t, "to_local") else t).detach().clone()
-
-
-def tensors(model: Any, opt: Any) -> dict:
-    inner = opt.optimizer
-    names = {id(p): n for n, p in model.named_parameters()}
-    return {
-        "params": {n: local(p) for n, p in model.named_parameters()},
-        "state": {names[id(p)]: {k: local(v) for k, v in st.items()} for p, st in inner.state.items()},
-        "groups": [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups],
-    }
-
-
-def same(a: dict, b: dict) -> bool:
-    return (
-        a["params"].keys() == b["params"].keys()
-        and all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
-        and a["state"].keys() == b["state"].keys()
-        and all(
-            a["state"][n].keys() == b["state"][n].keys()
-            and all(torch.equal(a["state"][n][k], b["state"][n][k]) for k in a["state"][n])
-            for n in a["state"]
-        )
-        and a["groups"] == b["groups"]
-    )
 
 
 def step(acc: Any, model: Any, opt: Any, sched: Any, n: int) -> float:
