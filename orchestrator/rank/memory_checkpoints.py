@@ -25,6 +25,12 @@ rank's fits does each copy its tensors back into the live parameters and optimiz
 does not (a file that cannot be read) leaves every rank as it was, and they resume from the shared
 checkpoint: a rank restored alone would train from another state than its peers. The files are
 pickles, so they are read only from a folder of this user's alone (:func:`private_folder`).
+
+DDP keeps one copy per node: its ranks hold the same parameters and optimizer state (the gradients
+are all-reduced before every step), so only the node's first rank writes them, and every other rank's
+file holds its own buffers, RNG states and the rest, and names the rank whose file has the tensors
+(:func:`_replica_source`). Eight DDP ranks on a node wrote eight copies of the model and its Adam
+state into memory at every save (with two kept, sixteen); now one does.
 DeepSpeed is left out: its engine keeps the state in partitions of its own, which its own
 checkpoint code reads and writes.
 """
@@ -48,8 +54,9 @@ from orchestrator.contract.memory_checkpoints import (
     newest_common_step,
 )
 
-#: What the file says it is; a file of another layout is not read.
-FORMAT = 1
+#: What the file says it is; a file of another layout is not read (2: a DDP rank's may name the file
+#: that holds its parameters).
+FORMAT = 2
 
 
 def why_not_supported(accelerator: Any) -> str | None:
@@ -101,7 +108,9 @@ class MemoryCheckpoints:
             if unsafe:
                 raise OSError(unsafe)
             with without_zip_crc32():
-                torch.save(_state_of(self.accelerator, step, self.world), tmp)
+                torch.save(
+                    _state_of(self.accelerator, step, self.world, _replica_source(self.accelerator)), tmp
+                )
             os.replace(tmp, final)
         except OSError as exc:
             print(
@@ -122,6 +131,9 @@ class MemoryCheckpoints:
     def common_step(self) -> int | None:
         """Collective: the newest step every rank holds a memory checkpoint of, or None."""
         mine = memory_ckpt_steps(self.folder, self.world, self.rank)
+        source = _replica_source(self.accelerator)
+        if source is not None:  # a step counts only with the file that holds its tensors
+            mine = [s for s in mine if memory_ckpt_file(self.folder, self.world, source, s).is_file()]
         return newest_common_step(_gathered(self.accelerator, mine))
 
     def restore(self, step: int) -> str | None:
@@ -139,7 +151,9 @@ class MemoryCheckpoints:
                 # A pickle, so only from a folder no one else can write to (checked above); mapped,
                 # not read: the copy into the live tensors reads it once.
                 state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-                why = _misfit(self.accelerator, state, step, self.world)
+                why = _with_replica(self.folder, state, step, self.world)
+                if why is None:
+                    why = _misfit(self.accelerator, state, step, self.world)
         except Exception as exc:  # every rank must answer, or the others wait at the gather forever
             why = f"{type(exc).__name__}: {exc}"
         answers = _gathered(self.accelerator, None if why is None else f"rank {self.rank}: {why}")
@@ -180,6 +194,70 @@ def _gathered(accelerator: Any, value: Any) -> list[Any]:
 # ---------------------------------------------------------------------- the state
 
 
+def _replica_source(accelerator: Any) -> int | None:
+    """The rank whose memory checkpoint holds this rank's parameters and optimizer state, where that is
+    another rank's: under DDP, the node's first rank (ranks are numbered node by node, as torchrun and
+    accelerate number them; a source that is not in this node's folder leaves no common step, and the
+    restart resumes from the shared checkpoint). None where this rank writes its own: the node's
+    first rank, a sharded or tensor-parallel model (every rank's part differs), a model accelerate
+    leaves unwrapped (no trainable parameter), or an optimizer with a parameter of no prepared model
+    (its state need not be the same on every rank).
+
+    Accelerate keeps the unwrapped module in ``_models`` (it wraps DDP after), so DDP is known from
+    the distributed type as ``prepare_model`` decides it: a ``MULTI_*`` type (FSDP and DeepSpeed have
+    their own) without tensor, context or sharded parallelism."""
+    local = int(getattr(accelerator, "local_process_index", 0))
+    models = list(getattr(accelerator, "_models", []))
+    kind = str(getattr(getattr(accelerator, "distributed_type", None), "value", ""))
+    if local <= 0 or not models or not kind.startswith("MULTI_"):
+        return None
+    config = getattr(accelerator, "parallelism_config", None)
+    if config is not None and any(
+        getattr(config, f"{d}_enabled", False) for d in ("tp", "cp", "sp", "dp_shard")
+    ):
+        return None
+    from torch.distributed.tensor import DTensor
+
+    params = [p for m in models for p in m.parameters()]
+    if any(isinstance(p, DTensor) for p in params):
+        return None
+    if not all(any(p.requires_grad for p in m.parameters()) for m in models):
+        return None
+    replicated = {id(p) for p in params}
+    if any(
+        id(p) not in replicated
+        for opt in _optimizers(accelerator)
+        for g in opt.param_groups
+        for p in g["params"]
+    ):
+        return None
+    return int(accelerator.process_index) - local
+
+
+def _with_replica(folder: Path, state: dict[str, Any], step: int, world: int) -> str | None:
+    """Fill a DDP rank's memory checkpoint in with the parameters and optimizer state of the file it
+    names (:func:`_replica_source`); None when done or not needed, else why not."""
+    import torch
+
+    source = state.get("replica_of")
+    if source is None:
+        return None
+    found = torch.load(
+        memory_ckpt_file(folder, world, source, step), map_location="cpu", weights_only=False, mmap=True
+    )
+    expected = (FORMAT, step, world, source, None)
+    got = tuple(found.get(k) for k in ("format", "step", "world_size", "rank", "replica_of"))
+    if got != expected or len(found["models"]) != len(state["models"]):
+        return f"rank {source}'s memory checkpoint is {got}, expected {expected}"
+    if len(found["optimizers"]) != len(state["optimizers"]):
+        return f"rank {source}'s memory checkpoint has {len(found['optimizers'])} optimizers"
+    for mine, theirs in zip(state["models"], found["models"], strict=True):
+        mine["params"] = theirs["params"]
+    for mine, theirs in zip(state["optimizers"], found["optimizers"], strict=True):
+        mine["state"] = theirs["state"]
+    return None
+
+
 def _local(tensor: Any) -> Any:
     """The part of ``tensor`` this rank holds, on the CPU (an FSDP2 DTensor: its local shard)."""
     from torch.distributed.tensor import DTensor
@@ -194,19 +272,30 @@ def _optimizers(accelerator: Any) -> list[Any]:
     return [getattr(o, "optimizer", o) for o in getattr(accelerator, "_optimizers", [])]
 
 
-def _state_of(accelerator: Any, step: int, world: int) -> dict[str, Any]:
+def _state_of(accelerator: Any, step: int, world: int, replica_of: int | None) -> dict[str, Any]:
+    """This rank's state; with ``replica_of``, without the parameters and optimizer state that rank's
+    file holds (buffers stay: DDP broadcasts them before a forward, but a step's forward may have
+    updated them since)."""
     import numpy as np
     import torch
 
     models = [
         {
-            "params": [_local(p) for p in m.parameters()],
+            "params": None if replica_of is not None else [_local(p) for p in m.parameters()],
             "buffers": [_local(b) for b in m.buffers()],
         }
         for m in accelerator._models
     ]
     optimizers = []
     for opt in _optimizers(accelerator):
+        if replica_of is not None:
+            optimizers.append(
+                {
+                    "state": None,
+                    "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+                }
+            )
+            continue
         per_param = []
         for group in opt.param_groups:
             for p in group["params"]:
@@ -232,6 +321,7 @@ def _state_of(accelerator: Any, step: int, world: int) -> dict[str, Any]:
         "step": step,
         "world_size": world,
         "rank": int(accelerator.process_index),
+        "replica_of": replica_of,
         "models": models,
         "optimizers": optimizers,
         "schedulers": [s.state_dict() for s in getattr(accelerator, "_schedulers", [])],

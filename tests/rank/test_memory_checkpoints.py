@@ -31,7 +31,10 @@ PROBE = REPO / "tests" / "scripts" / "memory_checkpoint_probe.py"
 
 def probe(mode: str, out: Path, said: list[str] | None = None) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_", "ORCHESTRATOR_"))}
-    env.update(ENV, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    launch = ENV if not mode.startswith("ddp") else {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    env.update(
+        launch, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    )
     env["ORCHESTRATOR_MEMORY_CKPT_DIR"] = str(out / "private" / "node0")  # made 0700 by the ranks
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -75,6 +78,27 @@ def test_a_folder_another_user_could_write_to_is_never_used(tmp_path: Path) -> N
     assert said[0].count("memory checkpoints off on rank") == 2, said[0][-2000:]
     assert "is not a folder of this user's alone" in said[0], said[0][-2000:]
     assert memory_ckpt_steps(tmp_path / "private" / "node0", 2, 0) == []
+
+
+@pytest.mark.slow
+def test_ddp_ranks_on_a_node_keep_one_copy_of_the_model_and_restore_from_it_to_the_bit(
+    tmp_path: Path,
+) -> None:
+    """DDP ranks hold the same parameters and optimizer state: only the node's first rank writes them
+    (eight ranks on a node wrote eight copies at every save); rank 1 restores its step from them."""
+    results = probe("ddp", tmp_path)
+    for rank, got in enumerate(results):
+        assert got["common"] == 3 and got["refused"] is None, got
+        assert got["equals_step_3"] and not got["equals_step_5"], (rank, got)
+        assert got["sched_is_step"] == 3 and got["loss_4_again"] == got["loss_4"], got
+    whole, replica = results[0]["file_bytes"]
+    assert replica * 20 < whole, results[0]  # buffers, RNG and the scheduler, not the model and AdamW
+
+
+@pytest.mark.slow
+def test_a_ddp_rank_whose_node_lost_the_first_ranks_file_restores_nothing(tmp_path: Path) -> None:
+    for got in probe("ddp-lost", tmp_path):
+        assert got["common"] is None and got["equals_step_5"], got
 
 
 def test_only_whole_memory_checkpoints_of_this_rank_and_world_count(tmp_path: Path) -> None:

@@ -6,6 +6,9 @@ on CPU): the tiny model, AdamW and an LR schedule; a memory checkpoint of step 3
 ``fit OUT``: the restore is taken; ``corrupt OUT``: rank 1's file is cut short first, and the
 restore must be refused on both ranks with nothing changed on either; ``open OUT``: the folder's
 parent is writable by everyone, so nothing is saved (memory checkpoints off) and nothing restored.
+``ddp OUT`` (launched without FSDP): the same restore under DDP, where rank 1's file leaves the
+parameters and optimizer state to rank 0's; ``ddp-lost OUT``: rank 0's file is removed first, so
+rank 1 has no whole memory checkpoint and none is restored.
 ``result_<rank>.json`` says the step found, the refusal, whether the state equals step 3's (or step
 5's, untouched), and step 4's loss the first time and once more after the restore.
 """
@@ -69,15 +72,22 @@ def main() -> None:
     losses.update({n: step(acc, model, opt, sched, n) for n in (4, 5)})
     at_5 = tensors(model, opt)
     epochs[5] = sched.state_dict()["last_epoch"]
+    folder = Path(os.environ["ORCHESTRATOR_MEMORY_CKPT_DIR"])
+    torch.distributed.barrier()
+    sizes = [memory_ckpt_file(folder, 2, r, 3).stat().st_size for r in (0, 1)] if mode != "open" else []
+    torch.distributed.barrier()
     if mode == "corrupt" and rank == 1:
-        path = memory_ckpt_file(Path(os.environ["ORCHESTRATOR_MEMORY_CKPT_DIR"]), 2, 1, 3)
+        path = memory_ckpt_file(folder, 2, 1, 3)
         path.write_bytes(path.read_bytes()[:100])
+    if mode == "ddp-lost" and rank == 0:
+        memory_ckpt_file(folder, 2, 0, 3).unlink()
     torch.distributed.barrier()
     common = snaps.common_step()
     refused = snaps.restore(common) if common is not None else "no common step"
     result = {
         "common": common,
         "refused": refused,
+        "file_bytes": sizes,
         "equals_step_3": same(tensors(model, opt), at_3),
         "equals_step_5": same(tensors(model, opt), at_5),
         "sched_is_step": next((n for n, e in epochs.items() if e == sched.state_dict()["last_epoch"]), None),

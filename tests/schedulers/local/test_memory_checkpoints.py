@@ -1,8 +1,9 @@
 """Memory checkpoints (``train/ --memory-ckpt-every``): a restart in place resumes from the newest step
 every rank holds in node memory, not from the shared checkpoint many steps back.
 
-Real local jobs through ``orchestrator submit``: two simulated nodes of one process each, real gloo, a
-real SIGKILL of rank 1; the restarted attempt starts at a memory checkpoint's step past the newest shared
+Real local jobs through ``orchestrator submit``: two simulated nodes of one process each (DDP: one node of
+two processes, whose rank 1 restores the parameters and optimizer state from rank 0's file), real
+gloo, a real SIGKILL of rank 1; the restarted attempt starts at a memory checkpoint's step past the newest shared
 checkpoint and re-trains only the steps after it, each with the loss the first attempt logged for it,
 to the bit; the node's memory checkpoint folder is gone once the job has ended."""
 
@@ -46,6 +47,17 @@ def _losses_by_step(run_dir: Path) -> dict[int, list[float]]:
     return seen
 
 
+def _sizes(folder: Path) -> dict[str, int]:
+    """The memory checkpoints' sizes (the ranks go on saving and pruning while this looks)."""
+    found = {}
+    for path in folder.glob("*.pt"):
+        try:
+            found[path.name] = path.stat().st_size
+        except FileNotFoundError:
+            pass
+    return found
+
+
 @pytest.mark.parametrize(
     "strategy", ["ddp", "full_shard", pytest.param("shard_grad_op", id="shard_grad_op-fsdp1")]
 )
@@ -53,18 +65,9 @@ def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
     orch_env: dict[str, str], tmp_path: Path, strategy: str
 ) -> None:
     extra = ["--fsdp-version", "1"] if strategy == "shard_grad_op" else []
-    submit = [
-        "submit",
-        "--profile",
-        "local",
-        "--strategy",
-        strategy,
-        *extra,
-        "--nodes",
-        "2",
-        "--procs-per-node",
-        "1",
-    ]
+    nodes = 1 if strategy == "ddp" else 2  # DDP: the node's ranks keep one copy of the model
+    shape = ["--nodes", str(nodes), "--procs-per-node", str(3 - nodes)]
+    submit = ["submit", "--profile", "local", "--strategy", strategy, *extra, *shape]
     # The uninterrupted run every step's loss is compared with (the kill's moment is not exact: how
     # many steps come again varies, so the attempts' own overlap may be too short to prove anything).
     ref = run_cli([*submit, "--wait", "--poll", "0.5", "--", TRAIN, *RUN_ARGS], orch_env, timeout=240)
@@ -74,16 +77,22 @@ def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
     folders = [
-        node_memory_ckpt_dir(memory_ckpt_root(), run_dir, job_id, node) for node in (0, 1)
+        node_memory_ckpt_dir(memory_ckpt_root(), run_dir, job_id, node) for node in range(nodes)
     ]  # the job's own, as the node entry names them
-    os.kill(rank_pid(run_dir, 1, min_step=KILL_AT), signal.SIGKILL)
+    victim = rank_pid(run_dir, 1, min_step=KILL_AT)
+    held = _sizes(folders[0])
+    os.kill(victim, signal.SIGKILL)
+    if strategy == "ddp":  # one copy of the model on the node: rank 1's files leave it to rank 0's
+        whole = [size for name, size in held.items() if "-r0-" in name]
+        replica = [size for name, size in held.items() if "-r1-" in name]
+        assert whole and replica and max(replica) * 20 < min(whole), held
     waited = run_cli(["wait", job_id, "--poll", "0.5", "--timeout", "180"], orch_env, timeout=240)
     logs = "\n".join(p.read_text() for p in sorted(run_dir.glob("logs/attempt_*/node_*.log")))
     assert waited.returncode == 0, waited.stdout + waited.stderr + logs[-4000:]
 
     [restart] = read_restarts(run_dir)
     assert restart["in_place"] is True and restart["step"] % CKPT_EVERY == 0, restart
-    assert launcher_pids(run_dir, 0) == launcher_pids(run_dir, 1)
+    assert launcher_pids(run_dir, 0, nodes) == launcher_pids(run_dir, 1, nodes)
     # Attempt 1 started from the newest memory checkpoint every rank held when rank 1 died working on
     # step 31 or later (rank 0 may still have been writing the newest), never older than the shared
     # checkpoint (a memory checkpoint is taken before a shared one of the same step).
