@@ -49,7 +49,12 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--memory-ckpt-every", type=int, default=0, help="steps; state into node memory (0: none)")
+    p.add_argument(
+        "--memory-ckpt-every",
+        type=lambda v: v if v == "auto" else int(v),
+        default=0,
+        help="steps or auto; state into node memory (0: none)",
+    )
     args = p.parse_args()
 
     set_seed(0)

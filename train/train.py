@@ -49,6 +49,7 @@ from orchestrator.contract.env import BATCH_WORLD_SIZE_ENV, RUN_DIR_ENV, SCRIPT_
 
 # Exit codes and the exit-status file: the run directory's contract with the launcher.
 from orchestrator.contract.heartbeat import Heartbeat
+from orchestrator.contract.memory_checkpoints import parse_memory_ckpt_every
 from orchestrator.contract.run_dir import EXIT_BAD_RESTORE, EXIT_OK, EXIT_REQUEUE, write_exit_status
 from orchestrator.rank import selfcheck
 from orchestrator.rank import workarounds as accelerate_workarounds
@@ -108,9 +109,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--async-ckpt", action="store_true")
     p.add_argument(
         "--memory-ckpt-every",
-        type=int,
+        type=parse_memory_ckpt_every,
         default=0,
-        help="steps; each rank's state into node memory, for restarts in place; 0: none",
+        help="steps, or auto (measured: at most 2%% of training time); each rank's state into node "
+        "memory, for restarts in place; 0: none",
     )
     p.add_argument("--run-dir", default=None, help="default: $ORCHESTRATOR_RUN_DIR or ./runs/<timestamp>")
     p.add_argument(
@@ -372,12 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     if world > 1:
         dist.broadcast_object_list(choice, src=0)
     memory_ckpts = None
-    if args.memory_ckpt_every > 0:
+    if args.memory_ckpt_every != 0:
         unsupported = why_not_supported(accelerator)
         if unsupported:
             warn(f"note: --memory-ckpt-every: {unsupported}")
         else:
-            memory_ckpts = MemoryCheckpoints(accelerator, args.memory_ckpt_every)
+            memory_ckpts = MemoryCheckpoints(
+                accelerator, args.memory_ckpt_every, shared_every=args.ckpt_every
+            )
     from_memory = None
     if memory_ckpts is not None and args.resume == "auto":
         # Held by every rank (a restart in place: the same nodes) and as new as the shared checkpoint
@@ -575,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
             # holds this one too, and a restart in place never goes back further than the shared one.
             beat(step, "checkpoint")
             memory_ckpts.save(step)
-            if step == memory_ckpts.every or step % (10 * memory_ckpts.every) == 0:
+            if memory_ckpts.worth_saying(step):
                 metrics.say(f"memory checkpoint step {step}: {memory_ckpts.last_seconds:.3f}s")
         if args.ckpt_every and step % args.ckpt_every == 0:
             save_checkpoint(step)

@@ -16,9 +16,11 @@ write and read inside it. Standard library only.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from pathlib import Path
+from typing import Literal
 
 from orchestrator.contract.env import MEMORY_CKPT_ROOT_ENV
 
@@ -28,6 +30,14 @@ DEFAULT_MEMORY_CKPT_ROOT = "/dev/shm"
 #: rank cannot start the step after one before its peers finished theirs: the step's collectives
 #: wait for them), so with two kept every rank holds the older of the two newest.
 KEEP_MEMORY_CKPTS = 2
+
+#: ``--memory-ckpt-every auto`` / ``memory_ckpt_every="auto"``: the interval is measured, not guessed.
+AUTO: Literal["auto"] = "auto"
+#: The share of training time ``auto`` lets memory checkpoints take, at most.
+AUTO_MEMORY_CKPT_OVERHEAD = 0.02
+#: ``auto`` saves once at this step of an attempt (counted from its first step: the ones before warm
+#: up kernels, allocator and caches) and measures that save against the steps before it.
+AUTO_MEMORY_CKPT_PROBE_STEP = 5
 
 _NAME = re.compile(r"^w(\d+)-r(\d+)-s(\d+)\.pt$")
 
@@ -76,3 +86,35 @@ def newest_common_step(steps_by_rank: list[list[int]]) -> int | None:
         return None
     common = set(steps_by_rank[0]).intersection(*map(set, steps_by_rank[1:]))
     return max(common) if common else None
+
+
+def parse_memory_ckpt_every(text: str) -> int | Literal["auto"]:
+    """``auto`` or a whole number of steps (0: none), as argparse's ``type=``: anything else is an
+    ``ArgumentTypeError`` whose words argparse prints after the option's name."""
+    import argparse
+
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        every = int(text)
+    except ValueError:
+        every = -1
+    if every < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of steps (0: none) or auto")
+    return every
+
+
+def auto_memory_ckpt_every(
+    save_s: float, step_s: float, shared_every: int, overhead: float = AUTO_MEMORY_CKPT_OVERHEAD
+) -> int:
+    """The interval ``auto`` takes: the fewest steps between memory checkpoints whose saves cost at most
+    ``overhead`` of training time, raised to a divisor of ``shared_every`` where one lies below it (a
+    shared checkpoint's step then has a memory checkpoint too, taken first, so a restart in place never
+    goes back further than the shared checkpoint); 0 (none) where only the shared interval or a longer
+    one would do: a memory checkpoint that rare spares less than the shared one already does."""
+    need = max(1, math.ceil(save_s / (overhead * step_s))) if step_s > 0 else 1
+    if shared_every <= 0:
+        return need
+    if need >= shared_every:
+        return 0
+    return next((n for n in range(need, shared_every) if shared_every % n == 0), need)

@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.contract.attempt_start import write_attempt_start
 from orchestrator.contract.checkpoints import (
@@ -126,13 +126,13 @@ class ResumableLoop:
         keep_last: int = 2,
         log_every: int = 1,
         run_dir: str | os.PathLike[str] | None = None,
-        memory_ckpt_every: int = 0,
+        memory_ckpt_every: int | Literal["auto"] = 0,
     ) -> None:
         """``save_every``: also checkpoint every that many optimizer steps (0: only on a stop request).
         ``max_steps``: end :meth:`batches` after that many steps (and the ETA's denominator).
         ``memory_ckpt_every``: every that many steps, each rank's state into its node's memory
         (:mod:`orchestrator.rank.memory_checkpoints`): a restart in place resumes from there, not from the
-        shared checkpoint further back (0: none)."""
+        shared checkpoint further back (0: none; ``"auto"``: measured, at most 2 % of training time)."""
         self.accelerator = accelerator
         self.save_every = save_every
         self.memory_ckpts = self._memory_ckpts(memory_ckpt_every)
@@ -191,8 +191,8 @@ class ResumableLoop:
         if self.accelerator.is_main_process:
             write_attempt_start(self.state.step, choice, HOOK, self.run_dir)
 
-    def _memory_ckpts(self, every: int) -> Any:
-        if every <= 0:
+    def _memory_ckpts(self, every: int | Literal["auto"]) -> Any:
+        if every == 0:
             return None
         from orchestrator.rank.memory_checkpoints import MemoryCheckpoints, why_not_supported
 
@@ -200,7 +200,7 @@ class ResumableLoop:
         if why:
             self._say(f"memory_ckpt_every: {why}")
             return None
-        return MemoryCheckpoints(self.accelerator, every)
+        return MemoryCheckpoints(self.accelerator, every, shared_every=self.save_every)
 
     def _restored_from_memory(self, shared_step: int) -> bool:
         """Collective: restores the newest memory checkpoint every rank holds, where it is as new as

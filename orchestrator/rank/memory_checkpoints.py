@@ -48,7 +48,11 @@ from typing import Any
 
 from orchestrator.contract.env import MEMORY_CKPT_DIR_ENV
 from orchestrator.contract.memory_checkpoints import (
+    AUTO,
+    AUTO_MEMORY_CKPT_OVERHEAD,
+    AUTO_MEMORY_CKPT_PROBE_STEP,
     KEEP_MEMORY_CKPTS,
+    auto_memory_ckpt_every,
     memory_ckpt_file,
     memory_ckpt_steps,
     newest_common_step,
@@ -71,13 +75,28 @@ def why_not_supported(accelerator: Any) -> str | None:
 
 @dataclass
 class MemoryCheckpoints:
-    """One per training loop: ``every`` optimizer steps, :meth:`save`; at start, :meth:`restore`."""
+    """One per training loop: when :meth:`due` (called once per optimizer step), :meth:`save`; at
+    start, :meth:`restore`.
+
+    ``every``: steps between memory checkpoints, or ``"auto"``: the attempt's
+    :data:`~orchestrator.contract.memory_checkpoints.AUTO_MEMORY_CKPT_PROBE_STEP`-th step saves one and
+    times it against the steps before it, every rank's slowest of each counts (a collective in that
+    save), and the interval becomes
+    :func:`~orchestrator.contract.memory_checkpoints.auto_memory_ckpt_every` of them, said on rank
+    0's stdout. Nobody knows a save's cost before it is measured: a shard's bytes, the memory's
+    speed and the step's time differ by model, node and strategy by orders of magnitude.
+    ``shared_every``: the loop's shared checkpoint interval (0: none), which ``auto`` aligns to."""
 
     accelerator: Any
-    every: int
+    every: int | str
+    shared_every: int = 0
     folder: Path = field(default_factory=lambda: Path(os.environ.get(MEMORY_CKPT_DIR_ENV, "")))
     last_seconds: float = 0.0
     """How long the newest save blocked training."""
+    _step_times: list[float] = field(default_factory=list)
+    """``auto``, until it has decided: when :meth:`due` was called at each step of the attempt."""
+    measured: tuple[float | None, float] | None = None
+    """``auto``, once decided: the slowest rank's save (None: every rank's failed) and step, seconds."""
 
     @property
     def rank(self) -> int:
@@ -87,15 +106,60 @@ class MemoryCheckpoints:
     def world(self) -> int:
         return int(self.accelerator.num_processes)
 
+    @property
+    def measuring(self) -> bool:
+        return self.every == AUTO
+
     def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0
+        if self.measuring:
+            self._step_times.append(time.monotonic())
+            return len(self._step_times) == AUTO_MEMORY_CKPT_PROBE_STEP
+        return isinstance(self.every, int) and self.every > 0 and step % self.every == 0
+
+    def worth_saying(self, step: int) -> bool:
+        """The first memory checkpoint and every tenth, for a log line of their cost."""
+        every = self.every if isinstance(self.every, int) else 0
+        return every > 0 and (step == every or step % (10 * every) == 0)
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int) -> float:
-        """This rank's state of ``step`` into its file; returns the seconds it took. No collective.
-        Older ones past :data:`KEEP_MEMORY_CKPTS` are removed. A save that fails (memory full, a
-        folder that is not this user's alone) turns them off for this rank with one line on stderr:
-        they spare a restart steps, training goes on without them."""
+        """This rank's state of ``step`` into its file; returns the seconds it took. No collective
+        (but ``auto``'s measured save, where every rank is at the same step). Older ones past
+        :data:`KEEP_MEMORY_CKPTS` are removed. A save that fails (memory full, a folder that is not
+        this user's alone) turns them off for this rank with one line on stderr: they spare a restart
+        steps, training goes on without them."""
+        measuring = self.measuring
+        seconds = self._write(step)
+        if measuring:
+            self._decide(None if self.every == 0 else seconds)
+        return seconds
+
+    def _decide(self, save_s: float | None) -> None:
+        """Collective (``auto``): the interval from every rank's save and step times, the slowest of
+        each (a step waits for the slowest rank). A rank whose save failed stays off."""
+        import statistics
+
+        ticks = self._step_times
+        step_s = statistics.median(b - a for a, b in zip(ticks, ticks[1:], strict=False))
+        answers = _gathered(self.accelerator, (save_s, step_s))
+        saves = [a[0] for a in answers if a[0] is not None]
+        slowest_step = max(a[1] for a in answers)
+        self.measured = (max(saves, default=None), slowest_step)
+        chosen = auto_memory_ckpt_every(max(saves), slowest_step, self.shared_every) if saves else 0
+        if self.every != 0:  # not turned off by its own failed save
+            self.every = chosen
+        if self.rank == 0:
+            cost = f"a save {max(saves, default=0.0):.3f}s, a step {slowest_step:.3f}s"
+            if chosen:
+                share = max(saves) / (chosen * slowest_step) * 100 if slowest_step > 0 else 0.0
+                said = f"every {chosen} steps ({cost}: {share:.1f} % of training time)"
+            else:
+                limit = f"{AUTO_MEMORY_CKPT_OVERHEAD:.0%}"
+                said = f"none ({cost}: under {limit} only as rarely as the shared checkpoint)"
+            print(f"[orchestrator] memory checkpoints, auto: {said}", flush=True)
+        self._step_times = []
+
+    def _write(self, step: int) -> float:
         import torch
 
         from orchestrator.rank.checkpoint_io import without_zip_crc32

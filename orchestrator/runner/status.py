@@ -333,9 +333,12 @@ def failure_lines(rows: Sequence[StatusRow]) -> list[str]:
             lines.append(f"{row.job_id}: budget: spent {_budget_words(row.budget, row.budget_spent)}")
         if row.restarts:
             last = row.restarts[-1]
+            # The record's step is the newest complete shared checkpoint when the restart was decided;
+            # where the attempt really resumed (memory checkpoints too) is the next line's.
             lines.append(
-                f"{row.job_id}: restarted {len(row.restarts)} time(s) in its allocation; last at step "
-                f"{last.get('step', '-')} (attempt {last.get('attempt', '-')}): {last.get('cause')}"
+                f"{row.job_id}: restarted {len(row.restarts)} time(s) in its allocation; last as attempt "
+                f"{last.get('attempt', '-')} (newest complete checkpoint then: step {last.get('step', '-')}): "
+                f"{last.get('cause')}"
             )
         if row.started_from:
             lines.append(f"{row.job_id}: newest attempt {row.started_from}")

@@ -8,6 +8,7 @@ train from another state than its peers)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,10 +18,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.memory_checkpoints import (
+    AUTO_MEMORY_CKPT_PROBE_STEP,
+    auto_memory_ckpt_every,
     memory_ckpt_file,
     memory_ckpt_steps,
     newest_common_step,
     node_memory_ckpt_dir,
+    parse_memory_ckpt_every,
 )
 from tests.helpers.cli import REPO
 from tests.helpers.net import free_port
@@ -99,6 +103,34 @@ def test_ddp_ranks_on_a_node_keep_one_copy_of_the_model_and_restore_from_it_to_t
 def test_a_ddp_rank_whose_node_lost_the_first_ranks_file_restores_nothing(tmp_path: Path) -> None:
     for got in probe("ddp-lost", tmp_path):
         assert got["common"] is None and got["equals_step_5"], got
+
+
+@pytest.mark.slow
+def test_auto_measures_one_save_and_every_rank_takes_the_interval_of_the_slowest(tmp_path: Path) -> None:
+    """``every="auto"``: the attempt's fifth step saves and is timed against the steps before it; the
+    ranks agree on the slowest save and step (rank 1 sleeps 50 ms a step), and save on that interval."""
+    results = probe("auto", tmp_path)
+    assert results[0]["measured"] == results[1]["measured"], results
+    save_s, step_s = results[0]["measured"]
+    assert save_s == max(r["own_save"] for r in results), results
+    assert step_s >= 0.05, results  # rank 1's sleep is in everyone's measured step
+    every = auto_memory_ckpt_every(save_s, step_s, 50)
+    assert [r["every"] for r in results] == [every, every] and every > 0, results
+    later = [n for n in range(AUTO_MEMORY_CKPT_PROBE_STEP + 1, 9) if n % every == 0]
+    assert [r["saved"] for r in results] == [[AUTO_MEMORY_CKPT_PROBE_STEP, *later]] * 2, results
+
+
+def test_auto_takes_the_fewest_steps_within_its_share_aligned_to_the_shared_interval() -> None:
+    assert auto_memory_ckpt_every(0.19, 1.0, 0) == 10  # 0.19 s every 10 steps of 1 s: under 2 %
+    assert auto_memory_ckpt_every(0.19, 1.0, 500) == 10
+    assert auto_memory_ckpt_every(0.21, 1.0, 500) == 20  # 11 needed, 20 divides 500
+    assert auto_memory_ckpt_every(0.19, 1.0, 15) == 10  # no divisor of 15 in 10..14
+    assert auto_memory_ckpt_every(0.19, 1.0, 10) == 0  # only as rarely as the shared checkpoint
+    assert auto_memory_ckpt_every(0.001, 1.0, 50) == 1
+    assert [parse_memory_ckpt_every(t) for t in ("auto", "5", "0")] == ["auto", 5, 0]
+    for bad in ("-1", "x", "2.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="whole number of steps"):
+            parse_memory_ckpt_every(bad)
 
 
 def test_only_whole_memory_checkpoints_of_this_rank_and_world_count(tmp_path: Path) -> None:

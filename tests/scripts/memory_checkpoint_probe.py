@@ -8,7 +8,9 @@ restore must be refused on both ranks with nothing changed on either; ``open OUT
 parent is writable by everyone, so nothing is saved (memory checkpoints off) and nothing restored.
 ``ddp OUT`` (launched without FSDP): the same restore under DDP, where rank 1's file leaves the
 parameters and optimizer state to rank 0's; ``ddp-lost OUT``: rank 0's file is removed first, so
-rank 1 has no whole memory checkpoint and none is restored.
+rank 1 has no whole memory checkpoint and none is restored. ``auto OUT``: ``every="auto"`` with a
+shared interval of 50: steps 1-8 through ``due``/``save``; the interval it chose, what it measured,
+this rank's own save and the steps saved.
 ``result_<rank>.json`` says the step found, the refusal, whether the state equals step 3's (or step
 5's, untouched), and step 4's loss the first time and once more after the restore.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,9 @@ def main() -> None:
     model, opt, sched = acc.prepare(model, opt, sched)
     acc.register_for_checkpointing(sched)
     rank = acc.process_index
+    if mode == "auto":
+        auto(acc, model, opt, sched, out)
+        return
     snaps = MemoryCheckpoints(acc, every=3)
     losses = {n: step(acc, model, opt, sched, n) for n in (1, 2, 3)}
     if mode == "open" and rank == 0:  # another user could write where the checkpoints go
@@ -95,6 +101,22 @@ def main() -> None:
         "loss_4_again": step(acc, model, opt, sched, 4) if refused is None else None,
     }
     (out / f"result_{rank}.json").write_text(json.dumps(result))
+    torch.distributed.barrier()
+
+
+def auto(acc: Any, model: Any, opt: Any, sched: Any, out: Path) -> None:
+    snaps = MemoryCheckpoints(acc, every="auto", shared_every=50)
+    own_save, saved = None, []
+    for n in range(1, 9):
+        step(acc, model, opt, sched, n)
+        if acc.process_index == 1:
+            time.sleep(0.05)  # the slower rank: its step time is the one that counts
+        if snaps.due(n):
+            seconds = snaps.save(n)
+            own_save = seconds if own_save is None else own_save
+            saved.append(n)
+    result = {"every": snaps.every, "measured": snaps.measured, "own_save": own_save, "saved": saved}
+    (out / f"result_{acc.process_index}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
 
 

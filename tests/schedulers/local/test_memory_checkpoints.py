@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -115,10 +116,13 @@ def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
     assert row["state"] == "COMPLETED" and row["restarts"] == 1, row
     described = run_cli(["status", job_id], orch_env, timeout=60).stdout
     assert f"resumed at step {start['step']} from the nodes' memory checkpoints" in described, described
+    then = f"last as attempt 1 (newest complete checkpoint then: step {restart['step']})"
+    assert then in described, described  # not to be read as where it resumed
     assert not any(folder.exists() for folder in folders), folders  # gone with the node tasks
 
 
 LOOP = str(REPO / "examples" / "accelerate_cnn.py")
+LOOP_SAVE_EVERY = 60  # auto's interval is aligned to a divisor below it: room for a few
 LOOP_STEPS = 150  # 64 steps per epoch; the kill (step 31, or later: the poller lags) falls inside
 LOOP_ARGS = [
     "--epochs",
@@ -126,15 +130,16 @@ LOOP_ARGS = [
     "--max-steps",
     str(LOOP_STEPS),
     "--save-every",
-    "20",
+    str(LOOP_SAVE_EVERY),
     "--memory-ckpt-every",
-    "4",
+    "auto",
 ]
 
 
 def test_a_resumable_loop_restarts_from_its_memory_checkpoints(orch_env: dict[str, str]) -> None:
-    """``ResumableLoop(memory_ckpt_every=4)`` in a user's own Accelerate loop (examples/accelerate_cnn.py,
-    a shuffled seedable loader, a prepared scheduler): the same, through the loop's own restore."""
+    """``ResumableLoop(memory_ckpt_every="auto")`` in a user's own Accelerate loop (examples/accelerate_cnn.py,
+    a shuffled seedable loader, a prepared scheduler): the same, through the loop's own restore, on the
+    interval ``auto`` measured and said."""
     submit = ["submit", "--profile", "local", "--strategy", "ddp", "--nodes", "2", "--procs-per-node", "1"]
     ref = run_cli([*submit, "--wait", "--poll", "0.5", "--", LOOP, *LOOP_ARGS], orch_env, timeout=240)
     assert ref.returncode == 0, ref.stdout + ref.stderr
@@ -147,11 +152,16 @@ def test_a_resumable_loop_restarts_from_its_memory_checkpoints(orch_env: dict[st
     assert waited.returncode == 0, waited.stdout + waited.stderr
     [restart] = read_restarts(run_dir)
     start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
-    assert restart["in_place"] is True and restart["step"] % 20 == 0, restart
+    assert restart["in_place"] is True and restart["step"] % LOOP_SAVE_EVERY == 0, restart
+    said = (run_dir / "logs" / "attempt_0" / "node_0_ranks" / "rank_0.log").read_text(errors="replace")
+    chosen = re.search(r"memory checkpoints, auto: every (\d+) steps \(a save [\d.]+s, a step [\d.]+s", said)
+    assert chosen is not None, said[-3000:]
+    every = int(chosen[1])
+    print(f"[memory_checkpoints loop] {chosen[0]}")
+    assert LOOP_SAVE_EVERY % every == 0 and every < LOOP_SAVE_EVERY, every  # aligned to --save-every
     assert start["memory"] is True and start["hook"] == "accelerate", start
-    assert max(KILL_AT - 1 - 4, restart["step"]) <= start["step"] < LOOP_STEPS and start["step"] % 4 == 0, (
-        start
-    )
+    assert max(KILL_AT - 1 - every, restart["step"]) <= start["step"] < LOOP_STEPS, (start, every)
+    assert start["step"] % every == 0, (start, every)
     got = losses(run_dir)
     assert sorted(got) == list(range(1, LOOP_STEPS + 1)) and got == want, [
         s for s in want if got.get(s) != want[s]
