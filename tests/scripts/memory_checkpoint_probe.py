@@ -7,8 +7,8 @@ on CPU): the tiny model, AdamW and an LR schedule; a memory checkpoint of step 3
 restore must be refused on both ranks with nothing changed on either; ``open OUT``: the folder's
 parent is writable by everyone, so nothing is saved (memory checkpoints off) and nothing restored.
 ``ddp OUT`` (launched without FSDP): the same restore under DDP, where rank 1's file leaves the
-parameters and optimizer state to rank 0's; ``ddp-lost OUT``: rank 0's file is removed first, so
-rank 1 has no whole memory checkpoint and none is restored. ``auto OUT``: ``every="auto"`` with a
+parameters and optimizer state to rank 0's; after it, rank 0's file is removed, and then rank 1 has no
+whole memory checkpoint: no common step is found (``common_without_rank_0``). ``auto OUT``: ``every="auto"`` with a
 shared interval of 50: steps 1-8 through ``due``/``save``; the interval it chose, what it measured,
 this rank's own save and the steps saved.
 ``result_<rank>.json`` says the step found, the refusal, whether the state equals step 3's (or step
@@ -85,8 +85,6 @@ def main() -> None:
     if mode == "corrupt" and rank == 1:
         path = memory_ckpt_file(folder, 2, 1, 3)
         path.write_bytes(path.read_bytes()[:100])
-    if mode == "ddp-lost" and rank == 0:
-        memory_ckpt_file(folder, 2, 0, 3).unlink()
     torch.distributed.barrier()
     common = snaps.common_step()
     refused = snaps.restore(common) if common is not None else "no common step"
@@ -100,6 +98,12 @@ def main() -> None:
         "loss_4": losses[4],
         "loss_4_again": step(acc, model, opt, sched, 4) if refused is None else None,
     }
+    if mode == "ddp":  # the node's first rank's file lost: rank 1's alone is not a memory checkpoint
+        torch.distributed.barrier()
+        if rank == 0:
+            memory_ckpt_file(folder, 2, 0, 3).unlink()
+        torch.distributed.barrier()
+        result["common_without_rank_0"] = snaps.common_step()
     (out / f"result_{rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
 
