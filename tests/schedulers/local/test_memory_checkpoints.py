@@ -166,3 +166,30 @@ def test_a_resumable_loop_restarts_from_its_memory_checkpoints(orch_env: dict[st
     assert sorted(got) == list(range(1, LOOP_STEPS + 1)) and got == want, [
         s for s in want if got.get(s) != want[s]
     ]
+
+
+def test_a_memory_checkpoint_that_cannot_be_written_turns_them_off_and_training_goes_on(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A folder another user could write to (here: the per-user folder left open, mode 0777) is never
+    written: train/ says memory checkpoints are off and trains to the end. ``auto`` then measures no
+    save and chooses none; train/ once divided by the interval a failed save had set to 0."""
+    root = tmp_path / "shm"
+    (root / f"orchestrator-{os.getuid()}").mkdir(parents=True)
+    (root / f"orchestrator-{os.getuid()}").chmod(0o777)
+    env = {**orch_env, "ORCHESTRATOR_MEMORY_CKPT_ROOT": str(root)}
+    args = [*RUN_ARGS[: RUN_ARGS.index("--max-steps")], "--max-steps", "12", "--memory-ckpt-every", "auto"]
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "1", "--wait", "--poll", "0.5", "--", TRAIN, *args],
+        env,
+        timeout=240,
+    )
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    said = (run_dir / "logs" / "attempt_0" / "node_0_ranks" / "rank_0.log").read_text(errors="replace")
+    assert res.returncode == 0 and f"job {job_id} ended COMPLETED" in res.stdout, res.stdout + said[-3000:]
+    assert "memory checkpoints off on rank 0: " in said and "is not a folder of this user's alone" in said, (
+        said
+    )
+    assert "memory checkpoints, auto: none (a save 0.000s" in said, said[-3000:]
+    assert max(e["step"] for e in trains(run_dir)) == 12
+    assert not list(root.rglob("*.pt")), list(root.rglob("*"))
