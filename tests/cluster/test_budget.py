@@ -147,7 +147,15 @@ def test_every_attempt_counts_against_one_budget_and_its_stop_resumes_exactly(
             for p in run_dir.glob("checkpoints/step_*/COMPLETE.json")
             if p.stat().st_mtime >= meters(run_dir)[3]["start"]
         )
-        interval_s = max((b - a for a, b in zip(marks, marks[1:], strict=False)), default=0.0)
+        # An attempt stopped before its second checkpoint has no two marks (older ones are pruned):
+        # then one interval is its steps' wall time, EVERY of them (a loaded CI run stopped 2 steps in,
+        # 3.9 cpu-s past the budget, against a 1 cpu-s floor).
+        times = [e["time"] for e in events(run_dir, "train") if e["time"] >= meters(run_dir)[3]["start"]]
+        step_wall = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+        interval_s = max(
+            max((b - a for a, b in zip(marks, marks[1:], strict=False)), default=0.0),
+            EVERY * step_wall[len(step_wall) // 2] if step_wall else 0.0,
+        )
         total_s = metered_s(run_dir)
         print(
             f"[budget] stop at step {stop['step']}: metered {total_s:.1f} of {budget_h * 3600:.1f} cpu-s "
