@@ -43,8 +43,9 @@ import stat
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.contract.env import MEMORY_CKPT_DIR_ENV
 from orchestrator.contract.memory_checkpoints import (
@@ -88,7 +89,7 @@ class MemoryCheckpoints:
     ``shared_every``: the loop's shared checkpoint interval (0: none), which ``auto`` aligns to."""
 
     accelerator: Any
-    every: int | str
+    every: int | Literal["auto"]
     shared_every: int = 0
     folder: Path = field(default_factory=lambda: Path(os.environ.get(MEMORY_CKPT_DIR_ENV, "")))
     last_seconds: float = 0.0
@@ -105,6 +106,11 @@ class MemoryCheckpoints:
     @property
     def world(self) -> int:
         return int(self.accelerator.num_processes)
+
+    @cached_property
+    def replica_source(self) -> int | None:
+        """:func:`_replica_source`, once: the prepared objects do not change while training."""
+        return _replica_source(self.accelerator)
 
     @property
     def measuring(self) -> bool:
@@ -142,16 +148,18 @@ class MemoryCheckpoints:
         ticks = self._step_times
         step_s = statistics.median(b - a for a, b in zip(ticks, ticks[1:], strict=False))
         answers = _gathered(self.accelerator, (save_s, step_s))
-        saves = [a[0] for a in answers if a[0] is not None]
+        slowest_save = max((a[0] for a in answers if a[0] is not None), default=None)
         slowest_step = max(a[1] for a in answers)
-        self.measured = (max(saves, default=None), slowest_step)
-        chosen = auto_memory_ckpt_every(max(saves), slowest_step, self.shared_every) if saves else 0
+        self.measured = (slowest_save, slowest_step)
+        chosen = 0
+        if slowest_save is not None:
+            chosen = auto_memory_ckpt_every(slowest_save, slowest_step, self.shared_every)
         if self.every != 0:  # not turned off by its own failed save
             self.every = chosen
         if self.rank == 0:
-            cost = f"a save {max(saves, default=0.0):.3f}s, a step {slowest_step:.3f}s"
-            if chosen:
-                share = max(saves) / (chosen * slowest_step) * 100 if slowest_step > 0 else 0.0
+            cost = f"a save {slowest_save or 0.0:.3f}s, a step {slowest_step:.3f}s"
+            if chosen and slowest_save is not None:
+                share = slowest_save / (chosen * slowest_step) * 100 if slowest_step > 0 else 0.0
                 said = f"every {chosen} steps ({cost}: {share:.1f} % of training time)"
             else:
                 limit = f"{AUTO_MEMORY_CKPT_OVERHEAD:.0%}"
@@ -172,9 +180,7 @@ class MemoryCheckpoints:
             if unsafe:
                 raise OSError(unsafe)
             with without_zip_crc32():
-                torch.save(
-                    _state_of(self.accelerator, step, self.world, _replica_source(self.accelerator)), tmp
-                )
+                torch.save(_state_of(self.accelerator, step, self.world, self.replica_source), tmp)
             os.replace(tmp, final)
         except OSError as exc:
             print(
@@ -195,7 +201,7 @@ class MemoryCheckpoints:
     def common_step(self) -> int | None:
         """Collective: the newest step every rank holds a memory checkpoint of, or None."""
         mine = memory_ckpt_steps(self.folder, self.world, self.rank)
-        source = _replica_source(self.accelerator)
+        source = self.replica_source
         if source is not None:  # a step counts only with the file that holds its tensors
             mine = [s for s in mine if memory_ckpt_file(self.folder, self.world, source, s).is_file()]
         return newest_common_step(_gathered(self.accelerator, mine))
@@ -336,6 +342,20 @@ def _optimizers(accelerator: Any) -> list[Any]:
     return [getattr(o, "optimizer", o) for o in getattr(accelerator, "_optimizers", [])]
 
 
+def _per_param_state(opt: Any) -> list[dict[str, tuple[Any, ...]]]:
+    """The optimizer's state of each parameter, in parameter order: a tensor's local part and device."""
+    import torch
+
+    return [
+        {
+            k: (("tensor", _local(v), str(v.device)) if torch.is_tensor(v) else ("value", v))
+            for k, v in opt.state.get(p, {}).items()
+        }
+        for group in opt.param_groups
+        for p in group["params"]
+    ]
+
+
 def _state_of(accelerator: Any, step: int, world: int, replica_of: int | None) -> dict[str, Any]:
     """This rank's state; with ``replica_of``, without the parameters and optimizer state that rank's
     file holds (buffers stay: DDP broadcasts them before a forward, but a step's forward may have
@@ -350,28 +370,13 @@ def _state_of(accelerator: Any, step: int, world: int, replica_of: int | None) -
         }
         for m in accelerator._models
     ]
-    optimizers = []
-    for opt in _optimizers(accelerator):
-        if replica_of is not None:
-            optimizers.append(
-                {
-                    "state": None,
-                    "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
-                }
-            )
-            continue
-        per_param = []
-        for group in opt.param_groups:
-            for p in group["params"]:
-                entry = opt.state.get(p, {})
-                per_param.append(
-                    {
-                        k: (("tensor", _local(v), str(v.device)) if torch.is_tensor(v) else ("value", v))
-                        for k, v in entry.items()
-                    }
-                )
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-        optimizers.append({"state": per_param, "groups": groups})
+    optimizers = [
+        {
+            "state": None if replica_of is not None else _per_param_state(opt),
+            "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        }
+        for opt in _optimizers(accelerator)
+    ]
     scaler = getattr(accelerator, "scaler", None)
     rng: dict[str, Any] = {
         "python": random.getstate(),
