@@ -1,16 +1,23 @@
-"""Where a node keeps its ranks' memory checkpoints, and how their files are named.
+"""Where a node keeps its ranks' memory checkpoints, how their files are named, and which node
+holds a copy of which rank's.
 
 A memory checkpoint is one rank's training state (its shard of the model and optimizer, the
 scheduler, the loop's position, the RNG states) written to node-local memory (``/dev/shm``) every
-few steps by :mod:`orchestrator.rank.memory_checkpoints`. It lives as long as the node's task: a
-restart in place (the same task, the same launcher, the same ranks on the same node) resumes from
-the newest step every rank still holds, usually a few steps back, where the shared checkpoint may
-be hundreds of steps back. Anything else (a new step, a spare's node, a requeue, another world
-size) finds no common memory checkpoint and resumes from the shared checkpoint as before.
+few steps by :mod:`orchestrator.rank.memory_checkpoints`. A restart in place (the same task, the same
+launcher, the same ranks on the same node) resumes from the newest step every rank still holds,
+usually a few steps back, where the shared checkpoint may be hundreds of steps back.
+
+A node can be lost, and its memory with it. So where a job has more than one node, every rank also
+sends its file to the rank of the same local rank on the next node (:func:`replica_peer`), which keeps
+it in its node's folder under the owner's name. A node folder is named by the node (its host on
+Slurm), not by its place in the step: after a spare took a lost node's place, the survivors find their
+folders again although their node ranks moved, and the restore sends every rank the file of its rank
+from whichever node holds it (:func:`transfers`). A requeue or a new job, another world size or a
+shrink finds no common memory checkpoint and resumes from the shared checkpoint as before.
 
 The node entry names the folder (:func:`node_memory_ckpt_dir`, passed to every rank as
-``ORCHESTRATOR_MEMORY_CKPT_DIR``, ``contract.env``) and removes it when its task ends; the ranks
-write and read inside it. Standard library only.
+``ORCHESTRATOR_MEMORY_CKPT_DIR``, ``contract.env``); the ranks write and read inside it. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ AUTO_MEMORY_CKPT_OVERHEAD = 0.02
 AUTO_MEMORY_CKPT_PROBE_STEP = 5
 
 _NAME = re.compile(r"^w(\d+)-r(\d+)-s(\d+)\.pt$")
+_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 def memory_ckpt_root(environ: dict[str, str] | None = None) -> Path:
@@ -54,11 +62,20 @@ def memory_ckpt_root(environ: dict[str, str] | None = None) -> Path:
     return Path(tempfile.gettempdir())
 
 
-def node_memory_ckpt_dir(root: Path, run_dir: Path, job_id: str, node_rank: int) -> Path:
-    """This node's folder for ``job_id``'s ranks: one per user, run, job and node (a local job's
-    simulated nodes share a machine; a requeued job is another allocation and starts empty)."""
+def job_memory_ckpt_prefix(run_dir: Path, job_id: str) -> str:
+    """The start of the name of every node folder of ``job_id`` in this run (:func:`node_memory_ckpt_dir`)."""
     run = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
-    return Path(root) / f"orchestrator-{os.getuid()}" / f"{run}-{job_id}-node{node_rank}"
+    return f"{run}-{job_id}-"
+
+
+def node_memory_ckpt_dir(root: Path, run_dir: Path, job_id: str, node_key: str) -> Path:
+    """This node's folder for ``job_id``'s ranks: one per user, run, job and node. ``node_key`` names
+    the node for as long as its memory lives (``NodeEnvironment.memory_key``: on Slurm the allocation
+    and the host, so that a later step of the allocation finds it wherever the node now stands; a
+    local job's simulated nodes share a machine, so there their index)."""
+    if not _KEY.match(node_key):
+        raise ValueError(f"a node's memory key must be letters, digits, '.', '_' or '-': {node_key!r}")
+    return Path(root) / f"orchestrator-{os.getuid()}" / f"{job_memory_ckpt_prefix(run_dir, job_id)}{node_key}"
 
 
 def memory_ckpt_file(folder: Path, world_size: int, rank: int, step: int) -> Path:
@@ -78,6 +95,64 @@ def memory_ckpt_steps(folder: Path, world_size: int, rank: int) -> list[int]:
         if match and int(match[1]) == world_size and int(match[2]) == rank:
             steps.append(int(match[3]))
     return sorted(steps, reverse=True)
+
+
+def memory_ckpt_holdings(folder: Path, world_size: int) -> dict[int, list[int]]:
+    """Every complete memory checkpoint in a node folder at this world size, its own ranks' and the
+    copies it keeps of other nodes' ranks: owner rank -> steps, newest first."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    held: dict[int, list[int]] = {}
+    for name in names:
+        match = _NAME.match(name)
+        if match and int(match[1]) == world_size:
+            held.setdefault(int(match[2]), []).append(int(match[3]))
+    return {owner: sorted(steps, reverse=True) for owner, steps in held.items()}
+
+
+def replica_peer(rank: int, world_size: int, local_world_size: int) -> int | None:
+    """The rank that keeps a copy of ``rank``'s memory checkpoints: the same local rank on the next node
+    (ranks are numbered node by node), so that no node's loss takes a rank's only copy. None on one
+    node."""
+    if local_world_size <= 0 or world_size <= local_world_size or world_size % local_world_size:
+        return None
+    return (rank + local_world_size) % world_size
+
+
+def replica_owner(rank: int, world_size: int, local_world_size: int) -> int | None:
+    """The rank whose memory checkpoints ``rank`` keeps a copy of (:func:`replica_peer`'s inverse)."""
+    if replica_peer(rank, world_size, local_world_size) is None:
+        return None
+    return (rank - local_world_size) % world_size
+
+
+def newest_step_held(holdings_by_rank: list[dict[int, list[int]]], world_size: int) -> int | None:
+    """The newest step whose memory checkpoint every rank's file exists of somewhere: each entry is
+    what one rank's node folder holds (:func:`memory_ckpt_holdings`)."""
+    found: dict[int, set[int]] = {}
+    for holdings in holdings_by_rank:
+        for owner, steps in holdings.items():
+            found.setdefault(int(owner), set()).update(steps)
+    if any(owner not in found for owner in range(world_size)):
+        return None
+    common = set.intersection(*(found[owner] for owner in range(world_size)))
+    return max(common) if common else None
+
+
+def transfers(holdings_by_rank: list[dict[int, list[int]]], step: int) -> list[tuple[int, int]]:
+    """(sender, receiver) for every rank whose node folder lacks its own file of ``step``: the sender is
+    the first rank whose node folder holds it. Every rank computes the same list from the same
+    gathered holdings, so every send meets its receive."""
+    moves = []
+    for rank, holdings in enumerate(holdings_by_rank):
+        if step in holdings.get(rank, []):
+            continue
+        sender = next((r for r, h in enumerate(holdings_by_rank) if step in h.get(rank, [])), None)
+        if sender is not None:
+            moves.append((sender, rank))
+    return moves
 
 
 def newest_common_step(steps_by_rank: list[list[int]]) -> int | None:

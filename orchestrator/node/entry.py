@@ -152,7 +152,7 @@ def training_environment(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    env[MEMORY_CKPT_DIR_ENV] = str(in_place.memory_ckpt_folder(run_dir, node.job_id, node.node_rank, env))
+    env[MEMORY_CKPT_DIR_ENV] = str(in_place.memory_ckpt_folder(run_dir, node.job_id, node.memory_key, env))
     return env
 
 
@@ -430,6 +430,8 @@ class NodeTask:
         # First of all, so that its imports overlap the plan's and the config rendering.
         prewarmed = PrewarmedLauncher()
         memory_ckpts: Path | None = None
+        keep_memory = False  # a later task of this allocation on this node may resume from them
+        code = 1
         try:
             from orchestrator.config.plan import LaunchPlan
             from orchestrator.schedulers import get_scheduler
@@ -444,10 +446,16 @@ class NodeTask:
                 # The batch step left a lost node out (on_node_loss: shrink): this step's node count.
                 plan = dataclasses.replace(plan, nodes=node.shrunk_to)
             node.begin(run_dir, attempt)
-            memory_ckpts = in_place.memory_ckpt_folder(
-                run_dir, node.job_id, node.node_rank, _profile_env(plan)
-            )
-            in_place.clear_memory_ckpts(memory_ckpts)
+            ranks_env = _profile_env(plan)
+            memory_ckpts = in_place.memory_ckpt_folder(run_dir, node.job_id, node.memory_key, ranks_env)
+            for stale in node.stale_memory_keys():
+                in_place.clear_memory_ckpts(
+                    in_place.memory_ckpt_folder(run_dir, node.job_id, stale, ranks_env)
+                )
+            if not node.memory_outlives_task(plan):
+                in_place.clear_memory_ckpts(memory_ckpts)
+            else:
+                keep_memory = True
             code = run_node(plan, run_dir, node, attempt, prewarmed)
             while prewarmed.kept is not None:  # a restart in place (orchestrator.node.restart_in_place)
                 node.decide_in_place(plan, run_dir, attempt, NOTED_SIGNALS)  # local: node 0 decides
@@ -460,7 +468,7 @@ class NodeTask:
                 code = run_node(plan, run_dir, node, attempt, prewarmed)
         finally:
             prewarmed.release()
-            if memory_ckpts is not None:
+            if memory_ckpts is not None and (not keep_memory or code in (0, EXIT_REQUEUE)):
                 in_place.clear_memory_ckpts(memory_ckpts)
         handed_over = node.finish(plan, run_dir, attempt, code)
         if code not in (0, EXIT_REQUEUE) or (code == EXIT_REQUEUE and node.is_first_node and not handed_over):

@@ -70,13 +70,14 @@ def _say(attempt_path: Path, node: int, line: str) -> None:
         log.write(f"[orchestrator node] {line}\n")
 
 
-def memory_ckpt_folder(run_dir: Path, job_id: str, node_rank: int, environ: Mapping[str, str]) -> Path:
+def memory_ckpt_folder(run_dir: Path, job_id: str, node_key: str, environ: Mapping[str, str]) -> Path:
     """The folder this node's ranks keep their memory checkpoints in (``contract/memory_checkpoints.py``):
     ``environ`` is the ranks' environment (a profile's ``env`` may choose the root)."""
-    return node_memory_ckpt_dir(memory_ckpt_root(dict(environ)), run_dir, job_id, node_rank)
+    return node_memory_ckpt_dir(memory_ckpt_root(dict(environ)), run_dir, job_id, node_key)
 
 
 def clear_memory_ckpts(folder: Path) -> None:
     """The node task's memory checkpoints go with it: at its start (a task killed before it could clear them
-    left them behind) and at its end (they fill memory, ``/dev/shm``, until the node reboots)."""
+    left them behind) and at its end (they fill memory, ``/dev/shm``, until the node reboots), but
+    where a later task of the allocation may resume from them (``NodeEnvironment.memory_outlives_task``)."""
     shutil.rmtree(folder, ignore_errors=True)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import random
-import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -55,9 +54,12 @@ from orchestrator.contract.memory_checkpoints import (
     KEEP_MEMORY_CKPTS,
     auto_memory_ckpt_every,
     memory_ckpt_file,
+    memory_ckpt_holdings,
     memory_ckpt_steps,
     newest_common_step,
+    newest_step_held,
 )
+from orchestrator.rank.memory_replicas import ReplicaLink, private_folder
 
 #: What the file says it is; a file of another layout is not read (2: a DDP rank's may name the file
 #: that holds its parameters).
@@ -98,6 +100,15 @@ class MemoryCheckpoints:
     """``auto``, until it has decided: when :meth:`due` was called at each step of the attempt."""
     measured: tuple[float | None, float] | None = None
     """``auto``, once decided: the slowest rank's save (None: every rank's failed) and step, seconds."""
+    link: ReplicaLink | None = None
+    """Where the job has more than one node: copies to the next node (:mod:`.memory_replicas`)."""
+    broken: bool = False
+    """This rank's save failed: it writes no more, but keeps sending (nothing) on the schedule."""
+    _holdings: list[dict[int, list[int]]] | None = None
+
+    def __post_init__(self) -> None:
+        if int(self.accelerator.num_processes) > 1:
+            self.link = ReplicaLink.between_nodes(self.accelerator, self.folder)
 
     @property
     def rank(self) -> int:
@@ -135,9 +146,15 @@ class MemoryCheckpoints:
         this user's alone) turns them off for this rank with one line on stderr: they spare a restart
         steps, training goes on without them."""
         measuring = self.measuring
-        seconds = self._write(step)
+        started = time.monotonic()
+        written = None if self.broken else self._write(step)
+        if self.link is not None:
+            self.link.exchange(step, written)
+        seconds = time.monotonic() - started if written is not None else 0.0
+        if written is not None:
+            self.last_seconds = seconds
         if measuring:
-            self._decide(None if self.every == 0 else seconds)
+            self._decide(None if written is None else seconds)
         return seconds
 
     def _decide(self, save_s: float | None) -> None:
@@ -154,7 +171,7 @@ class MemoryCheckpoints:
         chosen = 0
         if slowest_save is not None:
             chosen = auto_memory_ckpt_every(slowest_save, slowest_step, self.shared_every)
-        if self.every != 0:  # not turned off by its own failed save
+        if self.link is not None or not self.broken:  # a rank alone stays off after its failed save
             self.every = chosen
         if self.rank == 0:
             cost = f"a save {slowest_save or 0.0:.3f}s, a step {slowest_step:.3f}s"
@@ -167,12 +184,12 @@ class MemoryCheckpoints:
             print(f"[orchestrator] memory checkpoints, auto: {said}", flush=True)
         self._step_times = []
 
-    def _write(self, step: int) -> float:
+    def _write(self, step: int) -> Path | None:
+        """This rank's file of ``step`` (None: the save failed, and they are off for this rank)."""
         import torch
 
         from orchestrator.rank.checkpoint_io import without_zip_crc32
 
-        started = time.monotonic()
         final = memory_ckpt_file(self.folder, self.world, self.rank, step)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
@@ -188,18 +205,24 @@ class MemoryCheckpoints:
                 file=sys.stderr,
                 flush=True,
             )
-            self.every = 0
-            return 0.0
+            self.broken = True
+            if self.link is None:  # alone on its node's schedule: nothing to keep in step with
+                self.every = 0
+            return None
         finally:
             tmp.unlink(missing_ok=True)
         for old in memory_ckpt_steps(self.folder, self.world, self.rank)[KEEP_MEMORY_CKPTS:]:
             memory_ckpt_file(self.folder, self.world, self.rank, old).unlink(missing_ok=True)
-        self.last_seconds = time.monotonic() - started
-        return self.last_seconds
+        return final
 
     # ------------------------------------------------------------------ restoring
     def common_step(self) -> int | None:
-        """Collective: the newest step every rank holds a memory checkpoint of, or None."""
+        """Collective: the newest step every rank holds a memory checkpoint of, or None. With copies on
+        other nodes (:attr:`link`), the newest step every rank's file exists of on some node: a rank
+        whose node lacks it gets it in :meth:`restore`."""
+        if self.link is not None:
+            self._holdings = _gathered(self.accelerator, memory_ckpt_holdings(self.folder, self.world))
+            return newest_step_held(self._holdings, self.world)
         mine = memory_ckpt_steps(self.folder, self.world, self.rank)
         source = self.replica_source
         if source is not None:  # a step counts only with the file that holds its tensors
@@ -212,6 +235,8 @@ class MemoryCheckpoints:
         its memory checkpoint first, and writes into the live state only once every rank's fits."""
         why: str | None = None
         state: dict[str, Any] = {}
+        if self.link is not None and self._holdings is not None:
+            self.link.fetch(self._holdings, step)  # collective: every rank, before any may fail
         try:
             import torch
 
@@ -228,27 +253,12 @@ class MemoryCheckpoints:
             why = f"{type(exc).__name__}: {exc}"
         answers = _gathered(self.accelerator, None if why is None else f"rank {self.rank}: {why}")
         failed = [a for a in answers if a is not None]
+        if self.link is not None:
+            self.link.tidy()  # every rank has read its file and sent what it had to
         if failed:
             return failed[0]
         _apply(self.accelerator, state)
         return None
-
-
-def private_folder(folder: Path, create: bool = True) -> str | None:
-    """None when ``folder`` and its parent are folders of this user's alone (made so, 0700, where
-    missing and ``create``), else why not. ``/dev/shm`` is writable by everyone: another user who made
-    ``orchestrator-<uid>`` first could read a rank's state or plant a pickle the restore would load."""
-    for path in (folder.parent, folder):
-        try:
-            if create:
-                path.mkdir(mode=0o700, exist_ok=True)
-            st = path.lstat()
-        except OSError as exc:
-            return f"{path}: {exc.strerror or exc}"
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            mode = oct(st.st_mode & 0o777)
-            return f"{path} is not a folder of this user's alone (uid {st.st_uid}, mode {mode})"
-    return None
 
 
 def _gathered(accelerator: Any, value: Any) -> list[Any]:

@@ -345,6 +345,22 @@ class NodeEnvironment(ABC):
     def is_first_node(self) -> bool:
         return self.node_rank == 0
 
+    @property
+    def memory_key(self) -> str:
+        """Names this node's memory checkpoint folder (``contract.memory_checkpoints``) for as long as
+        its memory lives: simulated local nodes share a machine, so their index."""
+        return f"node{self.node_rank}"
+
+    def memory_outlives_task(self, plan: LaunchPlan) -> bool:
+        """Whether a later task of this allocation on this node may read this task's memory checkpoints
+        (a new step after a spare took a lost node's place), so that a task ending badly keeps them."""
+        return False
+
+    def stale_memory_keys(self) -> list[str]:
+        """Keys of this node's folders of the job's earlier allocations (a task killed with SIGKILL
+        could not remove its own): removed at the start."""
+        return []
+
     @abstractmethod
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         """The address every node uses to reach node 0."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +21,19 @@ import pytest
 from orchestrator.contract.memory_checkpoints import (
     AUTO_MEMORY_CKPT_PROBE_STEP,
     auto_memory_ckpt_every,
+    job_memory_ckpt_prefix,
     memory_ckpt_file,
+    memory_ckpt_holdings,
     memory_ckpt_steps,
     newest_common_step,
+    newest_step_held,
     node_memory_ckpt_dir,
     parse_memory_ckpt_every,
+    replica_owner,
+    replica_peer,
+    transfers,
 )
-from tests.helpers.cli import REPO
+from tests.helpers.cli import REPO, kill_tree
 from tests.helpers.net import free_port
 from tests.rank.test_shard_plan import ENV  # the same FSDP2-on-CPU launch
 
@@ -49,6 +56,58 @@ def probe(mode: str, out: Path, said: list[str] | None = None) -> list[dict]:
     if said is not None:
         said.append(res.stderr)
     return [json.loads((out / f"result_{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def two_nodes(mode: str, out: Path, folders: tuple[Path, Path]) -> list[dict]:
+    """The probe as two nodes of one rank each (two torchrun agents on loopback), each node with its
+    own memory checkpoint folder, as two hosts have."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_", "ORCHESTRATOR_"))}
+    env.update(ENV, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    port = str(free_port())
+    procs = []
+    for node, folder in enumerate(folders):
+        node_env = {**env, "ORCHESTRATOR_MEMORY_CKPT_DIR": str(folder)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+             "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
+             str(PROBE), mode, str(out)],
+            env=node_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
+        ))  # fmt: skip
+    try:
+        said = [proc.communicate(timeout=240)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            kill_tree(proc.pid)
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(s[-3000:] for s in said)
+    return [json.loads((out / f"{mode}_{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.slow
+def test_a_lost_nodes_memory_checkpoints_come_back_from_the_next_node_to_the_bit(tmp_path: Path) -> None:
+    """Every rank's memory checkpoint is copied to the next node at each save. Node A is then lost: a
+    spare takes its place, empty, and node B, the survivor, comes first (on Slurm the nodes after a
+    lost one move up). Both ranks restore step 3, to the bit: the survivor its rank's file from the
+    copy node A sent it, the spare its own from node B's folder, sent at the restore."""
+    private = tmp_path / "private"
+    a, b, spare = private / "a", private / "b", private / "spare"
+    saved = two_nodes("nodes-save", tmp_path, (a, b))
+    assert all(got["linked"] for got in saved), saved
+    for folder, own, copy in ((a, 0, 1), (b, 1, 0)):
+        assert memory_ckpt_steps(folder, 2, own) == [3, 2] and memory_ckpt_steps(folder, 2, copy) == [3, 2], (
+            folder
+        )
+        assert (
+            memory_ckpt_file(folder, 2, own, 3).read_bytes()
+            == memory_ckpt_file({a: b, b: a}[folder], 2, own, 3).read_bytes()
+        )  # the copy is the file, byte for byte
+    assert saved[1]["received_bytes"] == memory_ckpt_file(a, 2, 0, 3).stat().st_size
+    shutil.rmtree(a)  # node A is lost, and its memory with it: a stand-in for the lost host
+    swapped = two_nodes("nodes-swap", tmp_path, (b, spare))
+    for rank, got in enumerate(swapped):
+        assert got["common"] == 3 and got["refused"] is None, got
+        assert got["equals_step_3"], (rank, got)
+        assert got["loss_4"] == saved[rank]["loss_4"], (rank, got, saved[rank])
+    assert memory_ckpt_steps(spare, 2, 1) == [3]  # sent by node B at the restore
 
 
 @pytest.mark.slow
@@ -143,8 +202,41 @@ def test_only_whole_memory_checkpoints_of_this_rank_and_world_count(tmp_path: Pa
 
 
 def test_each_node_job_and_run_has_its_own_folder(tmp_path: Path) -> None:
-    one = node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", 0)
-    assert len({one, node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", 1),
-                node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "13", 0),
-                node_memory_ckpt_dir(tmp_path, tmp_path / "run_b", "12", 0)}) == 4  # fmt: skip
+    one = node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", "a0-n1")
+    assert len({one, node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", "a0-n2"),
+                node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", "a1-n1"),
+                node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "13", "a0-n1"),
+                node_memory_ckpt_dir(tmp_path, tmp_path / "run_b", "12", "a0-n1")}) == 5  # fmt: skip
     assert one.parent == tmp_path / f"orchestrator-{os.getuid()}"
+    assert one.name.startswith(job_memory_ckpt_prefix(tmp_path / "run_a", "12"))
+    for bad in ("../x", "a/b", "", "n 1"):
+        with pytest.raises(ValueError, match="memory key"):
+            node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", bad)
+
+
+def test_each_rank_is_copied_to_the_same_local_rank_on_the_next_node() -> None:
+    # 3 nodes of 2 ranks: 0,1 | 2,3 | 4,5
+    assert [replica_peer(r, 6, 2) for r in range(6)] == [2, 3, 4, 5, 0, 1]
+    assert [replica_owner(r, 6, 2) for r in range(6)] == [4, 5, 0, 1, 2, 3]
+    assert replica_peer(1, 2, 2) is None and replica_owner(0, 4, 4) is None  # one node: nowhere else
+    assert replica_peer(0, 5, 2) is None and replica_peer(0, 4, 0) is None  # no whole nodes: no guess
+
+
+def test_a_step_counts_where_every_ranks_file_is_on_some_node_and_the_missing_ones_are_sent() -> None:
+    # After a swap: rank 0 on the old node 1 (holds owner 1 own, owner 0 its copy), rank 1 a spare.
+    survivor = {1: [8, 4], 0: [8, 4]}
+    spare: dict[int, list[int]] = {}
+    assert newest_step_held([survivor, spare], 2) == 8
+    assert transfers([survivor, spare], 8) == [(0, 1)]  # rank 0's node has rank 1's file
+    assert transfers([{0: [8], 1: [8]}, {1: [8], 0: [8]}], 8) == []  # in place: each has its own
+    assert newest_step_held([{0: [8, 4]}, {1: [4]}], 2) == 4  # rank 1 was writing 8
+    assert newest_step_held([{0: [8]}, {0: [8]}], 2) is None  # rank 1's file is nowhere
+    assert newest_step_held([], 2) is None
+
+
+def test_a_node_folder_lists_its_own_ranks_and_its_copies_by_owner(tmp_path: Path) -> None:
+    for world, rank, step in ((4, 2, 4), (4, 2, 8), (4, 0, 8), (2, 0, 8)):
+        memory_ckpt_file(tmp_path, world, rank, step).write_bytes(b"x")
+    (tmp_path / f".{memory_ckpt_file(tmp_path, 4, 0, 12).name}.1.tmp").write_bytes(b"torn")
+    assert memory_ckpt_holdings(tmp_path, 4) == {2: [8, 4], 0: [8]}
+    assert memory_ckpt_holdings(tmp_path / "missing", 4) == {}

@@ -219,6 +219,8 @@ def supervise(
         status = 1
     else:
         status = end.status
+    if placement is not None and status != 0:
+        clear_memory_ckpts(run_dir, job_id, placement.usable())
     decision = None
     if status != 0 and end.hang is None:
         decision = ar.after_failed_step(
@@ -236,6 +238,33 @@ def supervise(
     )
     notifier.flush()
     return status
+
+
+#: How long the nodes may take to remove a failed job's memory checkpoints.
+CLEAR_MEMORY_TIMEOUT_S = 30.0
+
+
+def clear_memory_ckpts(run_dir: Path, job_id: str, nodes: list[str]) -> None:
+    """With spare nodes a node task that ended badly keeps its memory checkpoints for the step a swap
+    starts (``NodeEnvironment.memory_outlives_task``); a job that ends without one removes them on every
+    node still in (``orchestrator.schedulers.slurm.clear_memory``), best effort and bounded."""
+    argv = [
+        *srun_on_every_node(nodes),
+        sys.executable,
+        "-m",
+        "orchestrator.schedulers.slurm.clear_memory",
+        str(run_dir),
+        job_id,
+    ]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=CLEAR_MEMORY_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        say(f"memory checkpoints not removed from the nodes: {exc}")
+        return
+    if done.returncode != 0:
+        say(f"memory checkpoints not removed from every node: {(done.stderr or '').strip()[-300:]}")
 
 
 def restart_decision(

@@ -73,6 +73,25 @@ class SlurmNodeEnvironment(NodeEnvironment):
             f"node 0 ({self.hostnames[0]}) did not publish its {interface} address within {MAIN_IP_WAIT_S:.0f} s"
         )
 
+    @property
+    def memory_key(self) -> str:
+        """The allocation (Slurm's requeue count) and the host: after a spare took a lost node's place
+        the survivors' node ranks move, their memory stays where it was."""
+        return f"a{self.restarts}-{self.host}"
+
+    @property
+    def host(self) -> str:
+        return os.environ.get("SLURMD_NODENAME") or self.hostnames[self.node_rank]
+
+    def memory_outlives_task(self, plan: LaunchPlan) -> bool:
+        """With spare nodes a lost node is followed by a new step on the same allocation: the
+        survivors' memory checkpoints, and the copies of the lost node's, are what it resumes from
+        (the batch step removes them when it ends)."""
+        return plan.profile.spare_nodes > 0
+
+    def stale_memory_keys(self) -> list[str]:
+        return [f"a{n}-{self.host}" for n in range(self.restarts)]
+
     def keeps_launchers(self, plan: LaunchPlan | None = None) -> bool:
         """When the batch step marked the step (``RESTART_IN_PLACE_ENV``): it restarts in place, so
         it will give the word."""

@@ -82,7 +82,7 @@ def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
     assert res.returncode == 0, res.stdout + res.stderr
     job_id, run_dir = job_and_run_dir(res.stdout)
     folders = [
-        node_memory_ckpt_dir(memory_ckpt_root(), run_dir, job_id, node) for node in range(nodes)
+        node_memory_ckpt_dir(memory_ckpt_root(), run_dir, job_id, f"node{node}") for node in range(nodes)
     ]  # the job's own, as the node entry names them
     victim = rank_pid(run_dir, 1, min_step=KILL_AT)
     held = _sizes(folders[0])

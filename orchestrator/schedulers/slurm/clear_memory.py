@@ -1,0 +1,48 @@
+"""``python -m orchestrator.schedulers.slurm.clear_memory RUN_DIR JOB_ID``: remove this node's memory checkpoint
+folders of a job (``contract.memory_checkpoints``).
+
+With spare nodes a node task that ends badly keeps its folder, for the new step a spare's swap
+starts (``NodeEnvironment.memory_outlives_task``). When the batch step ends without one, it runs this
+on every node still in the allocation (one task each), so that a failed job does not leave its
+state in the nodes' memory (``/dev/shm`` lives until a reboot, where a site does not run Slurm's
+``job_container/tmpfs``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from orchestrator.contract.memory_checkpoints import job_memory_ckpt_prefix, memory_ckpt_root
+
+
+def clear_job_memory(run_dir: Path, job_id: str, environ: dict[str, str]) -> list[Path]:
+    """Remove every folder of ``job_id`` under this node's memory root; returns those removed."""
+    parent = memory_ckpt_root(environ) / f"orchestrator-{os.getuid()}"
+    prefix = job_memory_ckpt_prefix(run_dir, job_id)
+    removed = []
+    for folder in sorted(parent.glob(f"{prefix}*")):
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestrator.config.plan import LaunchPlan
+    from orchestrator.contract.run_dir import read_current_plan_json
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m orchestrator.schedulers.slurm.clear_memory RUN_DIR JOB_ID", file=sys.stderr)
+        return 2
+    run_dir, job_id = Path(args[0]), args[1]
+    profile_env = LaunchPlan.from_json(read_current_plan_json(run_dir)).profile.env
+    environ = {**os.environ, **{k: str(v) for k, v in profile_env.items()}}
+    clear_job_memory(run_dir, job_id, environ)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
