@@ -70,8 +70,9 @@ def one_run(tree: Path, opts: argparse.Namespace, every: int, scratch: Path) -> 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     cmd = [
-        sys.executable, "-m", "orchestrator", "submit", "--profile", "local", "--strategy", "ddp",
-        *("--nodes", "1", "--procs-per-node", str(opts.ranks), "--wait", "--"),
+        sys.executable, "-m", "orchestrator", "submit", "--profile", "local",
+        *("--strategy", getattr(opts, "strategy", "ddp"), "--nodes", str(getattr(opts, "nodes", 1))),
+        *("--procs-per-node", str(opts.ranks), "--wait", "--"),
         str(tree / "train" / "train.py"),
         *("--preset", opts.preset, "--data", "synthetic", "--batch-size", "4", "--seq-len", "64"),
         *("--max-steps", str(opts.steps), "--ckpt-every", "0", "--memory-ckpt-every", str(every)),

@@ -14,11 +14,13 @@ its parameters and buffers (this rank's local part: an FSDP shard, a DDP replica
 optimizer its per-parameter state and its groups' hyperparameters, every prepared scheduler and
 every object registered with ``register_for_checkpointing`` (``state_dict``), the gradient scaler,
 ``accelerator.step`` and the RNG states (Python, NumPy, torch, CUDA). It is written by this rank
-alone, with no collective: the tensors as they lie in memory, in parameter order, through
-``torch.save`` into a temp name and renamed (a rank killed mid-write leaves none of that step).
+alone: the tensors as they lie in memory, in parameter order, through ``torch.save`` into a temp
+name and renamed (a rank killed mid-write leaves none of that step). On more than one node the file
+then goes to the next node too (:mod:`.memory_replicas`), so a lost node's state is not lost with it.
 
 Restoring is collective: every rank lists its memory checkpoints, the ranks take the newest step all
-of them hold (:func:`orchestrator.contract.memory_checkpoints.newest_common_step`), and that step is
+of them hold (:func:`orchestrator.contract.memory_checkpoints.newest_common_step`; on more nodes, held
+on some node, and fetched from there: :mod:`.memory_replicas`), and that step is
 used only where it is as new as the shared checkpoint chosen anyway or newer; each rank reads its file,
 checks it against the live objects (counts, shapes, dtypes) and tells the others; only when every
 rank's fits does each copy its tensors back into the live parameters and optimizer state. One that
@@ -29,9 +31,7 @@ pickles, so they are read only from a folder of this user's alone (:func:`privat
 DDP keeps one copy per node: its ranks hold the same parameters and optimizer state (the gradients
 are all-reduced before every step), so only the node's first rank writes them, and every other rank's
 file holds its own buffers, RNG states and the rest, and names the rank whose file has the tensors
-(:func:`_replica_source`). Eight DDP ranks on a node wrote eight copies of the model and its Adam
-state into memory at every save (with two kept, sixteen); now one does.
-DeepSpeed is left out: its engine keeps the state in partitions of its own, which its own
+(:func:`_replica_source`). DeepSpeed is left out: its engine keeps the state in partitions of its own, which its own
 checkpoint code reads and writes.
 """
 

@@ -443,19 +443,24 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
     env: dict[str, str], reference: Reference, tmp_path: Path, slurm_cluster: dict[str, str]
 ) -> None:
     """``spare_nodes: 1``: the job holds 3 nodes and trains on 2. A training node dies (its slurmd and
-    every process on it, as at a power loss): the spare takes its place in the same job, from the
-    newest complete checkpoint, and the result is bit-equal to an uninterrupted run."""
+    every process on it, as at a power loss): the spare takes its place in the same job, and the
+    result is bit-equal to an uninterrupted run. With ``--memory-ckpt-every 2`` each rank's state is
+    also copied into the next node's memory: the new step resumes from the newest memory checkpoint
+    (the spare's rank gets the lost node's copy from the survivor), not from the shared checkpoint,
+    and the job's folders are gone from every node at the end."""
     assert slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") == "netns", (
         "needs nodes in namespaces"
     )
     profiles = user_profile_dir(tmp_path, max_restarts=3, spare_nodes=1)
     job_id, run_dir = submitted(
-        env, ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS]
-    )
+        env,
+        ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS,
+         "--memory-ckpt-every", "2"],
+    )  # fmt: skip
     victim = ""
     try:
         assert "#SBATCH --nodes=3" in (run_dir / "sbatch.sh").read_text()
-        rank_pid(run_dir, 1, min_step=CKPT_EVERY + 2)
+        rank_pid(run_dir, 1, min_step=CKPT_EVERY + 5)
         header = (run_dir / "logs" / "attempt_0" / "node_1.log").read_text().splitlines()[0]
         victim = header.split("host=")[1].split()[0]
         allocation = job_nodes(job_id)
@@ -492,6 +497,16 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
     final, ref = (json.loads((d / "final.json").read_text()) for d in (run_dir, ref_dir))
     for key in ("step", "loss", "param_checksum", "optim_checksum"):
         assert final[key] == ref[key], (key, final[key], ref[key])
+    start = json.loads((run_dir / "logs" / "attempt_1" / "start.json").read_text())
+    # The node died after step 15: both ranks' files of step 14 (or 12) were on the survivor.
+    assert start["memory"] is True and start["step"] >= CKPT_EVERY + 2, (start, restart)
+    assert start["step"] > restart["step"] and start["step"] % 2 == 0, (start, restart)
+    want = {e["step"]: e["loss"] for e in trains(ref_dir)}
+    logged = [(e["step"], e["loss"]) for e in trains(run_dir)]
+    assert [(step, want.get(step)) for step, _ in logged] == logged  # both attempts' steps, to the bit
+    assert min(e["step"] for e in trains(run_dir) if e["time"] > restart["time"]) == start["step"] + 1
+    assert memory_folders(run_dir, job_id) == []  # the victim's too (the nodes share /dev/shm here)
+    print(f"[spare] resumed from the memory checkpoint of step {start['step']} (shared: {restart['step']})")
 
 
 def test_without_a_spare_the_job_shrinks_and_keeps_its_global_batch(

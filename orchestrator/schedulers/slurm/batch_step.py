@@ -219,7 +219,7 @@ def supervise(
         status = 1
     else:
         status = end.status
-    if placement is not None and status != 0:
+    if placement is not None and (status != 0 or placement.left_out):
         clear_memory_ckpts(run_dir, job_id, placement.usable())
     decision = None
     if status != 0 and end.hang is None:
@@ -246,8 +246,9 @@ CLEAR_MEMORY_TIMEOUT_S = 30.0
 
 def clear_memory_ckpts(run_dir: Path, job_id: str, nodes: list[str]) -> None:
     """With spare nodes a node task that ended badly keeps its memory checkpoints for the step a swap
-    starts (``NodeEnvironment.memory_outlives_task``); a job that ends without one removes them on every
-    node still in (``orchestrator.schedulers.slurm.clear_memory``), best effort and bounded."""
+    starts (``NodeEnvironment.memory_outlives_task``). At the end, after a failure or a swap (the nodes
+    left out may still hold theirs), every node still in removes the job's
+    (``orchestrator.schedulers.slurm.clear_memory``), best effort and bounded."""
     argv = [
         *srun_on_every_node(nodes),
         sys.executable,
