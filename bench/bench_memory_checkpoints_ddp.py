@@ -93,6 +93,29 @@ def one_run(tree: Path, opts: argparse.Namespace, every: int, scratch: Path) -> 
     return {"median_step_wall_s": statistics.median(gaps), "peak_node_bytes": peak[0]}
 
 
+def against_baseline(opts: argparse.Namespace, old_name: str, new_name: str) -> dict[str, dict[str, Any]]:
+    """``none`` (this tree, no memory checkpoints), ``old_name`` (the baseline commit, ``opts.baseline``,
+    checked out with ``git worktree``) and ``new_name`` (this tree), each with its ``save_s``: its median
+    step's wall time over ``none``'s."""
+    with tempfile.TemporaryDirectory(prefix="bench_mckpt_") as tmp:
+        old = Path(tmp) / "baseline"
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(old), opts.baseline], check=True
+        )
+        try:
+            rows = {
+                "none": one_run(REPO, opts, 0, Path(tmp) / "none"),
+                old_name: one_run(old, opts, 1, Path(tmp) / "old"),
+                new_name: one_run(REPO, opts, 1, Path(tmp) / "new"),
+            }
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)
+    floor = rows["none"]["median_step_wall_s"]
+    for name in (old_name, new_name):
+        rows[name]["save_s"] = round(rows[name]["median_step_wall_s"] - floor, 3)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
@@ -101,22 +124,7 @@ def main() -> int:
     ap.add_argument("--baseline", default=BASELINE)
     ap.add_argument("--out", default=str(REPO / "bench" / "results_memory_checkpoints_ddp.json"))
     opts = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench_mckpt_ddp_") as tmp:
-        old = Path(tmp) / "baseline"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(old), opts.baseline], check=True
-        )
-        try:
-            rows = {
-                "none": one_run(REPO, opts, 0, Path(tmp) / "none"),
-                "per rank": one_run(old, opts, 1, Path(tmp) / "per_rank"),
-                "per node": one_run(REPO, opts, 1, Path(tmp) / "per_node"),
-            }
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)
-    floor = rows["none"]["median_step_wall_s"]
-    for name in ("per rank", "per node"):
-        rows[name]["save_s"] = round(rows[name]["median_step_wall_s"] - floor, 3)
+    rows = against_baseline(opts, "per rank", "per node")
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "preset": opts.preset,

@@ -25,14 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench_goodput import REPO
-from bench_memory_checkpoints_ddp import one_run
+from bench_memory_checkpoints_ddp import against_baseline
 
 #: The last commit whose memory checkpoints stayed on their own node.
 BASELINE = "f7519d0"
@@ -47,22 +45,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results_memory_replicas.json"))
     opts = ap.parse_args()
     opts.strategy, opts.ranks = "full_shard", 1
-    with tempfile.TemporaryDirectory(prefix="bench_mckpt_copy_") as tmp:
-        old = Path(tmp) / "baseline"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(old), opts.baseline], check=True
-        )
-        try:
-            rows = {
-                "none": one_run(REPO, opts, 0, Path(tmp) / "none"),
-                "node-local": one_run(old, opts, 1, Path(tmp) / "local"),
-                "with a copy": one_run(REPO, opts, 1, Path(tmp) / "copy"),
-            }
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False)
-    floor = rows["none"]["median_step_wall_s"]
-    for name in ("node-local", "with a copy"):
-        rows[name]["save_s"] = round(rows[name]["median_step_wall_s"] - floor, 3)
+    rows = against_baseline(opts, "node-local", "with a copy")
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "preset": opts.preset,

@@ -16,8 +16,9 @@ rank whose node folder lacks its own file of that step gets it from a node that 
 files from the next node, and survivors whose node rank moved get the files of their new ranks.
 
 The bytes go over a gloo group of their own (CPU tensors: under NCCL too), point to point, sizes
-first. Every rank takes part in every exchange, also one whose own save failed (it sends nothing):
-a rank that left the schedule would leave its peers waiting.
+first, on a thread of their own while training goes on; the next save waits for the previous copy.
+Every rank takes part in every exchange, also one whose own save failed (it sends nothing): a rank
+that left the schedule would leave its peers waiting.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import mmap
 import os
 import stat
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +81,9 @@ class ReplicaLink:
     group: Any = field(default=None, repr=False)
     received_bytes: int = 0
     """The size of the newest copy received, for the log."""
+    copy_seconds: float = 0.0
+    """How long the newest exchange took, off the training thread."""
+    _copying: threading.Thread | None = field(default=None, repr=False)
 
     @classmethod
     def between_nodes(cls, accelerator: Any, folder: Path) -> ReplicaLink | None:
@@ -95,19 +101,55 @@ class ReplicaLink:
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        group, why = None, None
+        try:  # a group of its own: the copies run beside training's collectives, on another thread
+            group = dist.new_group(backend="gloo")
+        except Exception as exc:  # noqa: BLE001 (no copies is a loss of speed, not of training)
+            why = f"{type(exc).__name__}: {exc}"
+        answers: list[Any] = [None] * world
+        dist.all_gather_object(answers, why)  # all link or none: a rank alone would leave its peer waiting
+        failed = next((a for a in answers if a is not None), None)
+        if failed is not None:
+            if rank == 0:
+                print(
+                    f"[orchestrator] memory checkpoints stay on their node (no gloo group: {failed})",
+                    file=sys.stderr,
+                )
+            return None
         return cls(rank, world, local, folder, peer, owner, group)
 
     # ------------------------------------------------------------------ at every save
     def exchange(self, step: int, mine: Path | None) -> None:
-        """Send this rank's file of ``step`` (None: its save failed, nothing to send) to :attr:`peer`
-        and keep what :attr:`owner` sends. A copy that cannot be written is said once and dropped."""
+        """Start sending this rank's file of ``step`` (None: its save failed, nothing to send) to
+        :attr:`peer` and keeping what :attr:`owner` sends, on a thread of its own: the copy crosses the
+        network while training goes on. The previous exchange is waited for first (one at a time, in
+        the same order on every rank). A copy that arrives whole is renamed into place, so a node lost
+        mid-copy leaves the copy of the step before."""
+        self.wait()
         out = _mapped(mine)
-        received = self._swap([(self.peer, out)], [self.owner])
+        self._copying = threading.Thread(
+            target=self._exchange, args=(step, out), name=f"memory-ckpt-copy-{step}", daemon=True
+        )
+        self._copying.start()
+
+    def wait(self) -> None:
+        """Until the exchange under way, if any, has ended."""
+        if self._copying is not None:
+            self._copying.join()
+            self._copying = None
+
+    def _exchange(self, step: int, out: Any) -> None:
+        started = time.monotonic()
+        try:
+            received = self._swap([(self.peer, out)], [self.owner])
+        except Exception as exc:  # noqa: BLE001 (a peer gone mid-copy: training's collectives say so)
+            print(f"[orchestrator] memory checkpoint copy of step {step} failed: {exc}", file=sys.stderr)
+            return
         data = received.get(self.owner)
         self.received_bytes = 0 if data is None else int(data.numel())
         if data is not None:
             self._keep(self.owner, step, data)
+        self.copy_seconds = time.monotonic() - started
 
     def _keep(self, owner: int, step: int, data: Any) -> None:
         final = memory_ckpt_file(self.folder, self.world, owner, step)

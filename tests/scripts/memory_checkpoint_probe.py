@@ -142,6 +142,8 @@ def nodes(mode: str, acc: Any, model: Any, opt: Any, sched: Any, out: Path) -> N
             if n >= 2:
                 snaps.save(n)
         torch.save(tensors(model, opt), out / f"at_3_{rank}.pt")
+        if snaps.link is not None:
+            snaps.link.wait()  # the copy goes on beside training: this probe ends right after it
         result["received_bytes"] = snaps.link.received_bytes if snaps.link else 0
     else:
         result["common"] = snaps.common_step()
