@@ -580,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
             beat(step, "checkpoint")
             memory_ckpts.save(step)
             if memory_ckpts.worth_saying(step):
-                metrics.say(f"memory checkpoint step {step}: {memory_ckpts.last_seconds:.3f}s")
+                said = f"memory checkpoint step {step}: {memory_ckpts.last_seconds:.3f}s"
+                if memory_ckpts.link is not None and memory_ckpts.link.copy_seconds:
+                    said += f" (the last copy to the next node: {memory_ckpts.link.copy_seconds:.3f}s, beside training)"
+                metrics.say(said)
         if args.ckpt_every and step % args.ckpt_every == 0:
             save_checkpoint(step)
 
