@@ -31,8 +31,8 @@ pickles, so they are read only from a folder of this user's alone (:func:`privat
 DDP keeps one copy per node: its ranks hold the same parameters and optimizer state (the gradients
 are all-reduced before every step), so only the node's first rank writes them, and every other rank's
 file holds its own buffers, RNG states and the rest, and names the rank whose file has the tensors
-(:func:`_replica_source`). DeepSpeed is left out: its engine keeps the state in partitions of its own, which its own
-checkpoint code reads and writes.
+(:func:`_replica_source`). DeepSpeed is left out: its engine keeps the state in partitions of its
+own, which its own checkpoint code reads and writes.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from orchestrator.contract.memory_checkpoints import (
     newest_common_step,
     newest_step_held,
 )
-from orchestrator.rank.memory_replicas import ReplicaLink, private_folder
+from orchestrator.rank.memory_replicas import ReplicaLink, private_folder, remove_torn_files
 
 #: What the file says it is; a file of another layout is not read (2: a DDP rank's may name the file
 #: that holds its parameters).
@@ -107,6 +107,7 @@ class MemoryCheckpoints:
     _holdings: list[dict[int, list[int]]] | None = None
 
     def __post_init__(self) -> None:
+        remove_torn_files(self.folder)
         if int(self.accelerator.num_processes) > 1:
             self.link = ReplicaLink.between_nodes(self.accelerator, self.folder)
 
@@ -140,11 +141,10 @@ class MemoryCheckpoints:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int) -> float:
-        """This rank's state of ``step`` into its file; returns the seconds it took. No collective
-        (but ``auto``'s measured save, where every rank is at the same step). Older ones past
-        :data:`KEEP_MEMORY_CKPTS` are removed. A save that fails (memory full, a folder that is not
-        this user's alone) turns them off for this rank with one line on stderr: they spare a restart
-        steps, training goes on without them."""
+        """This rank's state of ``step`` into its file, then its copy to the next node started (:attr:`link`);
+        returns the seconds training waited. Older ones past :data:`KEEP_MEMORY_CKPTS` are removed. A save
+        that fails (memory full, a folder not this user's alone) turns them off for this rank, said on
+        stderr; training goes on (with a link the rank still takes part in every copy, sending nothing)."""
         measuring = self.measuring
         started = time.monotonic()
         written = None if self.broken else self._write(step)

@@ -68,6 +68,25 @@ def private_folder(folder: Path, create: bool = True) -> str | None:
     return None
 
 
+def remove_torn_files(folder: Path) -> None:
+    """Remove the temp files of writers that are gone (``.<name>.<pid>.tmp``: a rank killed mid-save or
+    mid-copy): a restart in place keeps the folder, and each one can be a shard's size of memory."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        parts = name.rsplit(".", 2)
+        if not (name.startswith(".") and len(parts) == 3 and parts[2] == "tmp" and parts[1].isdigit()):
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            (folder / name).unlink(missing_ok=True)
+        except OSError:  # alive, another user's: not ours to touch
+            pass
+
+
 @dataclass
 class ReplicaLink:
     """This rank's side of the ring: whom it sends its files to, whose it keeps."""

@@ -33,6 +33,7 @@ from orchestrator.contract.memory_checkpoints import (
     replica_peer,
     transfers,
 )
+from orchestrator.rank.memory_replicas import remove_torn_files
 from tests.helpers.cli import REPO, kill_tree
 from tests.helpers.net import free_port
 from tests.rank.test_shard_plan import ENV  # the same FSDP2-on-CPU launch
@@ -240,3 +241,18 @@ def test_a_node_folder_lists_its_own_ranks_and_its_copies_by_owner(tmp_path: Pat
     (tmp_path / f".{memory_ckpt_file(tmp_path, 4, 0, 12).name}.1.tmp").write_bytes(b"torn")
     assert memory_ckpt_holdings(tmp_path, 4) == {2: [8, 4], 0: [8]}
     assert memory_ckpt_holdings(tmp_path / "missing", 4) == {}
+
+
+def test_a_temp_file_of_a_writer_that_is_gone_is_removed_and_a_live_ones_is_kept(tmp_path: Path) -> None:
+    """A rank killed mid-save or mid-copy leaves ``.<name>.<pid>.tmp``, up to a shard's size of memory in
+    a folder a restart in place keeps."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    name = memory_ckpt_file(tmp_path, 2, 0, 3).name
+    torn, live = tmp_path / f".{name}.{gone.pid}.tmp", tmp_path / f".{name}.{os.getpid()}.tmp"
+    whole = memory_ckpt_file(tmp_path, 2, 0, 2)
+    for path in (torn, live, whole):
+        path.write_bytes(b"x")
+    remove_torn_files(tmp_path)
+    assert not torn.exists() and live.exists() and whole.exists()
+    remove_torn_files(tmp_path / "missing")  # no folder yet: nothing to do
