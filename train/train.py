@@ -593,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
             save_checkpoint(step)
         if async_ckpt is not None:
             report_async(async_ckpt.wait())
+        if memory_ckpts is not None and memory_ckpts.link is not None:
+            memory_ckpts.link.wait()  # leaving mid-copy would cut the peer's copy off
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             print(f"requeue: checkpoint step {step} saved", flush=True)
@@ -608,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
         save_checkpoint(step)
     if async_ckpt is not None:
         report_async(async_ckpt.wait())
+    if memory_ckpts is not None and memory_ckpts.link is not None:
+        memory_ckpts.link.wait()
     sums = checksums(model, optimizer, num_params)
     replicas = run_dir / "replicas"
     replicas.mkdir(exist_ok=True)

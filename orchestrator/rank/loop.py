@@ -234,12 +234,14 @@ class ResumableLoop:
             self._beat("data")
             for batch in source:
                 if self._finished():
+                    self._copies_done()
                     return
                 self._beat("forward")
                 yield batch
                 self._beat("data")
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
+        self._copies_done()
 
     def _finished(self) -> bool:
         return self.max_steps is not None and self.state.step >= self.max_steps
@@ -325,9 +327,17 @@ class ResumableLoop:
             self._say(f"requeue: checkpoint step {self.state.step} saved")
         if self._metrics is not None:
             self._metrics.close()
+        self._copies_done()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         raise SystemExit(EXIT_REQUEUE)
+
+    def _copies_done(self) -> None:
+        """Until the newest memory checkpoint's copy to the next node has landed: a rank that left
+        mid-copy would cut its peer's copy off (said on its stderr as a failure)."""
+        link = self.memory_ckpts.link if self.memory_ckpts is not None else None
+        if link is not None:
+            link.wait()
 
     # ------------------------------------------------------------------ output
     def _beat(self, phase: str) -> None:
