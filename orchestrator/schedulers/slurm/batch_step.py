@@ -219,8 +219,6 @@ def supervise(
         status = 1
     else:
         status = end.status
-    if placement is not None and (status != 0 or placement.left_out):
-        clear_memory_ckpts(run_dir, job_id, placement.usable())
     decision = None
     if status != 0 and end.hang is None:
         decision = ar.after_failed_step(
@@ -237,6 +235,9 @@ def supervise(
         status, started, decision.reason if decision is not None and decision.action != "none" else None
     )
     notifier.flush()
+    if placement is not None and (status != 0 or placement.left_out):  # after any successor's submission
+        lost = {p.node for p in end.probes or [] if not p.alive}
+        clear_memory_ckpts(run_dir, job_id, [n for n in placement.usable() if n not in lost])
     return status
 
 
@@ -249,6 +250,8 @@ def clear_memory_ckpts(run_dir: Path, job_id: str, nodes: list[str]) -> None:
     starts (``NodeEnvironment.memory_outlives_task``). At the end, after a failure or a swap (the nodes
     left out may still hold theirs), every node still in removes the job's
     (``orchestrator.schedulers.slurm.clear_memory``), best effort and bounded."""
+    if not nodes:
+        return
     argv = [
         *srun_on_every_node(nodes),
         sys.executable,
