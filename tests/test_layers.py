@@ -120,12 +120,12 @@ BY_NAME: dict[str, tuple[frozenset[str], str]] = {
         "its own entry (the docstring), and submitit's node entry run with runpy",
     ),
     "orchestrator.schedulers.slurm.batch_step": (
-        frozenset({"orchestrator.schedulers.slurm.batch_step", "orchestrator.schedulers.slurm.clear_memory"}),
-        "its own entry; the removal of a failed job's memory checkpoints, run on every node",
+        frozenset({"orchestrator.schedulers.slurm.batch_step"}),
+        "its own entry",
     ),
     "orchestrator.schedulers.slurm.clear_memory": (
         frozenset({"orchestrator.schedulers.slurm.clear_memory"}),
-        "its own entry (the docstring)",
+        "its own entry, run on every node by the batch step's end (one srun task per node)",
     ),
     "orchestrator.supervise.preflight": (
         frozenset({"orchestrator.node.preflight"}),

@@ -36,6 +36,7 @@ from orchestrator.contract.env import RESTART_IN_PLACE_ENV, RUN_DIR_ENV
 from orchestrator.contract.in_place import ended_in_place, tell_nodes
 from orchestrator.schedulers.base import record_attempt, record_restart
 from orchestrator.schedulers.slurm import in_place
+from orchestrator.schedulers.slurm.clear_memory import clear_memory_on
 from orchestrator.schedulers.slurm.environment import (
     STEP_ATTEMPT_ENV,
     allocation_nodes,
@@ -237,38 +238,8 @@ def supervise(
     notifier.flush()
     if placement is not None and (status != 0 or placement.left_out):  # after any successor's submission
         lost = {p.node for p in end.probes or [] if not p.alive}
-        clear_memory_ckpts(run_dir, job_id, [n for n in placement.usable() if n not in lost])
+        clear_memory_on(run_dir, job_id, [n for n in placement.usable() if n not in lost], say)
     return status
-
-
-#: How long the nodes may take to remove a failed job's memory checkpoints.
-CLEAR_MEMORY_TIMEOUT_S = 30.0
-
-
-def clear_memory_ckpts(run_dir: Path, job_id: str, nodes: list[str]) -> None:
-    """With spare nodes a node task that ended badly keeps its memory checkpoints for the step a swap
-    starts (``NodeEnvironment.memory_outlives_task``). At the end, after a failure or a swap (the nodes
-    left out may still hold theirs), every node still in removes the job's
-    (``orchestrator.schedulers.slurm.clear_memory``), best effort and bounded."""
-    if not nodes:
-        return
-    argv = [
-        *srun_on_every_node(nodes),
-        sys.executable,
-        "-m",
-        "orchestrator.schedulers.slurm.clear_memory",
-        str(run_dir),
-        job_id,
-    ]
-    try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=CLEAR_MEMORY_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        say(f"memory checkpoints not removed from the nodes: {exc}")
-        return
-    if done.returncode != 0:
-        say(f"memory checkpoints not removed from every node: {(done.stderr or '').strip()[-300:]}")
 
 
 def restart_decision(

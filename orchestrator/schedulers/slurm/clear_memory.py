@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.contract.memory_checkpoints import job_memory_ckpt_prefix, memory_ckpt_root
+from orchestrator.schedulers.slurm.environment import srun_on_every_node
 
 
 def clear_job_memory(run_dir: Path, job_id: str, environ: dict[str, str]) -> list[Path]:
@@ -27,6 +30,36 @@ def clear_job_memory(run_dir: Path, job_id: str, environ: dict[str, str]) -> lis
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
+
+
+#: How long the nodes may take to remove a failed job's memory checkpoints.
+CLEAR_MEMORY_TIMEOUT_S = 30.0
+
+
+def clear_memory_on(run_dir: Path, job_id: str, nodes: list[str], say: Callable[[str], None]) -> None:
+    """With spare nodes a node task that ended badly keeps its memory checkpoints for the step a swap
+    starts (``NodeEnvironment.memory_outlives_task``). At the end, after a failure or a swap (the nodes
+    left out may still hold theirs), every node still in removes the job's (this module's ``main``,
+    one task per node), best effort and bounded."""
+    if not nodes:
+        return
+    argv = [
+        *srun_on_every_node(nodes),
+        sys.executable,
+        "-m",
+        "orchestrator.schedulers.slurm.clear_memory",
+        str(run_dir),
+        job_id,
+    ]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=CLEAR_MEMORY_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        say(f"memory checkpoints not removed from the nodes: {exc}")
+        return
+    if done.returncode != 0:
+        say(f"memory checkpoints not removed from every node: {(done.stderr or '').strip()[-300:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
