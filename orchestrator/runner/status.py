@@ -297,10 +297,17 @@ def collect_status(
         for j in jobs
     ]
     cache.save()
-    # A run that trained again from step 0 says so where it ends, too (`list`, `wait`, the registry).
+    # A run that trained again from step 0 says so where it ends, too (`list`, `wait`, the registry);
+    # not a budget's stop, which says why it ended (one that came while the attempt was starting left
+    # no start record, as a script without a hook leaves none).
     explained_now = {j.job_id for j in jobs if not j.end_reason}
     for i, row in enumerate(rows):
-        if row.job_id in explained_now and row.state.is_terminal() and row.started_from == NO_HOOK:
+        if (
+            row.job_id in explained_now
+            and row.state.is_terminal()
+            and row.state is not JobState.BUDGET
+            and row.started_from == NO_HOOK
+        ):
             registry.set_end_reason(row.job_id, NO_HOOK)
             rows[i] = replace(row, reason=NO_HOOK)
     return rows, result

@@ -45,7 +45,7 @@ def test_node_environment_for_deepspeed_on_cpu(tmp_path: Path, monkeypatch: pyte
     """ACCELERATE_USE_CPU would turn DeepSpeed into MULTI_CPU DDP: never set for it, even when inherited."""
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    node = SimpleNamespace(job_id="7", node_rank=0, device_environment=lambda plan: {})
+    node = SimpleNamespace(job_id="7", node_rank=0, memory_key="node0", device_environment=lambda plan: {})
     env = training_environment(_plan("deepspeed_zero3"), node, tmp_path, 0)  # type: ignore[arg-type]
     assert "ACCELERATE_USE_CPU" not in env
     assert env["PYTHONPATH"].split(os.pathsep)[0] == NODE_SITE_DIR
