@@ -2,9 +2,9 @@
 folders of a job (``contract.memory_checkpoints``).
 
 With spare nodes a node task that ends badly keeps its folder, for the new step a spare's swap
-starts (``NodeEnvironment.memory_outlives_task``). When the batch step ends without one, it runs this
-on every node still in the allocation (one task each), so that a failed job does not leave its
-state in the nodes' memory (``/dev/shm`` lives until a reboot, where a site does not run Slurm's
+starts (``NodeEnvironment.memory_outlives_task``). When the job ends after a failure or a swap, the
+batch step runs this on every node still in the allocation (one task each), so that no node keeps
+the job's state in its memory (``/dev/shm`` lives until a reboot, where a site does not run Slurm's
 ``job_container/tmpfs``).
 """
 
