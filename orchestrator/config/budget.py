@@ -131,13 +131,19 @@ class Verdict:
     reason: str
 
 
+#: How a budget's stop ends an attempt: the ranks save first, or (during start-up, nothing trained
+#: since the newest complete checkpoint) they are ended at once (orchestrator.node.budget_watch).
+STOPPED_AT_A_CHECKPOINT = "stopped at a checkpoint"
+STOPPED_IN_START_UP = "stopped during start-up, before it trained"
+
+
 def decide(budget: Budget, spent: float, next_interval: float) -> Verdict:
     """Pure: stop (checkpoint now) when what is spent plus what the next checkpoint interval will
     cost would pass the budget. Amounts in the budget's unit. Stopping at the last check where the
     next interval still fitted keeps the overshoot under one interval (the stop's own save)."""
     words = f"spent {budget.show(spent)} of {budget}, next checkpoint interval {budget.show(next_interval)}"
     if spent + next_interval > budget.amount:
-        return Verdict(True, f"budget: {words}: stopped at a checkpoint")
+        return Verdict(True, f"budget: {words}: {STOPPED_AT_A_CHECKPOINT}")
     return Verdict(False, words)
 
 

@@ -23,6 +23,9 @@ from orchestrator.contract.run_dir import (
 
 #: The words for an attempt that trained again from step 0 because nothing could restore it.
 NO_HOOK = "restarted from step 0: the script has no checkpoint hook"
+#: The words for an attempt of a script that has a hook (another attempt wrote its record) which ended
+#: before its rank 0 restored: a stop, a budget or a fault during start-up. It trained nothing.
+ENDED_IN_START_UP = "ended during start-up, before it restored: it trained no step"
 
 
 def write_attempt_start(
@@ -53,7 +56,12 @@ def describe_start(run_dir: Path, attempt: int, first_attempt: int) -> str | Non
     without a hook (nothing to say: it started from scratch as it should)."""
     record = read_attempt_start(run_dir, attempt)
     if record is None:
-        return None if attempt <= first_attempt else NO_HOOK
+        if attempt <= first_attempt:
+            return None
+        hooked = any(
+            read_attempt_start(run_dir, a) is not None for a, _ in attempt_dirs(run_dir) if a != attempt
+        )
+        return ENDED_IN_START_UP if hooked else NO_HOOK
     step, checkpoint = record.get("step"), record.get("checkpoint")
     if record.get("memory") is True:
         return f"resumed at step {step} from the nodes' memory checkpoints ({record.get('hook', '?')} hook)"

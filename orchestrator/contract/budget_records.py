@@ -67,8 +67,16 @@ def spent_hours(run_dir: Path, but: int | None = None) -> float:
 
 
 def write_budget_stop(
-    run_dir: Path, attempt: int, reason: str, spent: float, budget: str, job_id: str = ""
+    run_dir: Path,
+    attempt: int,
+    reason: str,
+    spent: float,
+    budget: str,
+    job_id: str = "",
+    before_training: bool = False,
 ) -> None:
+    """The stop marker. ``before_training``: no rank of ``attempt`` had begun a step, so every node
+    ends its ranks at once instead of asking for a checkpoint (:func:`stops_at_once`)."""
     data = {
         "attempt": attempt,
         "job_id": job_id,
@@ -76,8 +84,15 @@ def write_budget_stop(
         "spent": spent,
         "budget": budget,
         "time": time.time(),
+        "before_training": before_training,
     }
     write_json_atomic(Path(run_dir) / BUDGET_STOP_FILE, data)
+
+
+def stops_at_once(marker: dict[str, Any] | None) -> bool:
+    """Whether a stop marker ends the ranks without a checkpoint: it came during start-up, when the
+    newest complete checkpoint is already where the attempt stands."""
+    return marker is not None and marker.get("before_training") is True
 
 
 def budget_stop(run_dir: Path, attempt: int | None = None) -> dict[str, Any] | None:

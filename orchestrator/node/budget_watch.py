@@ -8,6 +8,15 @@ next checkpoint interval still fits. When it does not, node 0 writes ``budget_st
 node (node 0 at once, the others on their next poll) sends its ranks the profile's stop signal: the
 preemption path, so the ranks agree on a step, save a complete checkpoint and leave asking for a
 requeue, which the marker turns into the final state ``BUDGET`` (no requeue).
+
+A stop that comes while the attempt is still starting (a resume given a few CPU-seconds more, or a
+start-up of minutes on a real cluster) does not wait for it to finish: the ranks would build, load and
+restore before they reach the step boundary where they look at the signal, all of it past the budget,
+and then save the checkpoint they had just loaded. When the run's script is known to checkpoint (a
+start record of this attempt or an earlier one) and this attempt's rank 0 has not begun a step (no
+heartbeat), node 0 marks the stop ``before_training`` and every node ends its ranks at once. The
+newest complete checkpoint is where the attempt stands, so nothing is lost. A script not known to
+checkpoint gets the signal as before: its own handler may save.
 """
 
 from __future__ import annotations
@@ -16,10 +25,32 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from orchestrator.config.budget import checkpoint_interval_s, decide, in_budget_units
-from orchestrator.contract.budget_records import budget_stop, spent_hours, write_budget_stop, write_meter
+from orchestrator.config.budget import (
+    STOPPED_AT_A_CHECKPOINT,
+    STOPPED_IN_START_UP,
+    checkpoint_interval_s,
+    decide,
+    in_budget_units,
+)
+from orchestrator.contract.attempt_start import read_attempt_start
+from orchestrator.contract.budget_records import (
+    budget_stop,
+    spent_hours,
+    stops_at_once,
+    write_budget_stop,
+    write_meter,
+)
 from orchestrator.contract.heartbeat import read_heartbeat
-from orchestrator.contract.run_dir import COMPLETE_MARKER, attempt_dir, checkpoint_folders, heartbeat_file
+from orchestrator.contract.run_dir import (
+    COMPLETE_MARKER,
+    EXIT_REQUEUE,
+    attempt_dir,
+    attempt_dirs,
+    checkpoint_folders,
+    heartbeat_file,
+    last_complete_checkpoint,
+    write_exit_status,
+)
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
@@ -91,6 +122,16 @@ class BudgetWatch:
         self.metered_at = 0.0
         self.checkpoints: dict[Path, float] = {}
         self.trained_from: float | None = None
+        self.at_once = False
+        """The stop came before this attempt trained: the node ends its ranks without a checkpoint."""
+        self.hooked = (
+            self.owner
+            and self.budget is not None
+            and any(
+                read_attempt_start(run_dir, a) is not None for a, _ in attempt_dirs(run_dir) if a != attempt
+            )
+        )
+        """The run's script checkpoints (and beats): an earlier attempt wrote its start record."""
 
     def say(self, line: str) -> None:
         print(f"[orchestrator node] {line}", file=self.log, flush=True)
@@ -106,7 +147,7 @@ class BudgetWatch:
         if not self.owner:
             marker = budget_stop(self.run_dir, self.attempt)
             if marker is not None:
-                self._stop(str(marker.get("reason", "budget")))
+                self._stop(str(marker.get("reason", "budget")), stops_at_once(marker))
             return self.stopped
         if now - self.metered_at >= METER_EVERY_S:
             self.meter(now)
@@ -119,10 +160,19 @@ class BudgetWatch:
         verdict = decide(self.budget, spent, interval)
         if verdict.stop:
             self.meter(now)
+            at_once = self._before_training()
+            reason = verdict.reason
+            if at_once:
+                reason = reason.removesuffix(STOPPED_AT_A_CHECKPOINT) + STOPPED_IN_START_UP
             write_budget_stop(
-                self.run_dir, self.attempt, verdict.reason, spent, str(self.budget), self.job_id
+                self.run_dir, self.attempt, reason, spent, str(self.budget), self.job_id, at_once
             )
-            self._stop(verdict.reason)
+            if at_once:
+                # rank 0's last word, as its own stop would write it: where the run stands
+                newest = last_complete_checkpoint(self.run_dir)
+                where = {"step": newest.step} if newest is not None else {}
+                write_exit_status(self.run_dir, EXIT_REQUEUE, "budget before training", **where)
+            self._stop(reason, at_once)
         return self.stopped
 
     def meter(self, now: float | None = None) -> None:
@@ -135,6 +185,19 @@ class BudgetWatch:
             write_meter(self.run_dir, self.attempt, self.start, now, self.per_hour)
         except OSError as exc:  # a full disk must not end the training; the stop still works
             self.say(f"budget: meter not written: {exc}")
+
+    def ended_at_once(self) -> bool:
+        """Whether this attempt's budget stop ended the ranks without a checkpoint. Node 0's marker is
+        read once more: a node whose ranks failed when node 0's were ended may not have polled it."""
+        if self.at_once or self.owner or self.budget is None:
+            return self.at_once
+        return stops_at_once(budget_stop(self.run_dir, self.attempt))
+
+    def _before_training(self) -> bool:
+        """Rank 0 of a script that checkpoints (and beats at every step: every hook does) has not
+        begun a step in this attempt: ending the ranks now loses no step, and none is saving."""
+        hooked = self.hooked or read_attempt_start(self.run_dir, self.attempt) is not None
+        return hooked and read_heartbeat(heartbeat_file(attempt_dir(self.run_dir, self.attempt), 0)) is None
 
     def _training_start(self) -> float | None:
         """When rank 0 was first seen past its first step (its heartbeat): start-up is no part of
@@ -157,7 +220,12 @@ class BudgetWatch:
                     continue
         return list(self.checkpoints.values())
 
-    def _stop(self, reason: str) -> None:
-        self.stopped = True
+    def _stop(self, reason: str, at_once: bool = False) -> None:
+        self.stopped, self.at_once = True, at_once
+        if at_once:
+            self.say(
+                f"{reason}: its ranks end now, without a checkpoint (the newest complete one is where it stands)"
+            )
+            return
         self.say(f"{reason}: asking the ranks to checkpoint and stop")
         self.relay.send(self.stop_signal)

@@ -229,6 +229,9 @@ def _launch_and_wait(
     )
     from orchestrator.contract.requeue import wait_for_requeue_record
 
+    def say(line: str) -> None:
+        print(f"[orchestrator node] {line}", file=log, flush=True)
+
     host = socket.gethostname()
     if prewarmed.kept is not None and prewarmed.rendezvous is not None:
         (main_ip, port), listener = prewarmed.rendezvous, None  # the kept launcher holds its socket
@@ -257,7 +260,7 @@ def _launch_and_wait(
         flush=True,
     )
     for line in os.environ.pop(CONTAINER_REPORT_ENV, "").splitlines():  # the image's versions
-        print(f"[orchestrator node] {line}", file=log, flush=True)
+        say(line)
     stop = stop_signal(plan.profile.signal.name)
     if relay.received:
         if listener is not None:
@@ -265,18 +268,10 @@ def _launch_and_wait(
         # Stopped before training started: nothing to checkpoint. The pre-timeout signal asks
         # for a requeue (the next attempt resumes from the last complete checkpoint).
         code = EXIT_REQUEUE if stop in relay.received else 128 + relay.received[0]
-        print(
-            f"[orchestrator node] not launched: {signal.Signals(relay.received[0]).name} came first",
-            file=log,
-            flush=True,
-        )
-        print(
-            f"[orchestrator node] host={host} node_rank={node.node_rank} exit={code} after 0.0 s",
-            file=log,
-            flush=True,
-        )
+        say(f"not launched: {signal.Signals(relay.received[0]).name} came first")
+        say(f"host={host} node_rank={node.node_rank} exit={code} after 0.0 s")
         return code
-    print(f"[orchestrator node] exec: {' '.join(argv)}", file=log, flush=True)
+    say(f"exec: {' '.join(argv)}")
     env = training_environment(plan, node, run_dir, attempt)
     started = time.monotonic()
     launched_at = time.time()
@@ -292,6 +287,8 @@ def _launch_and_wait(
     finally:
         kill_tree(launcher.pid)
         budget.meter()
+    if code not in (0, EXIT_REQUEUE) and budget.ended_at_once():
+        code = EXIT_REQUEUE  # ranks that failed as a peer's were ended at once: the same stop
     if isinstance(launcher, Generation):
         prewarmed.keep(launcher)
     elapsed = time.monotonic() - started
@@ -319,12 +316,8 @@ def _launch_and_wait(
         first = min((a for a, _ in attempt_dirs(run_dir)), default=attempt)
         note = describe_start(run_dir, attempt, first)
         if note:
-            print(f"[orchestrator node] attempt {attempt} {note}", file=log, flush=True)
-    print(
-        f"[orchestrator node] host={host} node_rank={node.node_rank} exit={code} after {elapsed:.1f} s",
-        file=log,
-        flush=True,
-    )
+            say(f"attempt {attempt} {note}")
+    say(f"host={host} node_rank={node.node_rank} exit={code} after {elapsed:.1f} s")
     return code
 
 
@@ -372,8 +365,10 @@ def _wait_or_stop_on_failed_peer(
             )
             _end_launch(launcher)
             return 128 + int(signal.SIGKILL)
-        if budget is not None:
-            budget.check()  # a stop goes to the ranks as the scheduler's signal would: they save, exit
+        # a budget's stop goes to the ranks as a preemption (they save, exit), or ends them during start-up
+        if budget is not None and budget.check() and budget.at_once:
+            _end_launch(launcher)
+            return EXIT_REQUEUE
         node.poll_events()
         if hang is not None and hang.check() is not None:  # hang/attempt_<A>/hang.json says why
             _end_launch(launcher)
@@ -397,8 +392,10 @@ def _wait_or_stop_on_failed_peer(
 
 
 def _end_launch(launcher: Any) -> None:
-    """The launcher and every process under it, killed and reaped."""
-    kill_tree(launcher.pid)
+    """The launcher and every process under it, killed and reaped; a kept launcher's start, by the
+    launcher's own kill (:meth:`Generation.kill`: it may not have forked the ranks yet)."""
+    if not isinstance(launcher, Generation):
+        kill_tree(launcher.pid)
     with contextlib.suppress(OSError):
         launcher.kill()
     launcher.wait()

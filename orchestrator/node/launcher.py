@@ -181,7 +181,10 @@ class Generation:
         deadline = time.monotonic() + bounded
         while True:
             ready = select.select([self.channel], [], [], max(0.0, min(0.1, deadline - time.monotonic())))[0]
-            data = self.channel.recv(64) if ready else b""
+            try:
+                data = self.channel.recv(64) if ready else b""
+            except OSError:  # reset: the launcher was killed (kill() before its ranks were forked)
+                data = b""
             self._buffer += data
             if b"\n" in self._buffer:
                 self.returncode, self.reported = int(self._buffer.split(b"\n", 1)[0] or 1), True
@@ -197,8 +200,28 @@ class Generation:
                 raise subprocess.TimeoutExpired(["launcher"], bounded)
 
     def kill(self) -> None:
-        """End this start's ranks (and its store); the launcher lives on and reports their end."""
+        """End this start's ranks (and its store); the launcher lives on and reports their end.
+
+        A start whose ranks are not forked yet (the launcher still reads the request or runs the
+        script's imports) would fork them after a kill of what is there now, and they would train on
+        unseen. So the launcher is frozen (SIGSTOP) while its children are read: with ranks among
+        them they are killed and it goes on; with none, the launcher itself is killed, which ends the
+        start (a later start gets a fresh launcher: :meth:`PrewarmedLauncher.keep` keeps none that did
+        not report)."""
+        import psutil
+
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGSTOP)
+        try:
+            ranks = [p for p in psutil.Process(self.pid).children(recursive=True) if not _is_store(p)]
+        except psutil.NoSuchProcess:
+            return
         kill_tree(self.pid)
+        with contextlib.suppress(OSError):
+            if ranks:
+                os.kill(self.pid, signal.SIGCONT)
+            else:
+                self.proc.kill()
 
     def end(self) -> None:
         """No next request: the launcher exits with the last start's code."""

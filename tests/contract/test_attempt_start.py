@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.attempt_start import (
+    ENDED_IN_START_UP,
     NO_HOOK,
     describe_newest_start,
     describe_start,
@@ -45,6 +46,12 @@ def test_a_requeued_attempt_without_a_start_record_is_a_restart_not_a_resume(
     assert describe_newest_start(tmp_path) == (
         "restarted from step 0: no complete checkpoint to resume from (trainer hook)"
     )
+    # a script with a hook whose attempt ended before rank 0 restored (a budget's stop, a fault in
+    # start-up) trained nothing: never read as "no hook", which status would turn into the job's reason
+    _attempt(tmp_path, 2)
+    _attempt(tmp_path, 3)
+    assert describe_newest_start(tmp_path) == ENDED_IN_START_UP
+    assert describe_start(tmp_path, 1, first_attempt=0) == ENDED_IN_START_UP
 
 
 def _hf_checkpoint(out: Path, step: int, run: str | None) -> Path:

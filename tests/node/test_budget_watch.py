@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.contract.attempt_start import ENDED_IN_START_UP
 from orchestrator.contract.run_dir import last_complete_checkpoint
 from tests.helpers import train_launch as tl
 from tests.helpers.cli import REPO, job_and_run_dir, run_cli, status_row
@@ -71,16 +72,37 @@ def test_a_budget_stops_at_a_checkpoint_and_resume_with_more_continues_exactly(
     )
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
-    more = run_cli(["resume", job_id, "--budget", "1cpu-h", "--wait", "--poll", "0.5"], orch_env, 240)
+    # Two CPU-seconds more run out while the resumed attempt is still starting (torch's import alone
+    # takes longer): its ranks are ended at once, before they load anything, not left to start up,
+    # restore and save the checkpoint they came from. The run stands where it stood.
+    spent_before_s = row["budget_spent"] * 3600
+    short = f"{(spent_before_s + 2.0) / 3600:.6f}cpu-h"
+    started_up = run_cli(["resume", job_id, "--budget", short, "--wait", "--poll", "0.5"], orch_env, 240)
+    assert started_up.returncode == 1, started_up.stdout + started_up.stderr
+    second = started_up.stdout.split("submitted job ")[1].split()[0]
+    row = status_row(orch_env, second)
+    assert row["state"] == "BUDGET" and row["reason"].startswith("budget: spent "), row
+    assert f"at step {stop['step']};" in row["reason"], row  # where the run stands, not a new step
+    assert row["started_from"] == ENDED_IN_START_UP, row  # not "the script has no checkpoint hook"
+    assert last_complete_checkpoint(run_dir) == checkpoint
+    assert not (run_dir / "logs" / "attempt_1" / "start.json").exists()  # rank 0 never restored
+    node_log = (run_dir / "logs" / "attempt_1" / "node_0.log").read_text()
+    assert "stopped during start-up, before it trained: its ranks end now" in node_log, node_log
+    total_s = sum((h["end"] - h["start"]) * h["cpus"] for h in _held(run_dir))
+    print(f"stopped in start-up: spent {total_s:.1f} of {spent_before_s + 2.0:.1f} cpu-s")
+    assert total_s <= spent_before_s + 2.0 + 1.0, (total_s, spent_before_s)
+
+    more = run_cli(["resume", second, "--budget", "1cpu-h", "--wait", "--poll", "0.5"], orch_env, 240)
     assert more.returncode == 0, more.stdout + more.stderr
     waited = run_cli(["wait", ref_id], orch_env, 240)
     assert waited.returncode == 0, waited.stdout + waited.stderr
     # one budget over both attempts: the resumed one metered on top of the first's record
-    after = status_row(orch_env, job_id)
+    after = status_row(orch_env, second)
     assert after["budget"] == "1cpu-h" or status_row(orch_env, after["continued_as"])["budget"] == "1cpu-h"
     assert sorted(p.parent.name for p in run_dir.glob("logs/attempt_*/budget.json")) == [
         "attempt_0",
         "attempt_1",
+        "attempt_2",
     ]
     assert (ref_dir / "logs" / "attempt_0" / "budget.json").exists()  # metered without a budget too
     ours, theirs = tl.losses(run_dir), tl.losses(ref_dir)

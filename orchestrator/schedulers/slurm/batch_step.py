@@ -195,7 +195,7 @@ def supervise(
         end = run_step(*args, kept, may_keep)
         if end.status == 0:
             break
-        cause, refusal = restart_decision(run_dir, job_id, end, placement)
+        cause, refusal = restart_decision(run_dir, job_id, end, placement, attempt)
         if cause is not None and restarted >= budget:
             cause, refusal = None, f"{restarted} restart(s) reached max_restarts ({cause})"
         if cause is None:
@@ -243,12 +243,13 @@ def supervise(
 
 
 def restart_decision(
-    run_dir: Path, job_id: str, end: StepEnd, placement: Placement | None = None
+    run_dir: Path, job_id: str, end: StepEnd, placement: Placement | None = None, attempt: int | None = None
 ) -> tuple[str | None, str]:
     """(the cause a restart inside the allocation cures, or None; why not). A lost node needs a
     spare (``placement``) or another allocation (auto-resume's path); a stop signal or a cancel
     means the job is ending. A node the hang watchdog names is left out when a spare can take its
     place."""
+    from orchestrator.contract.budget_records import budget_stop
     from orchestrator.contract.run_dir import read_current_plan_json
     from orchestrator.schedulers.slurm.environment import cancelled_by_user
     from orchestrator.supervise.failure_report import restart_verdict
@@ -258,6 +259,8 @@ def restart_decision(
     cancelled = cancelled_by_user(run_dir, job_id)
     if cancelled:
         return None, cancelled
+    if attempt is not None and budget_stop(run_dir, attempt) is not None:
+        return None, "the budget stopped the run"
     lost = [p.node for p in end.probes or [] if not p.alive]
     if lost:
         taken = placement.replace(lost) if placement is not None else None
