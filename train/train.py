@@ -582,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             if memory_ckpts.worth_saying(step):
                 said = f"memory checkpoint step {step}: {memory_ckpts.last_seconds:.3f}s"
                 if memory_ckpts.link is not None and memory_ckpts.link.copy_seconds:
-                    said += f" (the last copy to the next node: {memory_ckpts.link.copy_seconds:.3f}s, beside training)"
+                    said += f" (the last copy to another node: {memory_ckpts.link.copy_seconds:.3f}s, beside training)"
                 metrics.say(said)
         if args.ckpt_every and step % args.ckpt_every == 0:
             save_checkpoint(step)

@@ -8,8 +8,8 @@ launcher, the same ranks on the same node) resumes from the newest step every ra
 usually a few steps back, where the shared checkpoint may be hundreds of steps back.
 
 A node can be lost, and its memory with it. So where a job has more than one node, every rank also
-sends its file to the rank of the same local rank on the next node (:func:`replica_peer`), which keeps
-it in its node's folder under the owner's name. A node folder is named by the node (its host on
+sends its file to the rank of the same local rank on the node half the job's nodes away
+(:func:`replica_peer`), which keeps it in its node's folder under the owner's name. A node folder is named by the node (its host on
 Slurm), not by its place in the step: after a spare took a lost node's place, the survivors find their
 folders again although their node ranks moved, and the restore sends every rank the file of its rank
 from whichever node holds it (:func:`transfers`). A requeue or a new job, another world size or a
@@ -113,19 +113,29 @@ def memory_ckpt_holdings(folder: Path, world_size: int) -> dict[int, list[int]]:
 
 
 def replica_peer(rank: int, world_size: int, local_world_size: int) -> int | None:
-    """The rank that keeps a copy of ``rank``'s memory checkpoints: the same local rank on the next node
-    (ranks are numbered node by node), so that no node's loss takes a rank's only copy. None on one
-    node."""
+    """The rank that keeps a copy of ``rank``'s memory checkpoints: the same local rank on the node half
+    the job's nodes away (ranks are numbered node by node; with two or three nodes, the next one), so
+    that no node's loss takes a rank's only copy. Half-way, not next door: Slurm orders a step's nodes
+    by name, and neighbours by name tend to share a rack, a switch, a power feed. Next door, two
+    neighbours lost together took a rank's file and its copy, and the job went back to its shared
+    checkpoint; half-way, any run of up to half the job's nodes can go at once. Of two nodes lost
+    at random, with an even number N of nodes, 1 pair in N-1 loses a file half-way, 2 in N-1 next
+    door. None on one node."""
     if local_world_size <= 0 or world_size <= local_world_size or world_size % local_world_size:
         return None
-    return (rank + local_world_size) % world_size
+    return (rank + _replica_jump(world_size, local_world_size)) % world_size
 
 
 def replica_owner(rank: int, world_size: int, local_world_size: int) -> int | None:
     """The rank whose memory checkpoints ``rank`` keeps a copy of (:func:`replica_peer`'s inverse)."""
     if replica_peer(rank, world_size, local_world_size) is None:
         return None
-    return (rank - local_world_size) % world_size
+    return (rank - _replica_jump(world_size, local_world_size)) % world_size
+
+
+def _replica_jump(world_size: int, local_world_size: int) -> int:
+    """Ranks between a rank and its copy's keeper: half the nodes' worth, rounded down."""
+    return (world_size // local_world_size) // 2 * local_world_size
 
 
 def newest_step_held(holdings_by_rank: list[dict[int, list[int]]], world_size: int) -> int | None:

@@ -333,7 +333,7 @@ class ResumableLoop:
         raise SystemExit(EXIT_REQUEUE)
 
     def _copies_done(self) -> None:
-        """Until the newest memory checkpoint's copy to the next node has landed: a rank that left
+        """Until the newest memory checkpoint's copy to another node has landed: a rank that left
         mid-copy would cut its peer's copy off (said on its stderr as a failure)."""
         link = self.memory_ckpts.link if self.memory_ckpts is not None else None
         if link is not None:

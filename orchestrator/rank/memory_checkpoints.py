@@ -16,7 +16,7 @@ every object registered with ``register_for_checkpointing`` (``state_dict``), th
 ``accelerator.step`` and the RNG states (Python, NumPy, torch, CUDA). It is written by this rank
 alone: the tensors as they lie in memory, in parameter order, through ``torch.save`` into a temp
 name and renamed (a rank killed mid-write leaves none of that step). On more than one node the file
-then goes to the next node too (:mod:`.memory_replicas`), so a lost node's state is not lost with it.
+then goes to another node too (:mod:`.memory_replicas`), so a lost node's state is not lost with it.
 
 Restoring is collective: every rank lists its memory checkpoints, the ranks take the newest step all
 of them hold (:func:`orchestrator.contract.memory_checkpoints.newest_common_step`; on more nodes, held
@@ -101,7 +101,7 @@ class MemoryCheckpoints:
     measured: tuple[float | None, float] | None = None
     """``auto``, once decided: the slowest rank's save (None: every rank's failed) and step, seconds."""
     link: ReplicaLink | None = None
-    """Where the job has more than one node: copies to the next node (:mod:`.memory_replicas`)."""
+    """Where the job has more than one node: copies on another node (:mod:`.memory_replicas`)."""
     broken: bool = False
     """This rank's save failed: it writes no more, but keeps sending (nothing) on the schedule."""
     _holdings: list[dict[int, list[int]]] | None = None
@@ -141,7 +141,7 @@ class MemoryCheckpoints:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int) -> float:
-        """This rank's state of ``step`` into its file, then its copy to the next node started (:attr:`link`);
+        """This rank's state of ``step`` into its file, then its copy to another node started (:attr:`link`);
         returns the seconds training waited. Older ones past :data:`KEEP_MEMORY_CKPTS` are removed. A save
         that fails (memory full, a folder not this user's alone) turns them off for this rank, said on
         stderr; training goes on (with a link the rank still takes part in every copy, sending nothing)."""

@@ -1,10 +1,10 @@
-"""Copies of memory checkpoints on the next node, so that a lost node does not take the only copy.
+"""Copies of memory checkpoints on another node, so that a lost node does not take the only copy.
 
 A rank's memory checkpoint lives in its node's memory (:mod:`orchestrator.rank.memory_checkpoints`), and
 a node that dies takes it along: the spare that takes its place, and so every rank, went back to the
 shared checkpoint, hundreds of steps back. NVIDIA's resiliency extension replicates its local
 checkpoints to peer nodes for this case; here each rank sends its file, right after writing it, to the
-rank of the same local rank on the next node
+rank of the same local rank on the node half the job's nodes away
 (:func:`orchestrator.contract.memory_checkpoints.replica_peer`), which writes it into its own node's
 folder under the owner's name. The ring means every node sends and receives one node's worth of
 state at every save, all links at once.
@@ -13,7 +13,7 @@ At a restart every rank says what its node folder holds; the ranks take the newe
 file exists of somewhere (:func:`~orchestrator.contract.memory_checkpoints.newest_step_held`), and a
 rank whose node folder lacks its own file of that step gets it from a node that holds it
 (:func:`~orchestrator.contract.memory_checkpoints.transfers`): the spare gets its lost predecessor's
-files from the next node, and survivors whose node rank moved get the files of their new ranks.
+files from the node that kept its copies, and survivors whose node rank moved get the files of their new ranks.
 
 The bytes go over a gloo group of their own (CPU tensors: under NCCL too), point to point, sizes
 first, on a thread of their own while training goes on; the next save waits for the previous copy.

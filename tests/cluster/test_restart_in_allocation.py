@@ -445,7 +445,7 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_allocation(
     """``spare_nodes: 1``: the job holds 3 nodes and trains on 2. A training node dies (its slurmd and
     every process on it, as at a power loss): the spare takes its place in the same job, and the
     result is bit-equal to an uninterrupted run. With ``--memory-ckpt-every 2`` each rank's state is
-    also copied into the next node's memory: the new step resumes from the newest memory checkpoint
+    also copied into the other node's memory: the new step resumes from the newest memory checkpoint
     (the spare's rank gets the lost node's copy from the survivor), not from the shared checkpoint,
     and the job's folders are gone from every node at the end."""
     assert slurm_cluster.get("ORCHESTRATOR_TEST_CLUSTER_MODE", "netns") == "netns", (

@@ -59,9 +59,9 @@ def probe(mode: str, out: Path, said: list[str] | None = None) -> list[dict]:
     return [json.loads((out / f"result_{rank}.json").read_text()) for rank in (0, 1)]
 
 
-def two_nodes(mode: str, out: Path, folders: tuple[Path, Path]) -> list[dict]:
-    """The probe as two nodes of one rank each (two torchrun agents on loopback), each node with its
-    own memory checkpoint folder, as two hosts have."""
+def as_nodes(mode: str, out: Path, folders: tuple[Path, ...]) -> list[dict]:
+    """The probe as nodes of one rank each (a torchrun agent per node, on loopback), each node with its
+    own memory checkpoint folder, as hosts have."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_", "ORCHESTRATOR_"))}
     env.update(ENV, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     port = str(free_port())
@@ -69,8 +69,8 @@ def two_nodes(mode: str, out: Path, folders: tuple[Path, Path]) -> list[dict]:
     for node, folder in enumerate(folders):
         node_env = {**env, "ORCHESTRATOR_MEMORY_CKPT_DIR": str(folder)}
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
-             "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(folders)), "--node_rank",
+             str(node), "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
              str(PROBE), mode, str(out)],
             env=node_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out,
         ))  # fmt: skip
@@ -80,35 +80,39 @@ def two_nodes(mode: str, out: Path, folders: tuple[Path, Path]) -> list[dict]:
         for proc in procs:
             kill_tree(proc.pid)
     assert all(proc.returncode == 0 for proc in procs), "\n".join(s[-3000:] for s in said)
-    return [json.loads((out / f"{mode}_{rank}.json").read_text()) for rank in (0, 1)]
+    return [json.loads((out / f"{mode}_{rank}.json").read_text()) for rank in range(len(folders))]
 
 
 @pytest.mark.slow
-def test_a_lost_nodes_memory_checkpoints_come_back_from_the_next_node_to_the_bit(tmp_path: Path) -> None:
-    """Every rank's memory checkpoint is copied to the next node at each save. Node A is then lost: a
-    spare takes its place, empty, and node B, the survivor, comes first (on Slurm the nodes after a
-    lost one move up). Both ranks restore step 3, to the bit: the survivor its rank's file from the
-    copy node A sent it, the spare its own from node B's folder, sent at the restore."""
+def test_two_neighbouring_nodes_lost_together_their_memory_checkpoints_come_back_to_the_bit(
+    tmp_path: Path,
+) -> None:
+    """Four nodes of one rank: every rank's memory checkpoint is copied half the nodes away (node 0's to
+    node 2 and back, node 1's to node 3). Nodes A and B, neighbours (one rack), are lost together. C
+    and D come first (on Slurm the nodes after the lost ones move up), and two empty spares take places
+    2 and 3. All four ranks restore step 3, to the bit: the survivors their new ranks' files from the
+    copies A and B sent them, the spares theirs from C and D, sent at the restore. With the copy on
+    the next node (before), A's file and its copy on B went together: no step to restore."""
     private = tmp_path / "private"
-    a, b, spare = private / "a", private / "b", private / "spare"
-    saved = two_nodes("nodes-save", tmp_path, (a, b))
+    a, b, c, d, spare_1, spare_2 = (private / name for name in ("a", "b", "c", "d", "spare_1", "spare_2"))
+    saved = as_nodes("nodes-save", tmp_path, (a, b, c, d))
     assert all(got["linked"] for got in saved), saved
-    for folder, own, copy in ((a, 0, 1), (b, 1, 0)):
-        assert memory_ckpt_steps(folder, 2, own) == [3, 2] and memory_ckpt_steps(folder, 2, copy) == [3, 2], (
-            folder
-        )
+    for folder, own, copy in ((a, 0, 2), (b, 1, 3), (c, 2, 0), (d, 3, 1)):
+        assert memory_ckpt_holdings(folder, 4) == {own: [3, 2], copy: [3, 2]}, folder
+    for owner, holder in ((0, c), (1, d), (2, a), (3, b)):  # the copy is the file, byte for byte
         assert (
-            memory_ckpt_file(folder, 2, own, 3).read_bytes()
-            == memory_ckpt_file({a: b, b: a}[folder], 2, own, 3).read_bytes()
-        )  # the copy is the file, byte for byte
-    assert saved[1]["received_bytes"] == memory_ckpt_file(a, 2, 0, 3).stat().st_size
-    shutil.rmtree(a)  # node A is lost, and its memory with it: a stand-in for the lost host
-    swapped = two_nodes("nodes-swap", tmp_path, (b, spare))
+            memory_ckpt_file(holder, 4, owner, 3).read_bytes()
+            == memory_ckpt_file((a, b, c, d)[owner], 4, owner, 3).read_bytes()
+        )
+    assert saved[2]["received_bytes"] == memory_ckpt_file(a, 4, 0, 3).stat().st_size
+    shutil.rmtree(a)  # nodes A and B are lost, their memory with them: stand-ins for the lost hosts
+    shutil.rmtree(b)
+    swapped = as_nodes("nodes-swap", tmp_path, (c, d, spare_1, spare_2))
     for rank, got in enumerate(swapped):
         assert got["common"] == 3 and got["refused"] is None, got
         assert got["equals_step_3"], (rank, got)
         assert got["loss_4"] == saved[rank]["loss_4"], (rank, got, saved[rank])
-    assert memory_ckpt_steps(spare, 2, 1) == [3]  # sent by node B at the restore
+    assert memory_ckpt_steps(spare_1, 4, 2) == [3] and memory_ckpt_steps(spare_2, 4, 3) == [3]  # sent by C, D
 
 
 @pytest.mark.slow
@@ -215,10 +219,21 @@ def test_each_node_job_and_run_has_its_own_folder(tmp_path: Path) -> None:
             node_memory_ckpt_dir(tmp_path, tmp_path / "run_a", "12", bad)
 
 
-def test_each_rank_is_copied_to_the_same_local_rank_on_the_next_node() -> None:
-    # 3 nodes of 2 ranks: 0,1 | 2,3 | 4,5
+def test_each_rank_is_copied_to_the_same_local_rank_half_the_nodes_away() -> None:
+    # 3 nodes of 2 ranks: 0,1 | 2,3 | 4,5: half of 3 is the next node
     assert [replica_peer(r, 6, 2) for r in range(6)] == [2, 3, 4, 5, 0, 1]
     assert [replica_owner(r, 6, 2) for r in range(6)] == [4, 5, 0, 1, 2, 3]
+    # 4 nodes of 2 ranks: node 0's copies on node 2 and back, node 1's on node 3 and back
+    assert [replica_peer(r, 8, 2) for r in range(8)] == [4, 5, 6, 7, 0, 1, 2, 3]
+    assert [replica_owner(r, 8, 2) for r in range(8)] == [4, 5, 6, 7, 0, 1, 2, 3]
+    # any run of neighbours up to half the nodes (a rack) lost together leaves every rank's file
+    # somewhere; one more, and some rank's file and its copy are both gone
+    for nodes in (5, 16):
+        for first in range(nodes):
+            for run in (nodes // 2, nodes // 2 + 1):
+                lost = {(first + k) % nodes for k in range(run)}
+                kept = all(replica_peer(r, nodes, 1) not in lost for r in lost)
+                assert kept == (run <= nodes // 2), (nodes, sorted(lost))
     assert replica_peer(1, 2, 2) is None and replica_owner(0, 4, 4) is None  # one node: nowhere else
     assert replica_peer(0, 5, 2) is None and replica_peer(0, 4, 0) is None  # no whole nodes: no guess
 

@@ -10,8 +10,8 @@ parent is writable by everyone, so nothing is saved (memory checkpoints off) and
 parameters and optimizer state to rank 0's; after it, rank 0's file is removed, and then rank 1 has no
 whole memory checkpoint: no common step is found (``common_without_rank_0``). ``auto OUT``: ``every="auto"`` with a
 shared interval of 50: steps 1-8 through ``due``/``save``; the interval it chose, what it measured,
-this rank's own save and the steps saved. ``nodes-save`` / ``nodes-swap``: two nodes of one rank
-each, copies on the other node, and a restore after a spare took a node's place (:func:`nodes`).
+this rank's own save and the steps saved. ``nodes-save`` / ``nodes-swap``: nodes of one rank
+each, copies on another node, and a restore after spares took lost nodes' places (:func:`nodes`).
 ``result_<rank>.json`` says the step found, the refusal, whether the state equals step 3's (or step
 5's, untouched), and step 4's loss the first time and once more after the restore.
 """
@@ -129,10 +129,10 @@ def auto(acc: Any, model: Any, opt: Any, sched: Any, out: Path) -> None:
 
 
 def nodes(mode: str, acc: Any, model: Any, opt: Any, sched: Any, out: Path) -> None:
-    """Two nodes of one rank. ``nodes-save``: steps 1-3 with memory checkpoints of steps 2 and 3 (each
-    copied to the other node), step 3's state kept in ``at_3_<rank>.pt``, then step 4's loss. ``nodes-swap``
-    (new processes; the test gave node 0 the old node 1's folder and node 1 an empty one, a spare's):
-    the restore of the newest step, whose state and step 4's loss must be ``nodes-save``'s."""
+    """Nodes of one rank. ``nodes-save``: steps 1-3 with memory checkpoints of steps 2 and 3 (each
+    copied to another node), step 3's state kept in ``at_3_<rank>.pt``, then step 4's loss. ``nodes-swap``
+    (new processes; the test gave the first nodes the surviving nodes' folders and the others empty
+    ones, spares'): the restore of the newest step, whose state and step 4's loss must be ``nodes-save``'s."""
     rank = acc.process_index
     snaps = MemoryCheckpoints(acc, every=0)
     result: dict[str, Any] = {"linked": snaps.link is not None}
