@@ -215,7 +215,7 @@ class ReplicaLink:
         if self.rank % self.local_world:
             return
         ours = set(range(self.rank, self.rank + self.local_world))
-        kept = ours | {(r - self.local_world) % self.world for r in ours}
+        kept = ours | {replica_owner(r, self.world, self.local_world) for r in ours}
         for owner, steps in memory_ckpt_holdings(self.folder, self.world).items():
             if owner not in kept:
                 for step in steps:

@@ -113,6 +113,12 @@ def test_two_neighbouring_nodes_lost_together_their_memory_checkpoints_come_back
         assert got["equals_step_3"], (rank, got)
         assert got["loss_4"] == saved[rank]["loss_4"], (rank, got, saved[rank])
     assert memory_ckpt_steps(spare_1, 4, 2) == [3] and memory_ckpt_steps(spare_2, 4, 3) == [3]  # sent by C, D
+    # After the restore each survivor keeps its new rank's files and the copies it holds for that
+    # rank's owner (half-way: rank 0's node holds rank 2's), and nothing else.
+    assert memory_ckpt_holdings(c, 4) == {0: [3, 2], 2: [3, 2]} and memory_ckpt_holdings(d, 4) == {
+        1: [3, 2],
+        3: [3, 2],
+    }
 
 
 @pytest.mark.slow
