@@ -75,7 +75,12 @@ def node_memory_ckpt_dir(root: Path, run_dir: Path, job_id: str, node_key: str) 
     local job's simulated nodes share a machine, so there their index)."""
     if not _KEY.match(node_key):
         raise ValueError(f"a node's memory key must be letters, digits, '.', '_' or '-': {node_key!r}")
-    return Path(root) / f"orchestrator-{os.getuid()}" / f"{job_memory_ckpt_prefix(run_dir, job_id)}{node_key}"
+    return user_memory_ckpt_dir(root) / f"{job_memory_ckpt_prefix(run_dir, job_id)}{node_key}"
+
+
+def user_memory_ckpt_dir(root: Path) -> Path:
+    """This user's folder under the root: every node folder of the user's jobs on the node."""
+    return Path(root) / f"orchestrator-{os.getuid()}"
 
 
 def memory_ckpt_file(folder: Path, world_size: int, rank: int, step: int) -> Path:

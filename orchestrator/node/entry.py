@@ -445,10 +445,12 @@ class NodeTask:
             node.begin(run_dir, attempt)
             ranks_env = _profile_env(plan)
             memory_ckpts = in_place.memory_ckpt_folder(run_dir, node.job_id, node.memory_key, ranks_env)
-            for stale in node.stale_memory_keys():
-                in_place.clear_memory_ckpts(
-                    in_place.memory_ckpt_folder(run_dir, node.job_id, stale, ranks_env)
-                )
+            stale = [
+                in_place.memory_ckpt_folder(run_dir, node.job_id, k, ranks_env)
+                for k in node.stale_memory_keys()
+            ]
+            for folder in stale + node.ended_jobs_memory(in_place.memory_ckpt_user_dir(ranks_env)):
+                in_place.clear_memory_ckpts(folder)
             if not node.memory_outlives_task(plan):
                 in_place.clear_memory_ckpts(memory_ckpts)
             else:

@@ -26,7 +26,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.contract.in_place import next_attempt_file
-from orchestrator.contract.memory_checkpoints import memory_ckpt_root, node_memory_ckpt_dir
+from orchestrator.contract.memory_checkpoints import (
+    memory_ckpt_root,
+    node_memory_ckpt_dir,
+    user_memory_ckpt_dir,
+)
 from orchestrator.contract.run_dir import node_log_file
 from orchestrator.contract.shared_fs import read_json_listed
 
@@ -74,6 +78,11 @@ def memory_ckpt_folder(run_dir: Path, job_id: str, node_key: str, environ: Mappi
     """The folder this node's ranks keep their memory checkpoints in (``contract/memory_checkpoints.py``):
     ``environ`` is the ranks' environment (a profile's ``env`` may choose the root)."""
     return node_memory_ckpt_dir(memory_ckpt_root(dict(environ)), run_dir, job_id, node_key)
+
+
+def memory_ckpt_user_dir(environ: Mapping[str, str]) -> Path:
+    """This user's folder of node folders (``environ``: the ranks' environment, as above)."""
+    return user_memory_ckpt_dir(memory_ckpt_root(dict(environ)))
 
 
 def clear_memory_ckpts(folder: Path) -> None:

@@ -361,6 +361,11 @@ class NodeEnvironment(ABC):
         could not remove its own): removed at the start."""
         return []
 
+    def ended_jobs_memory(self, user_dir: Path) -> list[Path]:
+        """This node's memory checkpoint folders in ``user_dir`` of the user's jobs that have ended
+        (tasks killed with SIGKILL could not remove them): removed at the start."""
+        return []
+
     @abstractmethod
     def main_ip(self, plan: LaunchPlan, attempt_path: Path) -> str:
         """The address every node uses to reach node 0."""

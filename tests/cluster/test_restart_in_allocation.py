@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +29,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.contract.memory_checkpoints import job_memory_ckpt_prefix, memory_ckpt_root
+from orchestrator.contract.memory_checkpoints import (
+    job_memory_ckpt_prefix,
+    memory_ckpt_root,
+    node_memory_ckpt_dir,
+    user_memory_ckpt_dir,
+)
 from orchestrator.contract.restarts import read_restarts
 from orchestrator.registry.store import Registry
 from orchestrator.rundir.summary import iter_metrics
@@ -196,7 +202,7 @@ def test_a_killed_rank_trains_again_in_the_same_job(
 def memory_folders(run_dir: Path, job_id: str) -> list[Path]:
     """The job's memory checkpoint folders on the nodes (the test cluster's nodes share this machine's
     ``/dev/shm``): one per allocation and host."""
-    parent = memory_ckpt_root() / f"orchestrator-{os.getuid()}"
+    parent = user_memory_ckpt_dir(memory_ckpt_root())
     return sorted(parent.glob(f"{job_memory_ckpt_prefix(run_dir, job_id)}*"))
 
 
@@ -205,8 +211,17 @@ def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
 ) -> None:
     """``--memory-ckpt-every 2``: each rank's state in its node's memory every 2 steps; the restart in
     place after a ``kill -9`` starts from the newest memory checkpoint every rank holds, bit-equal to
-    the uninterrupted run; the nodes' folders of them go with the job."""
+    the uninterrupted run; the nodes' folders of them go with the job. A folder an ended job left on
+    n1 (its node task killed with SIGKILL) goes when this job's task starts there; one on a host
+    this job does not run on stays."""
     profiles = user_profile_dir(tmp_path, max_restarts=3)
+    left = [
+        node_memory_ckpt_dir(memory_ckpt_root(), tmp_path / "old_run", "999999", key)
+        for key in ("a0-n1", "a0-n9")
+    ]
+    for folder in left:
+        folder.mkdir(parents=True)
+        (folder / "w2-r0-s00000004.pt").write_bytes(bytes(1 << 20))
     job_id, run_dir = submitted(
         env,
         ["--profile", "slurm_test", "--profiles-dir", str(profiles), *TWO_NODES, "--", TRAIN, *RUN_ARGS,
@@ -233,6 +248,8 @@ def test_a_restart_in_place_resumes_from_the_nodes_memory_checkpoints(
     again = sorted({step for step, _ in logged if [s for s, _ in logged].count(step) > 1})
     assert min(again, default=start["step"] + 1) == start["step"] + 1, (start, again)
     assert memory_folders(run_dir, job_id) == []
+    assert [folder.exists() for folder in left] == [False, True], left  # n1's went, n9's is not n1's
+    shutil.rmtree(left[1])
     print(
         f"[memory checkpoints] restart in place from step {start['step']} "
         f"(shared checkpoint: {restart['step']})"

@@ -17,13 +17,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.contract.memory_checkpoints import job_memory_ckpt_prefix, memory_ckpt_root
+from orchestrator.contract.memory_checkpoints import (
+    job_memory_ckpt_prefix,
+    memory_ckpt_root,
+    user_memory_ckpt_dir,
+)
 from orchestrator.schedulers.slurm.environment import srun_on_every_node
 
 
 def clear_job_memory(run_dir: Path, job_id: str, environ: dict[str, str]) -> list[Path]:
     """Remove every folder of ``job_id`` under this node's memory root; returns those removed."""
-    parent = memory_ckpt_root(environ) / f"orchestrator-{os.getuid()}"
+    parent = user_memory_ckpt_dir(memory_ckpt_root(environ))
     prefix = job_memory_ckpt_prefix(run_dir, job_id)
     removed = []
     for folder in sorted(parent.glob(f"{prefix}*")):

@@ -4,6 +4,7 @@ when training ends (``scontrol requeue``, or a successor job with ``requeue_as: 
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,29 @@ from orchestrator.schedulers.slurm.environment import (
 
 if TYPE_CHECKING:
     from orchestrator.config.plan import LaunchPlan
+
+
+#: A Slurm job's node folder (``contract.memory_checkpoints.node_memory_ckpt_dir`` with
+#: :attr:`SlurmNodeEnvironment.memory_key`): the run's hash, the job id, the allocation, the host.
+_MEMORY_FOLDER = re.compile(r"^[0-9a-f]{12}-(?P<job>\d+(?:_\d+)?)-a\d+-(?P<host>[A-Za-z0-9._-]+)$")
+
+
+def ended_jobs_folders(names: list[str], host: str, own_job: str, alive: set[str] | None) -> list[str]:
+    """Pure: the names among ``names`` (a user's memory checkpoint folders) of other jobs' folders on
+    ``host`` whose job is not in ``alive`` (the user's jobs that hold an allocation; None: every
+    other job's). A node task killed with SIGKILL (a job past its time limit and ``KillWait``, the
+    OOM killer) or a cancel between a failure and the next step could not remove its folder, and
+    ``/dev/shm`` is the node's memory until it reboots: the user's next job on the node removes it.
+    A pending job's folders go too: a requeued job's next allocation never reads them (its keys are
+    new). Other hosts' folders are theirs to judge (the test cluster's nodes share one ``/dev/shm``)."""
+    found = []
+    for name in names:
+        match = _MEMORY_FOLDER.match(name)
+        if match is None or match["host"] != host or match["job"] == own_job:
+            continue
+        if alive is None or match["job"] not in alive:
+            found.append(name)
+    return found
 
 
 class SlurmNodeEnvironment(NodeEnvironment):
@@ -91,6 +115,29 @@ class SlurmNodeEnvironment(NodeEnvironment):
 
     def stale_memory_keys(self) -> list[str]:
         return [f"a{n}-{self.host}" for n in range(self.restarts)]
+
+    def ended_jobs_memory(self, user_dir: Path) -> list[Path]:
+        """This user's memory checkpoint folders on this host of Slurm jobs that hold no allocation any
+        more (:func:`ended_jobs_folders`), by one ``squeue`` of the user's jobs; none when it fails."""
+        import subprocess
+
+        try:
+            names = os.listdir(user_dir)
+        except OSError:
+            return []
+        if not ended_jobs_folders(names, self.host, self.job_id, None):
+            return []  # no other job's folder here: no squeue
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-u", str(os.getuid()), "-o", "%A %i %T"],
+                capture_output=True, text=True, timeout=30, check=True,
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return []
+        alive = {
+            job for line in out.splitlines() if line.split()[2:3] != ["PENDING"] for job in line.split()[:2]
+        }
+        return [user_dir / name for name in ended_jobs_folders(names, self.host, self.job_id, alive)]
 
     def keeps_launchers(self, plan: LaunchPlan | None = None) -> bool:
         """When the batch step marked the step (``RESTART_IN_PLACE_ENV``): it restarts in place, so
