@@ -204,24 +204,37 @@ class Generation:
 
         A start whose ranks are not forked yet (the launcher still reads the request or runs the
         script's imports) would fork them after a kill of what is there now, and they would train on
-        unseen. So the launcher is frozen (SIGSTOP) while its children are read: with ranks among
-        them they are killed and it goes on; with none, the launcher itself is killed, which ends the
-        start (a later start gets a fresh launcher: :meth:`PrewarmedLauncher.keep` keeps none that did
-        not report)."""
+        unseen. So the launcher is frozen (SIGSTOP) while its children are read. With children (the
+        ranks, their store, or ranks dead and not yet reaped) they are killed and it goes on; with
+        none and no report of an ended start on the channel, the start has not forked: the launcher
+        itself is killed, which ends the start (a later start gets a fresh launcher:
+        :meth:`PrewarmedLauncher.keep` keeps none that did not report)."""
         import psutil
 
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGSTOP)
         try:
-            ranks = [p for p in psutil.Process(self.pid).children(recursive=True) if not _is_store(p)]
+            children = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return
+        unforked = not children and not self._report_came()
         kill_tree(self.pid)
         with contextlib.suppress(OSError):
-            if ranks:
-                os.kill(self.pid, signal.SIGCONT)
-            else:
+            if unforked:
                 self.proc.kill()
+            else:
+                os.kill(self.pid, signal.SIGCONT)
+
+    def _report_came(self) -> bool:
+        """Whether the launcher reported this start's end (kept for :meth:`wait`), or closed its end."""
+        import select
+
+        with contextlib.suppress(OSError):
+            if select.select([self.channel], [], [], 0)[0]:
+                data = self.channel.recv(64)
+                self._buffer += data
+                return not data or b"\n" in self._buffer
+        return b"\n" in self._buffer
 
     def end(self) -> None:
         """No next request: the launcher exits with the last start's code."""
