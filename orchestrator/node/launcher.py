@@ -159,6 +159,8 @@ class Generation:
         self.pid = proc.pid
         self.returncode: int | None = None
         self.reported = False
+        self.forked = False
+        """Children of this start were seen (each :meth:`wait` looks until they are): its ranks ran."""
         self._buffer = b""
 
     def next(self, argv: list[str], env: dict[str, str], log_path: Path) -> Generation:
@@ -173,19 +175,13 @@ class Generation:
         return Generation(self.proc, self.channel)
 
     def wait(self, timeout: float | None = None) -> int:
-        import select
-
         if self.returncode is not None:
             return self.returncode
+        self.forked = self.forked or self._has_children()
         bounded = timeout if timeout is not None else self.REPORT_WAIT_S
         deadline = time.monotonic() + bounded
         while True:
-            ready = select.select([self.channel], [], [], max(0.0, min(0.1, deadline - time.monotonic())))[0]
-            try:
-                data = self.channel.recv(64) if ready else b""
-            except OSError:  # reset: the launcher was killed (kill() before its ranks were forked)
-                data = b""
-            self._buffer += data
+            ready, data = self._read(max(0.0, min(0.1, deadline - time.monotonic())))
             if b"\n" in self._buffer:
                 self.returncode, self.reported = int(self._buffer.split(b"\n", 1)[0] or 1), True
                 return self.returncode
@@ -206,7 +202,8 @@ class Generation:
         script's imports) would fork them after a kill of what is there now, and they would train on
         unseen. So the launcher is frozen (SIGSTOP) while its children are read. With children (the
         ranks, their store, or ranks dead and not yet reaped) they are killed and it goes on; with
-        none and no report of an ended start on the channel, the start has not forked: the launcher
+        none, none ever seen by :meth:`wait` (torchrun's agent reaps its dead workers a while before it
+        reports) and no report of an ended start on the channel, the start has not forked: the launcher
         itself is killed, which ends the start (a later start gets a fresh launcher:
         :meth:`PrewarmedLauncher.keep` keeps none that did not report)."""
         import psutil
@@ -217,7 +214,7 @@ class Generation:
             children = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return
-        unforked = not children and not self._report_came()
+        unforked = not children and not self.forked and not self._report_came()
         for child in children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
@@ -228,16 +225,31 @@ class Generation:
                 os.kill(self.pid, signal.SIGCONT)
         psutil.wait_procs(children, timeout=10)
 
+    def _has_children(self) -> bool:
+        import psutil
+
+        try:
+            return any(not _is_store(p) for p in psutil.Process(self.pid).children())
+        except psutil.NoSuchProcess:
+            return False
+
     def _report_came(self) -> bool:
         """Whether the launcher reported this start's end (kept for :meth:`wait`), or closed its end."""
+        ready, data = self._read(0.0)
+        return (ready and not data) or b"\n" in self._buffer
+
+    def _read(self, timeout: float) -> tuple[bool, bytes]:
+        """What the channel has within ``timeout`` (added to the buffer): (readable, the bytes); b"" from
+        a readable channel means the launcher ended (a reset: killed before its ranks were forked)."""
         import select
 
-        with contextlib.suppress(OSError):
-            if select.select([self.channel], [], [], 0)[0]:
-                data = self.channel.recv(64)
-                self._buffer += data
-                return not data or b"\n" in self._buffer
-        return b"\n" in self._buffer
+        ready = bool(select.select([self.channel], [], [], timeout)[0])
+        try:
+            data = self.channel.recv(64) if ready else b""
+        except OSError:
+            data = b""
+        self._buffer += data
+        return ready, data
 
     def end(self) -> None:
         """No next request: the launcher exits with the last start's code."""
