@@ -13,7 +13,7 @@ import pytest
 from tests.helpers.cli import REPO, kill_tree
 from tests.helpers.preconditions import in_ci
 
-pytest_plugins = ["tests.helpers.cpu_load"]
+pytest_plugins = ["tests.helpers.cpu_load", "tests.helpers.cluster_first"]
 
 #: Tests allowed to skip when ``CI`` is set, by node id, each with its reason. Empty: in CI a skip is a
 #: failure (a missing cluster, package or device must never pass unnoticed as "skipped").
@@ -59,7 +59,7 @@ def mark_cluster_tests(items: list[pytest.Item]) -> None:
 def order_for_workers(items: list[pytest.Item]) -> None:
     """The cluster's tests first, and among them those marked ``kills_cluster`` last.
 
-    First: under pytest-xdist (``-n 2``, the README's command) the cluster's tests are one work
+    First: under pytest-xdist (``-n 3``, the README's command) the cluster's tests are one work
     unit (:func:`pytest_xdist_make_scheduler`), which then starts at once on one worker while the
     other workers take the rest. Last: a SIGKILLed slurmctld restarts from its last saved state, up
     to seconds old: job ids handed out since are handed out again, and ``sacct -j ID`` can then
@@ -79,8 +79,9 @@ def order_for_workers(items: list[pytest.Item]) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Work units for pytest-xdist: the cluster's tests are one (one cluster, run one test at a time:
     they share its nodes and its lock), every other test file is one (its module fixtures are made
-    once), handed out in collection order. The cluster's ~24 minutes then overlap the ~15 of
-    everything else. (Not ``--dist loadgroup``: pytest 9.2 keeps a node id in ``_id``, and
+    once), handed out in collection order. The cluster's ~37 minutes (the suite's critical path)
+    then overlap everything else, which the other workers share (``tests/helpers/cluster_first.py``).
+    (Not ``--dist loadgroup``: pytest 9.2 keeps a node id in ``_id``, and
     xdist 3.8's group suffix, written to ``_nodeid``, is lost: every test became its own unit.)"""
     from xdist.scheduler import LoadScopeScheduling
 
