@@ -72,9 +72,14 @@ def _make_group() -> Path | None:
     return group
 
 
+def _controls_workers(config: pytest.Config) -> bool:
+    """The controlling session of an xdist run (``-n N``): the one that makes the group; its workers
+    inherit the variable that names it."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    # Only the controlling session of an xdist run makes the group (its workers inherit the variable).
-    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+    if not _controls_workers(config):
         return
     group = _make_group()
     if group is not None:
@@ -83,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+    if not _controls_workers(config):
         return None
     if _made:
         return f"cpu group: the workers of tests outside tests/cluster/ share {_made[0]}"

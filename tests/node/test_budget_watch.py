@@ -1,5 +1,5 @@
 """``--budget`` on the local profile, end to end (orchestrator.node.budget_watch): a real job of
-``train/`` with a budget of a few CPU-seconds stops at a complete checkpoint within one checkpoint
+``train/`` with a budget of under 30 CPU-seconds stops at a complete checkpoint within one checkpoint
 interval of it, ``status`` says BUDGET and why, a resume without more budget is refused, and
 ``resume --budget MORE`` continues it to the same losses as an uninterrupted run (started beside it).
 """
