@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.config.profile.records import time_minutes
 from orchestrator.config.scheduler_kinds import SCHEDULER_KINDS
+from orchestrator.contract.attempt_start import signal_stop_words
 from orchestrator.contract.budget_records import budget_stop
 from orchestrator.contract.errors import RunFailure, UserError
 from orchestrator.contract.run_dir import (
@@ -191,6 +192,7 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_i
         time.sleep(0.2)
     missing = [r for r in range(plan.nodes) if r not in codes]
     reason: str | None
+    cancel_words = ""  # PREEMPTED: what a user's cancel says of the stop
     hang = read_json(hang_dir(run_dir, attempt) / HANG_REPORT_FILE)
     if hang is not None and isinstance(hang.get("reason"), str):  # node 0's watchdog ended it
         state, code, reason = "FAILED", next((c for c in codes.values() if c != 0), 1), hang["reason"]
@@ -199,7 +201,8 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_i
     elif all(c == 0 for c in codes.values()):
         state, code, reason = "COMPLETED", 0, None
     elif any(c == EXIT_REQUEUE for c in codes.values()):
-        state, code, reason = "PREEMPTED", EXIT_REQUEUE, "checkpointed on a signal and stopped"
+        state, code = "PREEMPTED", EXIT_REQUEUE
+        reason, cancel_words = signal_stop_words(run_dir, attempt)
     else:
         bad = {r: c for r, c in codes.items() if c != 0}
         state, code = "FAILED", next(iter(bad.values()))
@@ -226,7 +229,7 @@ def write_local_final_state(plan: LaunchPlan, run_dir: Path, attempt: int, job_i
     if state != "COMPLETED" and cancel_requested(run_dir):
         # `orchestrator cancel` sends TERM, which training answers like a preemption (checkpoint, exit
         # 75): without this the job would read PREEMPTED, as if it were waiting to come back.
-        how = "checkpointed and stopped" if state == "PREEMPTED" else reason
+        how = cancel_words if state == "PREEMPTED" else reason
         state, reason = "CANCELLED", f"cancelled by user ({how})"
     write_json_atomic(
         run_dir / LOCAL_STATE_FILE, {"state": state, "exit_code": code, "reason": reason, "nodes": codes}
