@@ -39,7 +39,7 @@ from orchestrator.config.job_request import JobRequest, PlanKeywords
 from orchestrator.contract.errors import UserError
 from orchestrator.remote import handles as remote
 from orchestrator.remote.handles import RemoteJob, RemoteSweep
-from orchestrator.runner.progress import WaitTimeout, follow_hint
+from orchestrator.runner.progress import WAIT_UNTIL, NoCheckpoint, WaitTimeout, follow_hint
 from orchestrator.runner.sweep_status import SWEEP_METRICS, SweepStatus, sweep_status
 
 if TYPE_CHECKING:
@@ -58,11 +58,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOT_RESUMED",
+    "WAIT_UNTIL",
     "SWEEP_METRICS",
     "Job",
     "Sweep",
     "SweepStatus",
     "WaitTimeout",
+    "NoCheckpoint",
     "cancel",
     "check_profile",
     "cost",
@@ -345,27 +347,33 @@ def wait(
     out: TextIO | None = None,
     registry: Registry | None = None,
     home: Path | str | None = None,
+    until: str = "end",
 ) -> JobState:
     """Follow the job (into the job its run continues as) to its end; its final state. Progress lines
     go to ``out`` (default nowhere); ``timeout`` seconds passed: :class:`WaitTimeout` (its ``job_id``
-    and last ``state``). A job submitted through a login host is followed there."""
+    and last ``state``). ``until="checkpoint"``: only until the run has a complete checkpoint, and the
+    job's state then; a run that ended without one raises :class:`NoCheckpoint`. A job submitted
+    through a login host is followed there."""
     import io
     import time
 
-    from orchestrator.runner.progress import wait_for_job
+    from orchestrator.runner.progress import WAIT_UNTIL, wait_for_job
 
     with door.door("wait"):
         inputs.text("job_id", job_id, JOB_ID)
         poll = inputs.seconds("poll", poll, optional=False) or poll
         timeout = inputs.seconds("timeout", timeout)
         inputs.stream("out", out)
+        inputs.choice("until", until, WAIT_UNTIL)
     registry, home = door.checked("wait", registry, home)
     if (at := at_login.login_of(job_id, registry, home)) is not None:
-        return at_login.wait(at, job_id, poll, timeout, out)  # submitted through a login host: there
+        return at_login.wait(at, job_id, poll, timeout, out, until)  # submitted through a login host
     deadline = None if timeout is None else time.monotonic() + timeout
     with door.using(registry, home) as reg:
         job = reg.get(job_id)  # an unknown id: a user error
-        return wait_for_job(reg, job.job_id, poll_s=poll, out=out or io.StringIO(), deadline=deadline)
+        return wait_for_job(
+            reg, job.job_id, poll_s=poll, out=out or io.StringIO(), deadline=deadline, until=until
+        )
 
 
 def wait_sweep(

@@ -52,13 +52,16 @@ def status(target: Target, job_ids: Sequence[str], timeout_s: float) -> StatusRe
     return StatusReport.from_json(data)
 
 
-def wait(target: Target, job_id: str, poll: float, timeout: float | None, out: TextIO | None) -> JobState:
-    """``wait`` on the login host; the run's final state. ``timeout`` passed: :class:`WaitTimeout`."""
+def wait(
+    target: Target, job_id: str, poll: float, timeout: float | None, out: TextIO | None, until: str = "end"
+) -> JobState:
+    """``wait`` on the login host; the run's final state (``until="checkpoint"``: the job's state once
+    its run has a complete checkpoint). ``timeout`` passed: :class:`WaitTimeout`."""
     from orchestrator.runner.progress import WaitTimeout
 
     job = remote.job_of(target, job_id)
     try:
-        return job.wait(timeout=timeout, poll=poll, out=out)
+        return job.wait(timeout=timeout, poll=poll, out=out, until=until)
     except TimeoutError:
         raise WaitTimeout(job_id, job.status().state) from None
 

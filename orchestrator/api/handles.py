@@ -63,22 +63,32 @@ class Job:
             rows, _ = collect_status(registry, [registry.get(self.job_id)], timeout_s=timeout_s)
         return rows[0]
 
-    def wait(self, timeout: float | None = None, poll: float = 2.0, out: TextIO | None = None) -> JobState:
+    def wait(
+        self, timeout: float | None = None, poll: float = 2.0, out: TextIO | None = None, until: str = "end"
+    ) -> JobState:
         """Follow the job (into the job its run continues as) to its end; its final state. ``out``:
-        where progress lines go (default nowhere). ``timeout`` passed: :class:`TimeoutError`."""
+        where progress lines go (default nowhere). ``timeout`` passed: :class:`TimeoutError`.
+        ``until="checkpoint"``: only until its run has a complete checkpoint, and the job's state
+        then; a run that ended without one raises :class:`NoCheckpoint`."""
         import time
 
-        from orchestrator.runner.progress import WaitTimeout, wait_for_job
+        from orchestrator.runner.progress import WAIT_UNTIL, WaitTimeout, wait_for_job
 
         with door.door("Job.wait"):
             poll = inputs.seconds("poll", poll, optional=False) or poll
             timeout = inputs.seconds("timeout", timeout)
             inputs.stream("out", out)
+            inputs.choice("until", until, WAIT_UNTIL)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._open("Job.wait") as registry:
             try:
                 return wait_for_job(
-                    registry, self.job_id, poll_s=poll, out=out or io.StringIO(), deadline=deadline
+                    registry,
+                    self.job_id,
+                    poll_s=poll,
+                    out=out or io.StringIO(),
+                    deadline=deadline,
+                    until=until,
                 )
             except WaitTimeout as exc:
                 raise TimeoutError(str(exc)) from None

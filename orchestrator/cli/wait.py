@@ -1,4 +1,5 @@
-"""``orchestrator wait JOB [--poll S] [--timeout S]``: follow a submitted job to its end.
+"""``orchestrator wait JOB [--poll S] [--timeout S] [--for end|checkpoint]``: follow a submitted job to
+its end, or until its run has a complete checkpoint.
 
 What ``submit --wait`` does, for a job submitted without it (or one whose ``--wait`` was
 interrupted): progress lines, then how it ended and, for a failure, why (the failing node and
@@ -14,7 +15,7 @@ import sys
 
 from orchestrator import api
 from orchestrator.config.inputs import seconds
-from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE
+from orchestrator.contract.errors import EXIT_OK, EXIT_RUN_FAILURE, UserError
 
 EXIT_WAIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
@@ -32,16 +33,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"give up after S seconds, exit {EXIT_WAIT_TIMEOUT} (default: wait for the end)",
     )
+    parser.add_argument(
+        "--for",
+        dest="until",
+        choices=api.WAIT_UNTIL,
+        default="end",
+        help="end (default): until the job's run is over, exit 0 when it COMPLETED; checkpoint: until "
+        "its run has a complete checkpoint, exit 0 (the job goes on), exit 1 if it ended without one",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     seconds("--poll", args.poll, optional=False)  # nan, inf, 0 and negatives: the API's one check
     seconds("--timeout", args.timeout)
     if api.find_sweep(args.job) is not None:
+        if args.until != "end":
+            raise UserError(f"wait --for {args.until}: {args.job} is a sweep; wait for one of its jobs")
         return wait_sweep(args.job, args.poll, args.timeout)
     try:
         # an unknown id: one line, exit 2
-        state = api.wait(args.job, poll=args.poll, timeout=args.timeout, out=sys.stdout)
+        state = api.wait(args.job, poll=args.poll, timeout=args.timeout, out=sys.stdout, until=args.until)
+    except api.NoCheckpoint as exc:
+        print(str(exc), file=sys.stderr)  # "job J ended STATE without a complete checkpoint"
+        return EXIT_RUN_FAILURE
     except api.WaitTimeout as exc:
         print(
             f"job {exc.job_id} still {exc.state.value} after {args.timeout:g} s; {api.follow_hint(exc.job_id)}",
@@ -51,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted: job {args.job} goes on; {api.follow_hint(args.job)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if args.until == "checkpoint":
+        return EXIT_OK  # the run has a complete checkpoint (the line above says which)
     return EXIT_OK if state.is_success() else EXIT_RUN_FAILURE
 
 

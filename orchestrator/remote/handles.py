@@ -73,20 +73,26 @@ def _run(target: Target, argv: list[str]) -> str:
     return out
 
 
-def _wait(target: Target, what: str, timeout: float | None, poll: float, out: TextIO | None) -> None:
+def _wait(
+    target: Target, what: str, timeout: float | None, poll: float, out: TextIO | None, until: str = "end"
+) -> int:
     """``orchestrator wait`` on the login host, bounded by ``timeout`` there; its progress lines to
-    ``out`` when it returns. Exit 1 is a job that failed, not an error; 124: :class:`TimeoutError`."""
+    ``out`` when it returns, and its exit code. Exit 1 is a job that failed (``until="checkpoint"``:
+    that ended without a checkpoint), not an error; 124: :class:`TimeoutError`."""
     from orchestrator.remote.client import run_captured
+    from orchestrator.runner.progress import WAIT_UNTIL
 
     timeout = inputs.seconds("timeout", timeout)
     poll = inputs.seconds("poll", poll, optional=False) or poll
     inputs.stream("out", out)
+    inputs.choice("until", until, WAIT_UNTIL)
     words = [
         "wait",
         what,
         "--poll",
         repr(poll),
         *(["--timeout", repr(timeout)] if timeout is not None else []),
+        *(["--for", until] if until != "end" else []),
     ]
     rc, text, err = run_captured(target, words)
     if out is not None:
@@ -95,6 +101,7 @@ def _wait(target: Target, what: str, timeout: float | None, poll: float, out: Te
         raise TimeoutError(err.strip() or f"{what} still going after {timeout:g} s")
     if rc not in (0, 1):
         raise UserError(f"wait on the login host of {target.name}: {err.strip() or f'exit {rc}'}")
+    return rc
 
 
 class RemoteRecord(dict[str, Any]):
@@ -163,10 +170,21 @@ class RemoteJob:
         (row,) = json.loads(_run(self._target, ["status", self.job_id, "--json"]))["jobs"]
         return RemoteStatus(dict(row))
 
-    def wait(self, timeout: float | None = None, poll: float = 2.0, out: TextIO | None = None) -> JobState:
+    def wait(
+        self, timeout: float | None = None, poll: float = 2.0, out: TextIO | None = None, until: str = "end"
+    ) -> JobState:
         """Follow the job to its end on the login host; its final state. ``timeout`` seconds passed:
-        :class:`TimeoutError` (the job goes on). ``out``: where the progress lines go (default nowhere)."""
-        _wait(self._target, self.job_id, timeout, poll, out)
+        :class:`TimeoutError` (the job goes on). ``out``: where the progress lines go (default nowhere).
+        ``until="checkpoint"``: only until its run has a complete checkpoint, and the job's state then;
+        a run that ended without one raises :class:`orchestrator.api.NoCheckpoint`."""
+        from orchestrator.runner.progress import NoCheckpoint
+
+        rc = _wait(self._target, self.job_id, timeout, poll, out, until)
+        if until == "checkpoint":
+            state = self.status().state
+            if rc != 0:
+                raise NoCheckpoint(self.job_id, state)
+            return state
         return self.status().run_state
 
     def cancel(self, signal: str | None = None) -> str:

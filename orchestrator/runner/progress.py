@@ -32,6 +32,20 @@ class WaitTimeout(Exception):
         self.state = state
 
 
+class NoCheckpoint(Exception):
+    """A wait for a checkpoint (``until="checkpoint"``) saw the run end without a complete one;
+    carries the job and its final state."""
+
+    def __init__(self, job_id: str, state: JobState) -> None:
+        super().__init__(f"job {job_id} ended {state.value} without a complete checkpoint")
+        self.job_id = job_id
+        self.state = state
+
+
+#: What a wait can be for: the run's end, or its first complete checkpoint (``wait --for``).
+WAIT_UNTIL = ("end", "checkpoint")
+
+
 def follow_hint(job_id: str) -> str:
     """What to run next about a job that goes on without us."""
     return (
@@ -46,6 +60,7 @@ def wait_for_job(
     poll_s: float = 2.0,
     out: TextIO = sys.stdout,
     deadline: float | None = None,
+    until: str = "end",
 ) -> JobState:
     """Poll (one batched scheduler query per round) until the job's run is over, and return its state.
 
@@ -53,7 +68,13 @@ def wait_for_job(
     new job before the old one ends) is followed into that job: ``submit --wait`` answers for the
     run, not for the first job of it. A failed job is explained (failing node and rank, its first
     error lines, the ``logs`` command: :mod:`orchestrator.runner.failure_reasons`). ``deadline``
-    (``time.monotonic()``) raises :class:`WaitTimeout` when passed."""
+    (``time.monotonic()``) raises :class:`WaitTimeout` when passed.
+
+    ``until="checkpoint"`` returns the job's state as soon as its run has a complete checkpoint (one
+    an earlier job of the run wrote counts: it is what ``resume`` would continue from), with a line
+    naming it; a run that ends without one raises :class:`NoCheckpoint`. A script that gets a
+    preemption signal before its first checkpoint stops with nothing to resume from, so a stop meant
+    to be resumed waits for this first."""
     from orchestrator.rundir.summary import summarize
     from orchestrator.runner.failure_reasons import EXPLAINED_STATES, explain_job, record_explanations
     from orchestrator.runner.refresh import refresh_states
@@ -73,6 +94,15 @@ def wait_for_job(
         if line.split("]", 1)[1] != last:
             print(line, file=out, flush=True)
             last = line.split("]", 1)[1]
+        if until == "checkpoint" and summary is not None and summary.checkpoint is not None:
+            saved = summary.checkpoint
+            print(
+                f"job {job_id} {state.value}: its run has a complete checkpoint, step {saved.step} "
+                f"({saved.path.name})",
+                file=out,
+                flush=True,
+            )
+            return state
         if state.is_terminal():
             record_explanations(registry, [job], {job_id: state.value})
             ended = registry.get(job_id)
@@ -88,6 +118,8 @@ def wait_for_job(
             followed.add(job_id)
             successor = registry.successors([job_id]).get(job_id)
             if successor is None or successor in followed:
+                if until == "checkpoint":
+                    raise NoCheckpoint(job_id, state)
                 return state
             print(f"the run continues as job {successor}; following it", file=out, flush=True)
             job_id, last = successor, ""

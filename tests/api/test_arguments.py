@@ -108,6 +108,7 @@ def where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, a_registry: Path) -> 
 JOB_ID = [None, 5, ["local-1"], "", "  ", b"local-1"]
 PATH = [None, 5, ["a"], ""]
 OPTIONAL_PATH = [5, ["a"], ""]
+UNTIL = [None, 5, "", "started", "End"]  # a wait is for "end" or "checkpoint"
 FLAG = ["no", "yes", 1, 0, None]
 SECONDS = ["10", NAN, INF, -INF, -1, 0, True, None]
 OPTIONAL_SECONDS = ["10", NAN, INF, -1, 0, True]
@@ -186,6 +187,7 @@ TABLE: dict[str, tuple[Call, dict[str, Any], dict[str, list[Any]]]] = {
             "out": STREAM,
             "registry": REGISTRY_ARG,
             "home": HOME,
+            "until": UNTIL,
         },
     ),
     "wait_sweep": (
@@ -323,7 +325,7 @@ TABLE: dict[str, tuple[Call, dict[str, Any], dict[str, list[Any]]]] = {
     "Job.wait": (
         lambda w, **k: w.job().wait(**k),
         {},
-        {"timeout": OPTIONAL_SECONDS, "poll": SECONDS, "out": STREAM},
+        {"timeout": OPTIONAL_SECONDS, "poll": SECONDS, "out": STREAM, "until": UNTIL},
     ),
     "Job.logs": (lambda w, **k: w.job().logs(**k), {}, {"node": [*COUNT, None], "attempt": COUNT}),
     "Job.cancel": (lambda w, **k: w.job().cancel(**k), {}, {"signal": [0, "NOPE", 1.5, True]}),

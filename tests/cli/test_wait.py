@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,82 @@ def test_submit_names_the_next_commands_and_wait_follows_a_real_failure(orch_env
     assert waited.returncode == 1, waited.stdout + waited.stderr
     assert "ValueError: boom from the test script (rank 1)" in waited.stdout
     assert f"orchestrator logs {job_id} --node 0 --rank 1" in waited.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_wait_for_checkpoint_returns_once_the_run_has_one_and_the_job_goes_on(
+    orch_env: dict[str, str],
+) -> None:
+    """``wait --for checkpoint``: exit 0 as soon as the run has a complete checkpoint, named; the job
+    is still training (what a stop meant to be resumed waits for, the README's quick start)."""
+    from orchestrator.contract.run_dir import last_complete_checkpoint
+    from tests.helpers.cli import REPO, job_and_run_dir
+
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "1", "--strategy", "ddp", "--",
+         str(REPO / "train" / "train.py"), "--preset", "tiny", "--data", "synthetic", "--max-steps", "100000",
+         "--ckpt-every", "5"],
+        orch_env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, run_dir = job_and_run_dir(res.stdout)
+    waited = run_cli(
+        ["wait", job_id, "--for", "checkpoint", "--poll", "0.5", "--timeout", "240"], orch_env, 300
+    )
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    seen = re.search(
+        rf"job {job_id} RUNNING: its run has a complete checkpoint, step (\d+) \((\S+)\)", waited.stdout
+    )
+    assert seen is not None, waited.stdout
+    step = int(seen.group(1))
+    assert step >= 5 and step % 5 == 0, waited.stdout  # one of --ckpt-every's, not a signal's
+    newest = last_complete_checkpoint(run_dir)
+    assert newest is not None and newest.step >= step
+    assert (newest.path.parent / seen.group(2)).is_dir() or newest.step > step
+    rows = json.loads(run_cli(["status", "--json", job_id], orch_env, timeout=60).stdout)["jobs"]
+    assert rows[0]["state"] == "RUNNING", rows  # it goes on
+    assert run_cli(["cancel", job_id], orch_env, timeout=60).returncode == 0
+
+
+#: A script with no checkpoint hook that runs until it is stopped: a signal finds nothing to save.
+SLEEPER = 'import time\nprint("sleeper ready", flush=True)\ntime.sleep(600)\n'
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reap_local_jobs")
+def test_a_stop_before_the_first_checkpoint_is_never_called_a_checkpoint(
+    orch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A preemption signal that finds nothing saved (a script in start-up, or one without a hook) ends
+    the job PREEMPTED with words that say so; ``wait --for checkpoint`` exits 1 and ``resume``
+    refuses. Before: "checkpointed on a signal and stopped", then "nothing to resume from" (CI, the
+    quick start's job signalled while still starting on a loaded machine)."""
+    from tests.helpers.cli import job_and_run_dir, poll
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    res = run_cli(
+        ["submit", "--profile", "local", "--nodes", "1", "--procs-per-node", "1", "--strategy", "ddp", "--",
+         str(script)],
+        orch_env, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id, _run_dir = job_and_run_dir(res.stdout)
+    poll(
+        lambda: "sleeper ready" in run_cli(["logs", job_id], orch_env, timeout=60).stdout,
+        120,
+        "the script to start",
+        interval=0.5,
+    )
+    assert run_cli(["cancel", job_id, "--signal", "USR2"], orch_env, timeout=60).returncode == 0
+    waited = run_cli(
+        ["wait", job_id, "--for", "checkpoint", "--poll", "0.5", "--timeout", "120"], orch_env, 180
+    )
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert f"job {job_id} ended PREEMPTED without a complete checkpoint" in waited.stderr, waited.stderr
+    words = "stopped on a signal before its first checkpoint: there is nothing to resume from"
+    assert f"ended PREEMPTED ({words})" in waited.stdout, waited.stdout
+    assert "checkpointed" not in waited.stdout, waited.stdout
+    refused = run_cli(["resume", job_id], orch_env, timeout=60)
+    assert refused.returncode == 2 and "no complete checkpoint" in refused.stderr, refused.stderr

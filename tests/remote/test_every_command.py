@@ -51,6 +51,10 @@ def test_every_job_command_follows_the_job_to_its_login_host(laptop: Laptop) -> 
     job, run_dir = submitted(laptop.cli("submit", "--profile", "cluster", "--nodes", "1", "--procs-per-node",
                                         "1", "--", "job.py", "--lines", "2"))  # fmt: skip
     assert _session(laptop, "wait", job).returncode == 0
+    # `--for` goes with it: there, the run (no hook) ended without a checkpoint
+    unmet = _session(laptop, "wait", job, "--for", "checkpoint")
+    assert unmet.returncode == 1, unmet.stdout + unmet.stderr
+    assert f"job {job} ended COMPLETED without a complete checkpoint" in unmet.stderr, unmet.stderr
     bill = _session(laptop, "cost", job, "--json")
     assert bill.returncode == 0, bill.stderr
     assert json.loads(bill.stdout)["target"] == job
