@@ -15,12 +15,11 @@ from typing import Any
 from orchestrator.contract.env import ATTEMPT_ENV, RUN_DIR_ENV
 from orchestrator.contract.run_dir import (
     ATTEMPT_START_FILE,
-    EXIT_REQUEUE,
     attempt_dir,
     attempt_dirs,
     last_complete_checkpoint,
-    read_exit_status,
     read_json,
+    requeue_recorded_since,
     write_json_atomic,
 )
 
@@ -90,21 +89,13 @@ def describe_newest_start(run_dir: Path) -> str | None:
 
 def signal_stop_words(run_dir: Path, attempt: int) -> tuple[str, str]:
     """The words for ``attempt``, which stopped for a requeue: its state's reason, and what a user's
-    ``cancel`` says of the stop. It checkpointed on the signal when rank 0's last word
-    (``exit_status.json``) is a signal's save written after this attempt's start record. A signal
+    ``cancel`` says of the stop. It checkpointed on the signal when rank 0's requeue record (its last
+    word, ``exit_status.json``) was written after this attempt's start record. A signal
     that came in start-up, before a script's handler or its first step (or to a script without a
     hook), stops it with nothing new saved: the words then say what a resume would continue from,
     and never claim a checkpoint."""
     start = attempt_dir(run_dir, attempt) / ATTEMPT_START_FILE
-    last = read_exit_status(run_dir) or {}
-    when = last.get("time")
-    if (
-        last.get("code") == EXIT_REQUEUE
-        and last.get("reason") == "signal"
-        and isinstance(when, (int, float))
-        and start.exists()
-        and when >= start.stat().st_mtime
-    ):
+    if start.exists() and requeue_recorded_since(run_dir, start.stat().st_mtime):
         return "checkpointed on a signal and stopped", "checkpointed and stopped"
     newest = last_complete_checkpoint(run_dir)
     if newest is None:
