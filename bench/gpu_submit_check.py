@@ -30,6 +30,15 @@ f. speed, alone on the GPU: ``1b`` preset, bf16, ddp and FSDP2 full_shard, throu
    bf16 without the fp32-reduce workaround (``ORCHESTRATOR_DISABLE_WORKAROUNDS=fsdp2_fp32_reduce``).
    Runs are stopped (SIGKILL) once enough steps are logged: the 12 GB final checkpoint is not waited for.
 
+h. ``orchestrator doctor`` on a GPU profile (``runner.doctor.run_doctor``: the Slurm step's script, the
+   node's part, the verdict; the device has no Slurm, so bash runs the step ``srun`` would, as one
+   task of a one-node allocation): the GPU row (torch's count and names, nvidia-smi's health) passes
+   with the machine's count and fails with one more (the negative control). Its NCCL all-reduce runs
+   between nodes only: a one-GPU machine has no second node to reduce with.
+
+b, g and f take their strategies from ``--resume-strategies``, ``--restart-strategies`` and
+``--speed-strategies`` (issue 46: ``deepspeed_zero3`` for b and f).
+
 ``--cpu-dry-run``: the same plumbing on a CPU machine (profile ``local``, 2 ranks, tiny preset for
 everything); its figures mean nothing. ``--only a,b``: just those checks. ``--budget S``: the whole
 invocation's wall-clock bound (f is cut short to fit).
@@ -62,7 +71,7 @@ PY = sys.executable
 T0 = time.monotonic()
 PEAK_BF16 = 989.4e12  # H100 SXM dense bf16 (datasheet); H200 is the same chip
 STRATEGIES = ["ddp", "full_shard", "shard_grad_op", "deepspeed_zero2", "deepspeed_zero3"]
-CHECKS = "abcdefg"
+CHECKS = "abcdefgh"
 
 
 def elapsed() -> float:
@@ -299,7 +308,7 @@ def check_a_one(ctx: Ctx, strategy: str, precision: str, launcher: str) -> dict[
     ok = res["exit"] == 0 and rec.get("steps") == 30
     if not ctx.cpu:
         ok = ok and str(rec.get("device", "")).startswith("cuda")
-    want_fork = launcher == "direct" and not strategy.startswith("deepspeed")
+    want_fork = launcher == "direct"  # DeepSpeed's ranks too, since 5724e02
     if want_fork and not ctx.cpu:
         ok = ok and rec.get("launch") == "fork"
     rec["ok"] = bool(ok)
@@ -315,16 +324,16 @@ def losses_by_step(run_dir: Path) -> dict[int, float]:
     return {int(m["step"]): float(m["loss"]) for m in trains(run_dir)}
 
 
-def check_b_one(ctx: Ctx, precision: str) -> dict[str, Any]:
+def check_b_one(ctx: Ctx, precision: str, strategy: str = "full_shard") -> dict[str, Any]:
     """USR2 at step >= 40, resume, compare with two uninterrupted runs (same seed, same max steps)."""
     steps, signal_at = (120, 20) if ctx.cpu else (1500, 40)
-    rec: dict[str, Any] = {"precision": precision, "strategy": "full_shard", "max_steps": steps}
-    pre = submit(ctx, "full_shard", precision, train_args(ctx, steps), wait=False, timeout=60)
+    rec: dict[str, Any] = {"precision": precision, "strategy": strategy, "max_steps": steps}
+    pre = submit(ctx, strategy, precision, train_args(ctx, steps), wait=False, timeout=60)
     job, run_dir = pre["job"], pre["run_dir"]
     if not job or run_dir is None:
         return {**rec, "ok": False, "problem": "submit failed", "out_tail": tail(pre["out"])}
     refs = [
-        submit(ctx, "full_shard", precision, train_args(ctx, steps), wait=False, timeout=60) for _ in range(2)
+        submit(ctx, strategy, precision, train_args(ctx, steps), wait=False, timeout=60) for _ in range(2)
     ]
     at = poll(
         lambda: (
@@ -580,7 +589,10 @@ def check_g_one(ctx: Ctx, strategy: str) -> dict[str, Any]:
             },
             **{k: v for k, v in describe_run(run_dir).items() if k in ("device", "launch", "world_size")},
         )
-        ok = bool(first) and len(restarts) == 1 and restarts[0].get("in_place") is True and rec["from_memory"]
+        # DeepSpeed keeps no memory checkpoints (its engine's partitions): it restarts from the shared one.
+        from_memory = not strategy.startswith("deepspeed")
+        ok = bool(first) and len(restarts) == 1 and restarts[0].get("in_place") is True
+        ok = ok and rec["from_memory"] is from_memory and bool(start.get("step"))
         if not ctx.cpu:
             ok = ok and str(rec.get("device", "")).startswith("cuda")
         rec["ok"] = ok
@@ -676,7 +688,10 @@ def speed_plain(ctx: Ctx, strategy: str) -> dict[str, Any]:
         return {"ok": False, "problem": "render failed", "out_tail": tail(out)}
     run_dir = Path(tempfile.mkdtemp(prefix=f"plain_{strategy}_", dir=ctx.work))
     env = dict(ctx.env)
-    if ctx.cpu:
+    if ctx.cpu and strategy.startswith("deepspeed"):  # what the rendered config's comment says
+        site = str(REPO / "orchestrator" / "rank" / "site")
+        env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([site, env.get("PYTHONPATH", "")]))
+    elif ctx.cpu:
         env["ACCELERATE_USE_CPU"] = "1"
     argv = [PY, "-m", "accelerate.commands.launch", "--config_file", str(config), *speed_args(ctx, run_dir)]
     t0 = time.monotonic()
@@ -715,20 +730,23 @@ def mfu(rec: dict[str, Any]) -> float | None:
     return round(6 * rec["params"] * rec["tokens_per_s"] / PEAK_BF16, 4)
 
 
-def check_f(ctx: Ctx) -> None:
-    """Sequential, alone on the GPU: submit vs plain per strategy, then FSDP2 without the fix."""
-    plan = [
-        ("f ddp submit", lambda: speed_submit(ctx, "ddp")),
-        ("f ddp accelerate", lambda: speed_plain(ctx, "ddp")),
-        ("f full_shard submit", lambda: speed_submit(ctx, "full_shard")),
-        ("f full_shard accelerate", lambda: speed_plain(ctx, "full_shard")),
-        ("f full_shard submit no-fp32-reduce", lambda: speed_submit(ctx, "full_shard", "fsdp2_fp32_reduce")),
-        ("f ddp submit (repeat)", lambda: speed_submit(ctx, "ddp")),
-        ("f ddp accelerate (repeat)", lambda: speed_plain(ctx, "ddp")),
-    ]
+def check_f(ctx: Ctx, strategies: list[str]) -> None:
+    """Sequential, alone on the GPU: submit vs plain per strategy (FSDP2 also without the fix), then
+    the first strategy's pair again (the noise between two runs of the same thing)."""
+    plan: list[tuple[str, Callable[[], dict[str, Any]]]] = []
+    for strategy in strategies:
+        plan.append((f"f {strategy} submit", functools.partial(speed_submit, ctx, strategy)))
+        plan.append((f"f {strategy} accelerate", functools.partial(speed_plain, ctx, strategy)))
+        if strategy == "full_shard":
+            plan.append(("f full_shard submit no-fp32-reduce",
+                         functools.partial(speed_submit, ctx, "full_shard", "fsdp2_fp32_reduce")))  # fmt: skip
+    if strategies:
+        first = strategies[0]
+        plan.append((f"f {first} submit (repeat)", functools.partial(speed_submit, ctx, first)))
+        plan.append((f"f {first} accelerate (repeat)", functools.partial(speed_plain, ctx, first)))
     done: dict[str, dict[str, Any]] = {}
     for name, fn in plan:
-        need = 25 if ctx.cpu else 55
+        need = 25 if ctx.cpu else (75 if "deepspeed" in name else 55)
         if ctx.left() < need:
             ctx.record({"check": name, "ok": None, "skipped": f"budget: {ctx.left():.0f} s left"})
             say(f"{name}: skipped (budget)")
@@ -744,18 +762,96 @@ def check_f(ctx: Ctx) -> None:
         x, y = done.get(a, {}).get("tokens_per_s"), done.get(b, {}).get("tokens_per_s")
         return round(x / y, 4) if x and y else None
 
-    ctx.record(
-        {
-            "check": "f ratios",
-            "ok": True,
-            "ddp submit/accelerate": ratio("f ddp submit", "f ddp accelerate"),
-            "ddp submit/accelerate (repeat)": ratio("f ddp submit (repeat)", "f ddp accelerate (repeat)"),
-            "full_shard submit/accelerate": ratio("f full_shard submit", "f full_shard accelerate"),
-            "full_shard fp32-reduce/bf16-reduce (submit)": ratio(
-                "f full_shard submit", "f full_shard submit no-fp32-reduce"
-            ),
-        }
+    ratios: dict[str, Any] = {"check": "f ratios", "ok": True}
+    for strategy in strategies:
+        ratios[f"{strategy} submit/accelerate"] = ratio(f"f {strategy} submit", f"f {strategy} accelerate")
+        ratios[f"{strategy} submit/accelerate (repeat)"] = ratio(
+            f"f {strategy} submit (repeat)", f"f {strategy} accelerate (repeat)"
+        )
+    if "full_shard" in strategies:
+        ratios["full_shard fp32-reduce/bf16-reduce (submit)"] = ratio(
+            "f full_shard submit", "f full_shard submit no-fp32-reduce"
+        )
+    ctx.record({k: v for k, v in ratios.items() if v is not None})
+
+
+# --------------------------------------------------------------------------- h: doctor
+
+
+def doctor_one_task(profile: str, profiles_dir: str) -> None:
+    """``orchestrator doctor``'s own code (:func:`orchestrator.runner.doctor.run_doctor`: the Slurm
+    step's script, the node's part, the verdict) on this machine as a one-node allocation. The device
+    has no Slurm: the step that ``srun`` would run is run by bash, with the variables a one-node
+    step's task has. Prints the result as JSON."""
+    import shlex
+    import socket
+
+    import orchestrator.runner.doctor as runner_doctor
+    from orchestrator.remote.routing import version
+    from orchestrator.schedulers import get_scheduler
+
+    class OneTaskStep:
+        def __init__(self, name: str) -> None:
+            self.real = get_scheduler(name)
+
+        def doctor_step(self, profile: Any, nodes: int, script: str) -> list[str]:
+            argv = self.real.doctor_step(profile, nodes, script)
+            body = argv[argv.index("bash") + 2]  # the product's task script (srun's preamble in it)
+            host = socket.gethostname()
+            task = {"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_NODEID": "0", "SLURM_LOCALID": "0",
+                    "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+                    "SLURM_JOB_NODELIST": host, "SLURM_STEP_NODELIST": host, "SLURMD_NODENAME": host}  # fmt: skip
+            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in task.items())
+            return [
+                "bash",
+                "-c",
+                f"export {exports}; bash -c {shlex.quote(body)} doctor 2>&1 | sed -u 's/^/0: /'",
+            ]
+
+    runner_doctor.get_scheduler = OneTaskStep  # type: ignore[assignment]
+    result = runner_doctor.run_doctor(profile, version(), None, profiles_dir, timeout_s=120)
+    print(json.dumps(result.as_json(), default=str))
+
+
+def check_h_doctor(ctx: Ctx, gpus: int) -> dict[str, Any]:
+    """The doctor on a GPU profile of this machine's GPU count (its GPU row: seen, health) and of one
+    more (the negative control: the row must fail with the count)."""
+    name = f"gpu_node_{gpus}"
+    (ctx.profiles_dir / f"{name}.yaml").write_text(
+        f"description: this machine as one Slurm node ({gpus} GPU(s))\nscheduler: slurm\npartition: gpu\n"
+        f'time_limit: "00:30:00"\nnodes: {{default: 1, max: 1}}\ngpus_per_node: {gpus}\ncpus_per_task: 1\n'
     )
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import gpu_submit_check as g; "
+        f"g.doctor_one_task({name!r}, {str(ctx.profiles_dir)!r})"
+    )
+    rc, out, seconds = run([PY, "-c", code], 180, ctx.env)
+    rec: dict[str, Any] = {"gpus_per_node": gpus, "exit": rc}
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {**rec, "ok": False, "out_tail": tail(out, 3000)}
+    rows = data.get("rows") or []
+    rec["rows"] = [{k: r.get(k) for k in ("check", "ok", "value", "fix")} for r in rows]
+    rec["doctor_ok"] = data.get("ok")
+    rec["doctor_seconds"] = data.get("seconds")
+    gpu = [r for r in rows if r.get("check") == "GPUs"]
+    rec["gpu_row"] = gpu[0] if gpu else None
+    return rec
+
+
+def check_h(ctx: Ctx) -> dict[str, Any]:
+    from orchestrator.config.gpus import count_gpus
+
+    seen = count_gpus().count
+    right = check_h_doctor(ctx, max(seen, 0) if ctx.cpu else max(seen, 1))
+    wrong = check_h_doctor(ctx, seen + 1)
+    rec = {"gpus_counted": seen, "right_count": right, "one_more": wrong}
+    right_row, wrong_row = right.get("gpu_row") or {}, wrong.get("gpu_row") or {}
+    rec["ok"] = bool(right_row.get("ok") is True and wrong_row.get("ok") is False)
+    if not ctx.cpu:
+        rec["ok"] = rec["ok"] and "H" in str(right_row.get("value"))
+    return rec
 
 
 # --------------------------------------------------------------------------- driver
@@ -849,11 +945,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="results.json and summary.md go here")
     p.add_argument("--cpu-dry-run", action="store_true")
-    p.add_argument("--only", default=CHECKS, help="checks to run, e.g. a,b (default: all of a-g)")
+    p.add_argument("--only", default=CHECKS, help="checks to run, e.g. a,b (default: all of a-h)")
     p.add_argument("--budget", type=float, default=400.0, help="seconds for the whole invocation")
     p.add_argument("--parallel", type=int, default=0, help="concurrent checks (default 6 on GPU, 2 on CPU)")
     p.add_argument("--work-dir", default=None, help="where runs go (default: the system temp dir)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="a's strategies")
+    p.add_argument("--resume-strategies", default="full_shard", help="b's strategies")
+    p.add_argument("--restart-strategies", default="ddp,full_shard", help="g's strategies")
+    p.add_argument("--speed-strategies", default="ddp,full_shard", help="f's strategies")
     args = p.parse_args()
     only = {c for c in args.only.replace(",", "") if c in CHECKS}
     ctx = Ctx(args)
@@ -868,8 +967,14 @@ def main() -> int:
     strategies = [s for s in args.strategies.split(",") if s]
     tasks: list[tuple[str, Callable[[], dict[str, Any]]]] = []
     if "b" in only:  # longest first
-        for precision in ("no", "bf16"):
-            tasks.append((f"b preempt-resume {precision}", functools.partial(check_b_one, ctx, precision)))
+        for strategy in [s for s in args.resume_strategies.split(",") if s]:
+            for precision in ("no", "bf16"):
+                tasks.append(
+                    (f"b preempt-resume {strategy} {precision}",
+                     functools.partial(check_b_one, ctx, precision, strategy))
+                )  # fmt: skip
+    if "h" in only:
+        tasks.append(("h doctor", lambda: check_h(ctx)))
     if "d" in only:
         tasks.append(("d trainer_cnn preempt-resume", lambda: check_d(ctx)))
     if "c" in only:
@@ -878,7 +983,7 @@ def main() -> int:
     if "e" in only:
         tasks.append(("e cuda-touched launcher", lambda: check_e(ctx)))
     if "g" in only:
-        for strategy in ("ddp", "full_shard"):
+        for strategy in [s for s in args.restart_strategies.split(",") if s]:
             tasks.append((f"g restart in place {strategy}", functools.partial(check_g_one, ctx, strategy)))
     if "a" in only:
         for strategy in strategies:
@@ -892,7 +997,7 @@ def main() -> int:
         if tasks:
             run_parallel(ctx, tasks)
         if "f" in only:
-            check_f(ctx)
+            check_f(ctx, [s for s in args.speed_strategies.split(",") if s])
     finally:
         for job in sorted(ctx.jobs):  # nothing left running on the GPU
             with contextlib.suppress(Exception):
