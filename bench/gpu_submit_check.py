@@ -624,6 +624,7 @@ def step_figures(run_dir: Path) -> dict[str, Any]:
     tokens_per_step = t[0]["tokens_per_s"] * t[0]["step_time_s"]
     return {
         "measured_steps": len(t),
+        "step_times_s": [round(m["step_time_s"], 4) for m in t],
         "median_step_s": round(med, 5),
         "tokens_per_s": round(tokens_per_step / med, 1),
         "peak_mem_mb": t[-1].get("peak_mem_mb"),
@@ -740,10 +741,10 @@ def check_f(ctx: Ctx, strategies: list[str]) -> None:
         if strategy == "full_shard":
             plan.append(("f full_shard submit no-fp32-reduce",
                          functools.partial(speed_submit, ctx, "full_shard", "fsdp2_fp32_reduce")))  # fmt: skip
-    if strategies:
+    if strategies:  # the second pair in the other order (A B B A): a drift over the call cancels out
         first = strategies[0]
-        plan.append((f"f {first} submit (repeat)", functools.partial(speed_submit, ctx, first)))
         plan.append((f"f {first} accelerate (repeat)", functools.partial(speed_plain, ctx, first)))
+        plan.append((f"f {first} submit (repeat)", functools.partial(speed_submit, ctx, first)))
     done: dict[str, dict[str, Any]] = {}
     for name, fn in plan:
         need = 25 if ctx.cpu else (75 if "deepspeed" in name else 55)
@@ -942,6 +943,7 @@ def summary_md(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
+    global MEASURED
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="results.json and summary.md go here")
     p.add_argument("--cpu-dry-run", action="store_true")
@@ -953,8 +955,10 @@ def main() -> int:
     p.add_argument("--resume-strategies", default="full_shard", help="b's strategies")
     p.add_argument("--restart-strategies", default="ddp,full_shard", help="g's strategies")
     p.add_argument("--speed-strategies", default="ddp,full_shard", help="f's strategies")
+    p.add_argument("--measured", type=int, default=MEASURED, help="f: steps measured after the warm-up")
     args = p.parse_args()
     only = {c for c in args.only.replace(",", "") if c in CHECKS}
+    MEASURED = args.measured
     ctx = Ctx(args)
     ctx.meta = environment(ctx)
     ctx.meta["only"] = "".join(sorted(only))
