@@ -154,6 +154,7 @@ class Ctx:
         self.work = Path(tempfile.mkdtemp(prefix="gsc-", dir=args.work_dir))
         self.budget = args.budget
         self.parallel = args.parallel or (2 if self.cpu else 6)
+        self.measured = args.measured  # f: steps measured after the warm-up
         self.scale = 3.0 if self.cpu else 1.0  # CPU runs are slower: longer timeouts
         self.profile = "local" if self.cpu else "local_gpu"
         self.profiles_dir = self.work / "profiles"
@@ -613,7 +614,7 @@ def speed_args(ctx: Ctx, run_dir: Path | None = None) -> list[str]:
     return args + (["--run-dir", str(run_dir)] if run_dir else [])
 
 
-WARMUP, MEASURED = 5, 15
+WARMUP, MEASURED = 5, 15  # MEASURED: --measured's default
 
 
 def step_figures(run_dir: Path) -> dict[str, Any]:
@@ -656,11 +657,11 @@ def speed_submit(ctx: Ctx, strategy: str, disable: str = "") -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         got = poll(
-            lambda: len(trains(run_dir)) >= WARMUP + MEASURED or job_ended(run_dir),
+            lambda: len(trains(run_dir)) >= WARMUP + ctx.measured or job_ended(run_dir),
             min(240 * ctx.scale, ctx.left() - 20),
             0.5,
         )
-        got = len(trains(run_dir)) >= WARMUP + MEASURED
+        got = len(trains(run_dir)) >= WARMUP + ctx.measured
     finally:
         ctx.kill_job(job)
     rec: dict[str, Any] = {
@@ -690,8 +691,11 @@ def speed_plain(ctx: Ctx, strategy: str) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix=f"plain_{strategy}_", dir=ctx.work))
     env = dict(ctx.env)
     if ctx.cpu and strategy.startswith("deepspeed"):  # what the rendered config's comment says
-        site = str(REPO / "orchestrator" / "rank" / "site")
-        env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([site, env.get("PYTHONPATH", "")]))
+        from orchestrator.node.site_path import NODE_SITE_DIR
+
+        env.update(
+            OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([NODE_SITE_DIR, env.get("PYTHONPATH", "")])
+        )
     elif ctx.cpu:
         env["ACCELERATE_USE_CPU"] = "1"
     argv = [PY, "-m", "accelerate.commands.launch", "--config_file", str(config), *speed_args(ctx, run_dir)]
@@ -702,7 +706,7 @@ def speed_plain(ctx: Ctx, strategy: str) -> dict[str, Any]:
         )
         try:
             got = poll(
-                lambda: len(trains(run_dir)) >= WARMUP + MEASURED or proc.poll() is not None,
+                lambda: len(trains(run_dir)) >= WARMUP + ctx.measured or proc.poll() is not None,
                 min(240 * ctx.scale, ctx.left() - 20),
                 0.5,
             )
@@ -719,7 +723,7 @@ def speed_plain(ctx: Ctx, strategy: str) -> dict[str, Any]:
     text = _plain_log(run_dir)
     dev = re.findall(r"; device (\S+?);", text)
     rec["device"] = dev[0] if dev else None
-    rec["ok"] = bool(got) and len(trains(run_dir)) >= WARMUP + MEASURED
+    rec["ok"] = bool(got) and len(trains(run_dir)) >= WARMUP + ctx.measured
     if not rec["ok"]:
         rec["log_tail"] = tail(text, 3000)
     return rec
@@ -845,7 +849,7 @@ def check_h(ctx: Ctx) -> dict[str, Any]:
     from orchestrator.config.gpus import count_gpus
 
     seen = count_gpus().count
-    right = check_h_doctor(ctx, max(seen, 0) if ctx.cpu else max(seen, 1))
+    right = check_h_doctor(ctx, seen if ctx.cpu else max(seen, 1))
     wrong = check_h_doctor(ctx, seen + 1)
     rec = {"gpus_counted": seen, "right_count": right, "one_more": wrong}
     right_row, wrong_row = right.get("gpu_row") or {}, wrong.get("gpu_row") or {}
@@ -943,7 +947,6 @@ def summary_md(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    global MEASURED
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="results.json and summary.md go here")
     p.add_argument("--cpu-dry-run", action="store_true")
@@ -958,7 +961,6 @@ def main() -> int:
     p.add_argument("--measured", type=int, default=MEASURED, help="f: steps measured after the warm-up")
     args = p.parse_args()
     only = {c for c in args.only.replace(",", "") if c in CHECKS}
-    MEASURED = args.measured
     ctx = Ctx(args)
     ctx.meta = environment(ctx)
     ctx.meta["only"] = "".join(sorted(only))
